@@ -1,0 +1,191 @@
+"""What to run: one frozen, validated configuration per benchmark case.
+
+Strings become objects only in ``gpubench.build``; here they are checked against the valid
+choices so that a typo fails at once with a message naming the bad value and the valid ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+
+MODELS = ("resnet18", "resnet50", "bert", "gpt2")
+IMAGE_MODELS = ("resnet18", "resnet50")
+PROFILES = ("smoke", "cpu", "gpu-small", "gpu-full")
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+PARALLELS = ("single",)
+DATASETS = ("synthetic",)
+
+
+def _check_choice(name: str, value: object, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+def _check_positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """How batches reach the training step (a ``torch.utils.data.DataLoader``)."""
+
+    dataset: str = "synthetic"
+    """Where samples come from: ``synthetic`` (random tensors generated once, held in memory)."""
+    num_workers: int = 0
+    """DataLoader worker processes; 0 loads in the training process."""
+    pin_memory: bool = False
+    """Collate batches into page-locked host memory (faster, asynchronous host-to-device copies)."""
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead; only valid with ``num_workers > 0`` (torch default 2)."""
+    persistent_workers: bool = False
+    """Keep workers alive between epochs; only valid with ``num_workers > 0``."""
+    non_blocking: bool = False
+    """Copy batches to the device with ``non_blocking=True`` (overlaps with compute if pinned)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("dataset", self.dataset, DATASETS)
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0; got {self.num_workers!r}")
+        _check_positive_int("prefetch_factor", self.prefetch_factor, allow_none=True)
+        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
+            raise ValueError(
+                "prefetch_factor and persistent_workers need num_workers > 0; "
+                f"got num_workers=0, prefetch_factor={self.prefetch_factor!r}, "
+                f"persistent_workers={self.persistent_workers!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One benchmark case: a model through one training step under a set of techniques.
+
+    Every field's default is the technique's "off" form, so ``RunConfig(model=...)`` is the FP32
+    single-device baseline the other cases are compared with.
+    """
+
+    model: str
+    """Model family and size: resnet18, resnet50 (images), bert (encoder), gpt2 (decoder)."""
+    profile: str = "cpu"
+    """Problem size: smoke (tests), cpu (2-core laptop scale), gpu-small, gpu-full."""
+    device: str = "cpu"
+    """Where the step runs: cpu or cuda."""
+    precision: str = "fp32"
+    """fp32; tf32 (TF32 matmul/conv on CUDA, same as fp32 elsewhere); fp16 (autocast + GradScaler);
+    bf16 (autocast)."""
+    accum_steps: int = 1
+    """Micro-batches whose gradients are accumulated before one optimizer step."""
+    micro_batch: int | None = None
+    """Samples per forward/backward; None takes the profile's default batch size."""
+    optimizer: str = "sgd"
+    """sgd (momentum 0.9), adam or adamw."""
+    optimizer_impl: str = "default"
+    """default (torch picks), foreach (multi-tensor) or fused (single kernel)."""
+    zero_grad_set_to_none: bool = True
+    """``optimizer.zero_grad(set_to_none=...)``: None frees gradient memory, False zero-fills."""
+    empty_cache: bool = False
+    """Call ``torch.cuda.empty_cache()`` after every step (a no-op on the CPU)."""
+    checkpointing: bool = False
+    """Activation checkpointing of the model's blocks (``torch.utils.checkpoint``)."""
+    channels_last: bool = False
+    """NHWC memory format for image models."""
+    compile: bool = False
+    """Wrap the model in ``torch.compile`` (needs a C++ compiler on the CPU)."""
+    parallel: str = "single"
+    """How the step is spread over devices; ``single`` is one device."""
+    world_size: int = 1
+    """Processes taking part in the step."""
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    """DataLoader settings."""
+    seed: int = 0
+    """Seeds model weights and data, so that cases of one model start from identical state."""
+
+    def __post_init__(self) -> None:
+        _check_choice("model", self.model, MODELS)
+        _check_choice("profile", self.profile, PROFILES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        _check_choice("parallel", self.parallel, PARALLELS)
+        _check_positive_int("accum_steps", self.accum_steps)
+        _check_positive_int("micro_batch", self.micro_batch, allow_none=True)
+        _check_positive_int("world_size", self.world_size)
+        if self.parallel == "single" and self.world_size != 1:
+            raise ValueError(f"parallel 'single' needs world_size 1; got {self.world_size!r}")
+        if self.channels_last and self.model not in IMAGE_MODELS:
+            raise ValueError(
+                f"channels_last applies to image models ({', '.join(IMAGE_MODELS)}); "
+                f"got model {self.model!r}"
+            )
+        if not isinstance(self.loader, LoaderConfig):
+            raise ValueError(f"loader must be a LoaderConfig; got {self.loader!r}")
+
+    @property
+    def is_baseline(self) -> bool:
+        """True for the FP32 single-device case every other case of the model is compared to."""
+        return self == RunConfig(
+            model=self.model, profile=self.profile, device=self.device, seed=self.seed
+        )
+
+    @property
+    def id(self) -> str:
+        """A readable name listing only what differs from the baseline: ``resnet18-bf16-accum4``."""
+        parts = [self.model, self.precision]
+        if self.accum_steps != 1:
+            parts.append(f"accum{self.accum_steps}")
+        if self.micro_batch is not None:
+            parts.append(f"mb{self.micro_batch}")
+        if self.optimizer != "sgd" or self.optimizer_impl != "default":
+            impl = "" if self.optimizer_impl == "default" else f"_{self.optimizer_impl}"
+            parts.append(f"{self.optimizer}{impl}")
+        if not self.zero_grad_set_to_none:
+            parts.append("zerofill")
+        if self.empty_cache:
+            parts.append("emptycache")
+        if self.checkpointing:
+            parts.append("ckpt")
+        if self.channels_last:
+            parts.append("cl")
+        if self.compile:
+            parts.append("compile")
+        if self.parallel != "single":
+            parts.append(f"{self.parallel}{self.world_size}")
+        if self.loader != LoaderConfig():
+            parts.append(loader_id(self.loader))
+        return "-".join(parts)
+
+    def with_(self, **changes) -> RunConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return replace(self, **changes)
+
+    def flatten(self) -> dict:
+        """The config as one flat dict of plain values, the loader's fields inlined."""
+        flat = {k: v for k, v in asdict(self).items() if k != "loader"}
+        flat.update(asdict(self.loader))
+        return flat
+
+
+def loader_id(loader: LoaderConfig) -> str:
+    parts = [loader.dataset] if loader.dataset != "synthetic" else []
+    if loader.num_workers:
+        parts.append(f"w{loader.num_workers}")
+    if loader.pin_memory:
+        parts.append("pin")
+    if loader.prefetch_factor is not None:
+        parts.append(f"pf{loader.prefetch_factor}")
+    if loader.persistent_workers:
+        parts.append("persist")
+    if loader.non_blocking:
+        parts.append("nb")
+    return "-".join(parts)
+
+
+def config_field_docs() -> dict[str, str]:
+    """Field name -> type, for ``gpubench options``."""
+    return {f.name: str(f.type) for f in fields(RunConfig)}

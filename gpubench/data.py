@@ -1,0 +1,76 @@
+"""Where batches come from: a dataset, a real ``DataLoader`` over it, and the copy to the device."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from gpubench.config import LoaderConfig
+from gpubench.models import ModelSize
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class SyntheticDataset(Dataset):
+    """Random samples generated once and held in host memory; reading one is an index.
+
+    Images are float ``3 x S x S`` with class labels; token samples are ids of length L with a
+    class label (encoder) or themselves as the language-model target (decoder).
+    """
+
+    def __init__(self, size: ModelSize, kind: str, length: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        if size.image_size:
+            shape = (length, 3, size.image_size, size.image_size)
+            self.inputs = torch.randn(shape, generator=g)
+        else:
+            self.inputs = torch.randint(0, size.vocab_size, (length, size.seq_len), generator=g)
+        if kind == "causal-lm":
+            self.targets = self.inputs
+        else:
+            self.targets = torch.randint(0, size.num_classes, (length,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.inputs[index], self.targets[index]
+
+
+def build_loader(dataset: Dataset, cfg: LoaderConfig, batch_size: int, seed: int) -> DataLoader:
+    """A shuffling DataLoader with a seeded generator, so the batch order is reproducible."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=cfg.num_workers,
+        pin_memory=cfg.pin_memory,
+        prefetch_factor=cfg.prefetch_factor,
+        persistent_workers=cfg.persistent_workers,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def endless(loader: DataLoader) -> Iterator[Batch]:
+    """Batches forever, starting a new epoch whenever one ends."""
+    return itertools.chain.from_iterable(itertools.repeat(loader))
+
+
+class Placement:
+    """Moves a host batch to the device: the copy settings and the memory format in one place."""
+
+    def __init__(self, device: torch.device, *, non_blocking: bool, channels_last: bool):
+        self.device = device
+        self.non_blocking = non_blocking
+        self.memory_format = torch.channels_last if channels_last else torch.preserve_format
+
+    def __call__(self, batch: Batch) -> Batch:
+        inputs, targets = batch
+        inputs = inputs.to(self.device, non_blocking=self.non_blocking)
+        if inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=self.memory_format)
+        return inputs, targets.to(self.device, non_blocking=self.non_blocking)

@@ -1,0 +1,55 @@
+"""What the results were measured on: library versions, device, CPU, threads, measured peaks."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+from gpubench.config import PRECISIONS
+from gpubench.flops import matmul_peak_flops
+from gpubench.precision import unsupported_reason
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def measured_peaks_tflops(device: str) -> dict[str, float | None]:
+    """Measured matmul peak per precision, TFLOP/s (None where the precision cannot run)."""
+    return {
+        p: None if unsupported_reason(p, device) else matmul_peak_flops(device, p) / 1e12
+        for p in PRECISIONS
+    }
+
+
+def machine_info(device: str) -> dict:
+    dev = torch.device(device)
+    info = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device": device,
+        "device_name": device_name(dev),
+        "device_count": torch.cuda.device_count() if dev.type == "cuda" else 1,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "matmul_peak_tflops": measured_peaks_tflops(device),
+    }
+    try:
+        import torchvision
+        import transformers
+
+        info["torchvision"] = torchvision.__version__
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover - both are install requirements
+        pass
+    return info

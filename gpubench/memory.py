@@ -1,0 +1,89 @@
+"""Peak memory of the measured steps, and an exact breakdown of what the model state holds.
+
+CUDA: ``reset_peak_memory_stats`` then ``max_memory_allocated`` / ``max_memory_reserved``.
+CPU (Linux): the process high-water mark. Writing ``5`` to ``/proc/self/clear_refs`` resets
+``VmHWM`` to the current resident size; after the steps ``VmHWM`` is the peak resident size. Freed
+heap is first handed back to the OS (``malloc_trim``) so an earlier, larger case does not leave
+resident pages that this case would reuse without raising the mark. The CPU figure therefore is
+the whole process's resident peak (interpreter, libraries and model included), not tensors alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+from pathlib import Path
+
+import torch
+from torch import nn
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
+_LIBC = _libc()
+
+
+def cpu_peak_supported() -> bool:
+    return _STATUS.exists() and _CLEAR_REFS.exists()
+
+
+def _status_bytes(key: str) -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024  # reported in kB
+    raise RuntimeError(f"{key} not found in {_STATUS}")
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak-memory window."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    elif cpu_peak_supported():
+        if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+            _LIBC.malloc_trim(0)
+        _CLEAR_REFS.write_text("5")
+
+
+def read_peak(device: torch.device) -> dict[str, int | str | None]:
+    """Peak memory since ``reset_peak``; the method used is named in ``peak_memory_method``."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return {
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+            "peak_memory_method": "torch.cuda.max_memory_allocated",
+        }
+    if cpu_peak_supported():
+        return {
+            "peak_memory_bytes": _status_bytes("VmHWM"),
+            "peak_reserved_bytes": None,
+            "peak_memory_method": "process VmHWM (resident high-water mark)",
+        }
+    return {"peak_memory_bytes": None, "peak_reserved_bytes": None, "peak_memory_method": "none"}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def state_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Exact bytes of parameters, their gradients (as allocated during backward) and optimizer
+    state (momentum, Adam moments)."""
+    params = [p for p in model.parameters()]
+    state = [
+        v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+    ]
+    return {
+        "param_bytes": sum(_nbytes(p) for p in params),
+        "grad_bytes": sum(_nbytes(p) for p in params if p.requires_grad),
+        "optimizer_state_bytes": sum(_nbytes(v) for v in state),
+    }

@@ -1,0 +1,80 @@
+"""Precision policies: FP32, TF32, AMP fp16 with gradient scaling, AMP bf16.
+
+A policy is used the same way whatever the precision; its "off" parts are no-ops
+(autocast disabled, ``GradScaler(enabled=False)``), so the training step has no branches on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Precision:
+    def __init__(self, name: str, device_type: str):
+        self.name = name
+        self.device_type = device_type
+        self.autocast_dtype = _AUTOCAST_DTYPES.get(name)
+        # Only fp16 needs loss scaling: its narrow exponent underflows small gradients.
+        self.scaler = torch.amp.GradScaler(device_type, enabled=name == "fp16")
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(
+            self.device_type,
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
+        )
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    @contextlib.contextmanager
+    def math_mode(self) -> Iterator[None]:
+        """Set the float32 matmul/convolution mode for this policy, restoring it afterwards.
+
+        fp32 means IEEE float32 everywhere: PyTorch enables TF32 for cuDNN convolutions by
+        default, so it is switched off here, or "fp32" ResNet timings on Ampere+ would be TF32.
+        """
+        tf32 = self.name == "tf32"
+        saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = tf32
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(saved[0])
+            torch.backends.cudnn.allow_tf32 = saved[1]
+
+    @property
+    def note(self) -> str:
+        """What this policy means on this device, for the results."""
+        if self.name == "tf32" and self.device_type != "cuda":
+            return "tf32 has no effect off CUDA: identical to fp32"
+        return ""
+
+
+def unsupported_reason(name: str, device_type: str) -> str | None:
+    """Why ``name`` cannot run on this device, or None when it can."""
+    if name == "tf32" and device_type == "cuda":
+        if torch.cuda.get_device_capability()[0] < 8:
+            return "tf32 needs an Ampere or newer GPU (compute capability >= 8.0)"
+    if name == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "bf16 is not supported by this GPU"
+    dtype = _AUTOCAST_DTYPES.get(name)
+    if dtype is not None and not torch.amp.is_autocast_available(device_type):
+        return f"autocast is not available on {device_type}"
+    if dtype is not None:
+        try:
+            with torch.autocast(device_type, dtype=dtype):
+                torch.ones(2, 2, device=device_type) @ torch.ones(2, 2, device=device_type)
+        except (RuntimeError, AssertionError) as err:
+            return f"{name} autocast does not run on {device_type} with this torch: {err}"
+    return None
