@@ -160,11 +160,12 @@ def build_model(model: str, profile: str, *, checkpointing: bool = False) -> Tra
         case _:
             raise ValueError(f"unknown model {model!r}")
     if checkpointing:
-        # transformers renamed the switch; take whichever this release has.
-        enable = getattr(net, "activation_checkpointing_enable", None)
-        if enable is None:
-            enable = net.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        # transformers 5 renamed the switch; older releases only have the first name.
+        if hasattr(net, "activation_checkpointing_enable"):
+            net.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return TrainModule(net, kind)
 
 

@@ -1,0 +1,19 @@
+"""Single-device cases: every technique of the step against the model's FP32 baseline."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubench.runner import Unsupported, run_case
+
+
+def test_step(benchmark, bench_case, options):
+    if bench_case.slow and not options.slow:
+        pytest.skip("slow case (torch.compile): pass --gpubench-slow to run it")
+    cfg = bench_case.cfg
+    benchmark.group = f"{cfg.model}-{cfg.profile}-{cfg.device}"
+    benchmark.extra_info["group"] = bench_case.group
+    try:
+        run_case(benchmark, cfg, rounds=options.rounds, warmup_rounds=options.warmup)
+    except Unsupported as why:
+        pytest.skip(str(why))

@@ -1,0 +1,116 @@
+"""What to run: curated, named case lists per profile (not the exponential cross product).
+
+Each list answers one question against the model's FP32 baseline. ``profile_cases`` assembles the
+default run of a profile; ``slow`` cases (torch.compile) run only when asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpubench.config import IMAGE_MODELS, PROFILES, RunConfig
+from gpubench.models import model_size
+
+PROFILE_MODELS = {
+    "smoke": ("resnet18", "bert"),
+    "cpu": ("resnet18", "bert", "gpt2"),
+    "gpu-small": ("resnet50", "bert", "gpt2"),
+    "gpu-full": ("resnet50", "bert", "gpt2"),
+}
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """A config plus how the benchmark suite treats it."""
+
+    cfg: RunConfig
+    group: str
+    """The question the case answers: precision, accumulation, optimizer, memory, layout, compile."""
+    slow: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.cfg.id
+
+
+def baseline(model: str, profile: str, device: str) -> RunConfig:
+    return RunConfig(model=model, profile=profile, device=device)
+
+
+def precision_cases(base: RunConfig) -> list[RunConfig]:
+    return [base.with_(precision=p) for p in ("fp32", "tf32", "fp16", "bf16")]
+
+
+def accumulation_cases(base: RunConfig) -> list[RunConfig]:
+    """k micro-batches per step at constant effective batch (micro = B/k, the memory-saving use)
+    and at constant micro-batch (effective batch k*B, the larger-batch use)."""
+    batch = model_size(base.model, base.profile).micro_batch
+    same_global = [
+        base.with_(accum_steps=k, micro_batch=batch // k) for k in (2, 4) if batch % k == 0
+    ]
+    return [*same_global, base.with_(accum_steps=4), base.with_(precision="bf16", accum_steps=4)]
+
+
+def optimizer_cases(base: RunConfig) -> list[RunConfig]:
+    return [
+        base.with_(optimizer=opt, optimizer_impl=impl)
+        for opt in ("sgd", "adam", "adamw")
+        for impl in ("default", "foreach", "fused")
+        if (opt, impl) != ("sgd", "default")  # the baseline itself
+    ]
+
+
+def memory_cases(base: RunConfig) -> list[RunConfig]:
+    return [
+        base.with_(zero_grad_set_to_none=False),
+        base.with_(empty_cache=True),
+        base.with_(checkpointing=True),
+        base.with_(precision="bf16", checkpointing=True),
+    ]
+
+
+def layout_cases(base: RunConfig) -> list[RunConfig]:
+    if base.model not in IMAGE_MODELS:
+        return []
+    return [base.with_(channels_last=True), base.with_(precision="bf16", channels_last=True)]
+
+
+def compile_cases(base: RunConfig) -> list[RunConfig]:
+    return [base.with_(compile=True), base.with_(precision="bf16", compile=True)]
+
+
+def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
+    base = baseline(model, profile, device)
+    groups = [
+        ("precision", precision_cases(base), False),
+        ("accumulation", accumulation_cases(base), False),
+        ("optimizer", optimizer_cases(base), False),
+        ("memory", memory_cases(base), False),
+        ("layout", layout_cases(base), False),
+        ("compile", compile_cases(base), True),
+    ]
+    return [BenchCase(cfg, group, slow) for group, cfgs, slow in groups for cfg in cfgs]
+
+
+def profile_cases(
+    profile: str, device: str, models: tuple[str, ...] | None = None
+) -> list[BenchCase]:
+    """Every case of ``profile`` for ``models`` (default: the profile's models), ids unique."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
+    chosen = models or PROFILE_MODELS[profile]
+    cases = [c for m in chosen for c in model_cases(m, profile, device)]
+    if profile == "smoke":
+        cases = [c for c in cases if c.id.removeprefix(c.cfg.model) in SMOKE_VARIANTS]
+    return cases
+
+
+SMOKE_VARIANTS = frozenset(
+    {"-fp32", "-bf16", "-fp16", "-fp32-accum2-mb2", "-fp32-adamw_fused", "-fp32-zerofill",
+     "-fp32-ckpt", "-fp32-cl"}
+)
+"""The smoke profile (tests, CI): a few cases per model covering every code path of the step."""
+
+
+def default_profile(device: str) -> str:
+    return "gpu-small" if device == "cuda" else "cpu"
