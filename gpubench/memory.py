@@ -41,34 +41,45 @@ def _status_bytes(key: str) -> int:
     raise RuntimeError(f"{key} not found in {_STATUS}")
 
 
-def reset_peak(device: torch.device) -> None:
-    """Start a new peak-memory window."""
+def reset_peak(device: torch.device) -> int | None:
+    """Start a new peak-memory window; return the memory in use at its start (bytes)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    elif cpu_peak_supported():
+        return torch.cuda.memory_allocated(device)
+    if cpu_peak_supported():
         if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
             _LIBC.malloc_trim(0)
         _CLEAR_REFS.write_text("5")
+        return _status_bytes("VmRSS")
+    return None
 
 
-def read_peak(device: torch.device) -> dict[str, int | str | None]:
-    """Peak memory since ``reset_peak``; the method used is named in ``peak_memory_method``."""
+def read_peak(device: torch.device, start_bytes: int | None) -> dict[str, int | str | None]:
+    """Peak memory since ``reset_peak`` (which returned ``start_bytes``).
+
+    ``peak_memory_bytes`` is the high-water mark; ``step_memory_bytes`` is how far the steps
+    raised it above the memory held at the start (model, gradients kept, optimizer state):
+    activations, temporaries and freshly allocated gradients.
+    """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        return {
-            "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
-            "peak_memory_method": "torch.cuda.max_memory_allocated",
-        }
-    if cpu_peak_supported():
-        return {
-            "peak_memory_bytes": _status_bytes("VmHWM"),
-            "peak_reserved_bytes": None,
-            "peak_memory_method": "process VmHWM (resident high-water mark)",
-        }
-    return {"peak_memory_bytes": None, "peak_reserved_bytes": None, "peak_memory_method": "none"}
+        peak = torch.cuda.max_memory_allocated(device)
+        reserved = torch.cuda.max_memory_reserved(device)
+        method = "torch.cuda.max_memory_allocated"
+    elif cpu_peak_supported():
+        peak, reserved = _status_bytes("VmHWM"), None
+        method = "process VmHWM (resident high-water mark)"
+    else:
+        peak = reserved = None
+        method = "none"
+    return {
+        "peak_memory_bytes": peak,
+        "step_memory_bytes": None if peak is None else max(0, peak - start_bytes),
+        "peak_reserved_bytes": reserved,
+        "peak_memory_method": method,
+    }
 
 
 def _nbytes(t: torch.Tensor) -> int:

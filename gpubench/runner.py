@@ -33,11 +33,11 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int) -> d
     with case.precision.math_mode():
         check = check_case(case)
         flops = count_flops(case.step)
-        reset_peak(case.device)
+        start_bytes = reset_peak(case.device)
         last_loss = benchmark.pedantic(
             case.synced_step, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1
         )
-        memory = read_peak(case.device)
+        memory = read_peak(case.device, start_bytes)
     if not math.isfinite(last_loss.item()):
         raise AssertionError(f"{cfg.id}: non-finite loss in the timed steps")
     rounds_s = list(benchmark.stats.stats.data)

@@ -1,0 +1,5 @@
+import sys
+
+from gpubench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""The ``gpubench`` command: run the benchmark profile, list cases, summarize, report, compare."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gpubench import atomic
+from gpubench.cases import default_profile, profile_cases
+from gpubench.config import DEVICES, MODELS, PROFILES
+from gpubench.machine import default_device
+from gpubench.results import ResultsError, load_results
+from gpubench.summary import summary_frame, summary_markdown
+
+
+def find_benchmarks_dir() -> Path:
+    """The suite's ``benchmarks/`` folder: in the working directory, else beside the package."""
+    for candidate in (Path.cwd() / "benchmarks", Path(__file__).resolve().parents[1] / "benchmarks"):
+        if (candidate / "conftest.py").is_file():
+            return candidate
+    raise SystemExit(
+        "gpubench: cannot find the benchmarks/ folder; run from a gpubench checkout "
+        "installed with 'pip install -e .'"
+    )
+
+
+def _resolve(device: str, profile: str) -> tuple[str, str]:
+    device = default_device() if device == "auto" else device
+    return device, default_profile(device) if profile == "auto" else profile
+
+
+def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
+    device, profile = _resolve(args.device, args.profile)
+    cmd = [
+        sys.executable, "-m", "pytest", str(find_benchmarks_dir()), "-v", "-p", "no:cacheprovider",
+        f"--rootdir={find_benchmarks_dir().parent}",
+        f"--benchmark-json={json_path}",
+        "--benchmark-columns=median,iqr,rounds",
+        "--benchmark-sort=name",
+        f"--gpubench-profile={profile}",
+        f"--gpubench-device={device}",
+    ]
+    if args.models:
+        cmd.append(f"--gpubench-models={args.models}")
+    if args.rounds:
+        cmd.append(f"--gpubench-rounds={args.rounds}")
+    if args.slow:
+        cmd.append("--gpubench-slow")
+    if args.threads:
+        cmd.append(f"--gpubench-threads={args.threads}")
+    if args.k:
+        cmd += ["-k", args.k]
+    return cmd
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    device, profile = _resolve(args.device, args.profile)
+    out = Path(args.out or f"results/{profile}")
+    print(f"gpubench: profile {profile} on {device}; results go to {out}/", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        json_tmp = Path(tmp) / "benchmark.json"
+        code = subprocess.call(pytest_command(args, json_tmp))
+        if not json_tmp.exists():
+            print(f"gpubench: the benchmark run wrote no results (pytest exit code {code}); "
+                  f"{out}/ is unchanged", file=sys.stderr)
+            return code or 1
+        # Only a complete run replaces the previous results, and then atomically.
+        atomic.move_into_place(json_tmp, out / "benchmark.json")
+    df = load_results([out / "benchmark.json"], labels=[profile])
+    text = summary_markdown(df)
+    atomic.write_text(out / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
+    print("\n" + text)
+    if not args.no_charts:
+        from gpubench.report import write_report
+
+        write_report([out / "benchmark.json"], out, labels=[profile])
+        print(f"gpubench: charts and report in {out}/")
+    if code != 0:
+        print(f"gpubench: some cases failed (pytest exit code {code})", file=sys.stderr)
+    return code
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    device, profile = _resolve(args.device, args.profile)
+    models = tuple(m for m in args.models.split(",") if m) or None
+    for case in profile_cases(profile, device, models):
+        print(f"{case.id:40s} {case.group:13s}{' (slow)' if case.slow else ''}")
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    df = load_results(args.files)
+    if args.csv:
+        summary_frame(df).to_csv(sys.stdout, index=False)
+    else:
+        print(summary_markdown(df))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpubench.report import write_report
+
+    written = write_report(args.files, Path(args.out))
+    print("\n".join(str(p) for p in written))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from gpubench.compare import compare_main
+
+    return compare_main(args)
+
+
+def _add_run_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default="auto", choices=("auto", *PROFILES),
+                   help="problem size (default: cpu, or gpu-small when CUDA is present)")
+    p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    p.add_argument("--models", default="", help=f"comma-separated subset of {', '.join(MODELS)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpubench", description="Benchmark PyTorch training acceleration techniques."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a benchmark profile; write JSON, summary and charts")
+    _add_run_selection(run)
+    run.add_argument("--out", help="results folder (default: results/<profile>)")
+    run.add_argument("--rounds", type=int, default=0, help="timed rounds per case")
+    run.add_argument("--threads", type=int, default=0, help="torch.set_num_threads")
+    run.add_argument("--slow", action="store_true", help="include slow cases (torch.compile)")
+    run.add_argument("-k", help="pytest -k expression selecting cases by id")
+    run.add_argument("--no-charts", action="store_true", help="skip the charts and report")
+    run.set_defaults(func=cmd_run)
+
+    lst = sub.add_parser("list", help="list the cases of a profile")
+    _add_run_selection(lst)
+    lst.set_defaults(func=cmd_list)
+
+    summ = sub.add_parser("summary", help="print the summary table of result files")
+    summ.add_argument("files", nargs="+")
+    summ.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    summ.set_defaults(func=cmd_summary)
+
+    rep = sub.add_parser("report", help="charts and a Markdown/HTML report from result files")
+    rep.add_argument("files", nargs="+")
+    rep.add_argument("-o", "--out", required=True, help="folder for charts and report")
+    rep.set_defaults(func=cmd_report)
+
+    cmp_ = sub.add_parser("compare", help="regression check of NEW against BASE")
+    from gpubench.compare import add_compare_arguments
+
+    add_compare_arguments(cmp_)
+    cmp_.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ResultsError as err:
+        print(f"gpubench: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Load pytest-benchmark JSON files into one tidy DataFrame: one row per case and run."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+REQUIRED_FIELDS = (
+    "model", "profile", "device", "precision", "accum_steps", "micro_batch", "global_batch",
+    "optimizer", "parallel", "world_size", "input_shape", "case_id", "is_baseline",
+    "step_time_s", "samples_per_s", "peak_memory_bytes", "flops_per_step", "tflops", "mfu",
+)
+"""Fields every gpubench record carries in ``extra_info``; older or foreign files may lack some."""
+
+STAT_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds")
+
+
+class ResultsError(ValueError):
+    """A file that is not pytest-benchmark JSON."""
+
+
+def read_benchmark_json(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ResultsError(f"{path}: not JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        raise ResultsError(
+            f"{path}: not pytest-benchmark JSON (expected an object with a 'benchmarks' list)"
+        )
+    return data
+
+
+def _row(bench: dict, run: str, path: Path, data: dict) -> dict:
+    stats = bench.get("stats") or {}
+    extra = bench.get("extra_info") or {}
+    machine = data.get("machine_info") or {}
+    gpubench_machine = machine.get("gpubench") or {}
+    row = {
+        "run": run,
+        "file": str(path),
+        "datetime": data.get("datetime"),
+        "name": bench.get("name"),
+        "bench_group": bench.get("group"),
+        **{f"time_{k}": stats.get(k) for k in STAT_FIELDS},
+        "rounds_s": stats.get("data"),
+        "machine_node": machine.get("node"),
+        "machine_cpu": gpubench_machine.get("cpu") or (machine.get("cpu") or {}).get("brand_raw"),
+        "torch_version": gpubench_machine.get("torch"),
+        "pytest_benchmark_version": data.get("version"),
+    }
+    row.update(extra)
+    row.setdefault("case_id", bench.get("name"))
+    return row
+
+
+def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = None) -> pd.DataFrame:
+    """One row per benchmark and file. ``run`` is the label (default: the file's stem, made
+    unique). Records lacking gpubench fields load with a warning naming file and fields."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ResultsError("no result files given")
+    labels = list(labels) if labels is not None else _unique_stems(paths)
+    rows = []
+    for path, run in zip(paths, labels, strict=True):
+        data = read_benchmark_json(path)
+        if not data["benchmarks"]:
+            warnings.warn(f"{path}: holds no benchmarks", stacklevel=2)
+        missing = set()
+        for bench in data["benchmarks"]:
+            row = _row(bench, run, path, data)
+            missing.update(f for f in REQUIRED_FIELDS if f not in row)
+            rows.append(row)
+        if missing:
+            warnings.warn(
+                f"{path}: records lack {', '.join(sorted(missing))} "
+                "(written by another gpubench version, or not by gpubench); "
+                "charts and tables that need them skip those records",
+                stacklevel=2,
+            )
+    df = pd.DataFrame(rows)
+    for col in REQUIRED_FIELDS:
+        if col not in df:
+            df[col] = None
+    return df
+
+
+def _unique_stems(paths: list[Path]) -> list[str]:
+    stems = [p.stem for p in paths]
+    if len(set(stems)) == len(stems):
+        return stems
+    return [str(p.with_suffix("")) for p in paths]
+
+
+def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``speedup`` (baseline time / time) and ``memory_ratio`` (peak / baseline peak), each
+    against the FP32 single-device baseline of the same run, model, profile and device."""
+    df = df.copy()
+    keys = ["run", "model", "profile", "device"]
+    base = df[df["is_baseline"] == True][keys + ["step_time_s", "peak_memory_bytes"]]  # noqa: E712
+    base = base.drop_duplicates(keys).rename(
+        columns={"step_time_s": "base_step_time_s", "peak_memory_bytes": "base_peak_memory_bytes"}
+    )
+    df = df.merge(base, on=keys, how="left")
+    df["speedup"] = df["base_step_time_s"] / df["step_time_s"]
+    df["memory_ratio"] = df["peak_memory_bytes"] / df["base_peak_memory_bytes"]
+    return df

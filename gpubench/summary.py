@@ -1,0 +1,78 @@
+"""The readable summary table of a run: one line per case, the baseline's figures as reference."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from gpubench.results import with_baseline_ratios
+
+COLUMNS = {
+    "case_id": "case",
+    "step_time_ms": "median step (ms)",
+    "iqr_ms": "IQR (ms)",
+    "samples_per_s": "samples/s",
+    "peak_memory_mib": "peak mem (MiB)",
+    "step_memory_mib": "step mem (MiB)",
+    "speedup": "speedup vs fp32",
+    "memory_ratio": "mem vs fp32",
+    "mfu": "MFU",
+}
+
+
+def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The summary columns, sorted by run, model and speedup (fastest first)."""
+    df = with_baseline_ratios(df[df["step_time_s"].notna()])
+    out = pd.DataFrame(
+        {
+            "run": df["run"],
+            "model": df["model"],
+            "case_id": df["case_id"],
+            "step_time_ms": df["step_time_s"] * 1e3,
+            "iqr_ms": df.get("step_time_iqr_s", pd.Series(math.nan, index=df.index)) * 1e3,
+            "samples_per_s": df["samples_per_s"],
+            "peak_memory_mib": df["peak_memory_bytes"].astype(float) / 2**20,
+            "step_memory_mib": df.get("step_memory_bytes", pd.Series(math.nan, index=df.index))
+            .astype(float)
+            / 2**20,
+            "speedup": df["speedup"],
+            "memory_ratio": df["memory_ratio"],
+            "mfu": df["mfu"],
+        }
+    )
+    return out.sort_values(["run", "model", "speedup"], ascending=[True, True, False])
+
+
+def _fmt(value: object, column: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if column in ("speedup", "memory_ratio"):
+        return f"{value:.2f}x"
+    if column == "mfu":
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    return str(value)
+
+
+def markdown_table(frame: pd.DataFrame, columns: dict[str, str]) -> str:
+    """A GitHub-flavoured Markdown table of ``columns`` (source name -> header)."""
+    lines = [
+        "| " + " | ".join(columns.values()) + " |",
+        "|" + "|".join("---" if c == "case_id" else "---:" for c in columns) + "|",
+    ]
+    for _, row in frame.iterrows():
+        lines.append("| " + " | ".join(_fmt(row[c], c) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def summary_markdown(df: pd.DataFrame) -> str:
+    """One Markdown section per run and model."""
+    frame = summary_frame(df)
+    parts = []
+    for (run, model), group in frame.groupby(["run", "model"], sort=False):
+        parts.append(f"### {model} ({run})\n\n{markdown_table(group, COLUMNS)}\n")
+    if not parts:
+        return "No measured cases.\n"
+    return "\n".join(parts)
