@@ -76,7 +76,8 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
         missing = set()
         for bench in data["benchmarks"]:
             row = _row(bench, run, path, data)
-            missing.update(f for f in REQUIRED_FIELDS if f not in row)
+            if row.get("kind", "step") == "step":
+                missing.update(f for f in REQUIRED_FIELDS if f not in row)
             rows.append(row)
         if missing:
             warnings.warn(

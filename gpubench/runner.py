@@ -46,6 +46,7 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int) -> d
     achieved = flops / step_time_s
     peak = matmul_peak_flops(cfg.device, cfg.precision)
     info = {
+        "kind": "step",
         **cfg.flatten(),
         "case_id": cfg.id,
         "is_baseline": cfg.is_baseline,

@@ -49,6 +49,8 @@ def _fmt(value: object, column: str) -> str:
         return "-"
     if column in ("speedup", "memory_ratio"):
         return f"{value:.2f}x"
+    if column == "harness_overhead":
+        return f"{100 * value:+.2f}%"
     if column == "mfu":
         return f"{100 * value:.1f}%"
     if isinstance(value, float):
@@ -73,6 +75,13 @@ def summary_markdown(df: pd.DataFrame) -> str:
     parts = []
     for (run, model), group in frame.groupby(["run", "model"], sort=False):
         parts.append(f"### {model} ({run})\n\n{markdown_table(group, COLUMNS)}\n")
+    if "harness_overhead" in df:
+        over = df.dropna(subset=["harness_overhead"])
+        cols = {"case_id": "case", "gpubench_ms": "gpubench step (ms)",
+                "handwritten_ms": "hand-written step (ms)", "harness_overhead": "overhead"}
+        over = over.assign(gpubench_ms=over["gpubench_step_time_s"] * 1e3,
+                           handwritten_ms=over["handwritten_step_time_s"] * 1e3)
+        parts.append("### Harness overhead (interleaved rounds)\n\n" + markdown_table(over, cols))
     if not parts:
         return "No measured cases.\n"
     return "\n".join(parts)

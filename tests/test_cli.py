@@ -1,0 +1,88 @@
+"""End to end: ``gpubench run`` on the smoke profile, then summary, report and compare on it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpubench.cli import main
+from gpubench.results import REQUIRED_FIELDS
+
+EXTRA_FIELDS = (
+    "step_time_iqr_s", "peak_reserved_bytes", "step_memory_bytes", "peak_memory_method",
+    "param_bytes", "grad_bytes", "optimizer_state_bytes", "peak_tflops", "optimizer_impl",
+    "loss_reference", "loss_first", "check_losses",
+)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpubench", "run", "--profile", "smoke", "--out", str(out),
+         "--rounds", "3"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+def test_run_writes_json_with_every_field(smoke_run):
+    out, _ = smoke_run
+    data = json.loads((out / "benchmark.json").read_text())
+    steps = [b for b in data["benchmarks"] if b["extra_info"].get("kind") == "step"]
+    assert len(steps) >= 10
+    for bench in steps:
+        missing = [f for f in (*REQUIRED_FIELDS, *EXTRA_FIELDS) if f not in bench["extra_info"]]
+        assert not missing, (bench["name"], missing)
+        assert len(bench["stats"]["data"]) == 3  # raw rounds kept
+        assert bench["extra_info"]["parallel"] == "single"
+    info = data["machine_info"]["gpubench"]
+    for key in ("torch", "cuda", "cudnn", "device_name", "cpu", "torch_threads"):
+        assert key in info
+    assert info["matmul_peak_tflops"]["fp32"] > 0
+    overhead = [b for b in data["benchmarks"] if b["extra_info"].get("kind") == "overhead"]
+    assert {b["extra_info"]["model"] for b in overhead} == {"resnet18", "bert"}
+
+
+def test_run_prints_and_writes_summary(smoke_run):
+    out, stdout = smoke_run
+    summary = (out / "summary.md").read_text()
+    for header in ("median step (ms)", "samples/s", "peak mem (MiB)", "speedup vs fp32", "MFU"):
+        assert header in summary and header in stdout
+    assert "resnet18-fp32-accum2-mb2" in summary
+    assert "Harness overhead" in summary
+
+
+def test_run_writes_charts_and_report(smoke_run):
+    out, _ = smoke_run
+    for name in ("speedup", "memory", "pareto", "accumulation"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+        assert (out / f"{name}.svg").exists()
+    report = (out / "report.md").read_text()
+    assert "scaling: not drawn" in report and "loader: not drawn" in report
+    assert "data:image/png;base64" in (out / "report.html").read_text()
+
+
+def test_compare_run_with_itself(smoke_run, tmp_path, capsys):
+    out, _ = smoke_run
+    code = main(["compare", str(out / "benchmark.json"), str(out / "benchmark.json"),
+                 "--github-json", str(tmp_path)])
+    assert code == 0
+    assert "regression" not in capsys.readouterr().out.split("\n\n")[-1]
+    series = json.loads((tmp_path / "smaller_is_better.json").read_text())
+    assert {"name", "unit", "value"} <= set(series[0])
+
+
+def test_not_benchmark_json_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"hello": 1}')
+    assert main(["summary", str(bad)]) == 2
+    assert "notes.json" in capsys.readouterr().err
+
+
+def test_bad_profile_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--profile", "huge"])
+    assert "huge" in capsys.readouterr().err

@@ -1,0 +1,57 @@
+import pytest
+
+from gpubench.config import LoaderConfig, RunConfig
+
+
+@pytest.mark.parametrize(
+    ("changes", "bad", "valid"),
+    [
+        ({"precision": "fp8"}, "'fp8'", "fp32, tf32, fp16, bf16"),
+        ({"model": "vgg"}, "'vgg'", "resnet18, resnet50, bert, gpt2"),
+        ({"optimizer": "lamb"}, "'lamb'", "sgd, adam, adamw"),
+        ({"optimizer_impl": "triton"}, "'triton'", "default, foreach, fused"),
+        ({"profile": "huge"}, "'huge'", "smoke, cpu, gpu-small, gpu-full"),
+        ({"device": "tpu"}, "'tpu'", "cpu, cuda"),
+        ({"accum_steps": 0}, "0", "positive integer"),
+        ({"micro_batch": -2}, "-2", "positive integer"),
+        ({"world_size": 2}, "2", "world_size 1"),
+        ({"model": "bert", "channels_last": True}, "'bert'", "resnet18, resnet50"),
+    ],
+)
+def test_invalid_config_names_bad_value_and_valid_ones(changes, bad, valid):
+    kwargs = {"model": "resnet18", **changes}
+    with pytest.raises(ValueError) as err:
+        RunConfig(**kwargs)
+    assert bad in str(err.value)
+    assert valid in str(err.value)
+
+
+def test_invalid_loader_config():
+    with pytest.raises(ValueError, match="num_workers > 0"):
+        LoaderConfig(prefetch_factor=2)
+    with pytest.raises(ValueError, match="-1"):
+        LoaderConfig(num_workers=-1)
+
+
+def test_id_lists_only_what_differs_from_baseline():
+    base = RunConfig(model="resnet18")
+    assert base.id == "resnet18-fp32"
+    assert base.is_baseline
+    cfg = base.with_(precision="bf16", accum_steps=4)
+    assert cfg.id == "resnet18-bf16-accum4"
+    assert not cfg.is_baseline
+    full = base.with_(
+        optimizer="adamw", optimizer_impl="fused", checkpointing=True, channels_last=True,
+        zero_grad_set_to_none=False, empty_cache=True, compile=True, micro_batch=2,
+        loader=LoaderConfig(num_workers=2, pin_memory=True, non_blocking=True),
+    )
+    assert full.id == (
+        "resnet18-fp32-mb2-adamw_fused-zerofill-emptycache-ckpt-cl-compile-w2-pin-nb"
+    )
+
+
+def test_flatten_has_the_documented_names():
+    flat = RunConfig(model="bert").flatten()
+    for name in ("model", "profile", "device", "precision", "accum_steps", "micro_batch",
+                 "optimizer", "parallel", "world_size", "num_workers", "pin_memory"):
+        assert name in flat
