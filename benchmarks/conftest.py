@@ -7,7 +7,7 @@ import torch
 
 from gpubench.cases import PROFILE_MODELS, default_profile, profile_cases
 from gpubench.config import DEVICES, MODELS, PROFILES
-from gpubench.machine import default_device, machine_info
+from gpubench.machine import default_device
 
 ROUNDS = {"smoke": (3, 1), "cpu": (10, 2), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
@@ -38,7 +38,9 @@ class Options:
         device = config.getoption("--gpubench-device")
         self.device = default_device() if device == "auto" else device
         if self.device not in DEVICES:
-            raise pytest.UsageError(f"--gpubench-device must be auto or one of {DEVICES}; got {device!r}")
+            raise pytest.UsageError(
+                f"--gpubench-device must be auto or one of {', '.join(DEVICES)}; got {device!r}"
+            )
         profile = config.getoption("--gpubench-profile")
         self.profile = default_profile(self.device) if profile == "auto" else profile
         if self.profile not in PROFILES:

@@ -56,7 +56,7 @@ def handwritten_loop(model: str, profile: str, device: str, seed: int):
 
 @pytest.mark.parametrize("model", ["resnet18", "bert"])
 def test_harness_overhead(benchmark, model, options):
-    profile = options.profile if (model, options.profile) != ("resnet18", "gpu-full") else "gpu-small"
+    profile = options.profile
     if options.device == "cpu" and profile.startswith("gpu"):
         pytest.skip("GPU profile on the CPU")
     benchmark.group = "harness-overhead"

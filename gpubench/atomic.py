@@ -18,7 +18,9 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces ``dest``, on error it is removed."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp" + dest.suffix, dir=dest.parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{dest.name}.", suffix=".tmp" + dest.suffix, dir=dest.parent
+    )
     os.close(fd)
     tmp = Path(tmp)
     try:

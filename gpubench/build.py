@@ -12,7 +12,8 @@ from torch import nn
 from gpubench.config import RunConfig
 from gpubench.data import Batch, Placement, SyntheticDataset, build_loader, endless
 from gpubench.models import build_model, input_shape, model_size
-from gpubench.precision import Precision, unsupported_reason as precision_reason
+from gpubench.precision import Precision
+from gpubench.precision import unsupported_reason as precision_reason
 from gpubench.step import train_step
 
 LEARNING_RATES = {"sgd": 0.01, "adam": 1e-3, "adamw": 1e-3}

@@ -25,7 +25,8 @@ class BenchCase:
 
     cfg: RunConfig
     group: str
-    """The question the case answers: precision, accumulation, optimizer, memory, layout, compile."""
+    """The question the case answers: precision, accumulation, optimizer, memory, layout or
+    compile."""
     slow: bool = False
 
     @property

@@ -29,9 +29,11 @@ def _measured(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedup_interval(
-    rounds: list[float], base_rounds: list[float], *, n_boot: int = 1000, seed: int = 0
+    rounds: list[float], base_rounds: list[float], *, samples_ratio: float = 1.0,
+    n_boot: int = 1000, seed: int = 0,
 ) -> tuple[float, float]:
-    """95% bootstrap interval of (median baseline time / median case time) from raw rounds."""
+    """95% bootstrap interval of the speedup from raw rounds: (median baseline time / median case
+    time) x (case global batch / baseline global batch)."""
     if not rounds or not base_rounds:
         return (np.nan, np.nan)
     rng = np.random.default_rng(seed)
@@ -39,7 +41,7 @@ def speedup_interval(
     ratios = np.median(rng.choice(b, (n_boot, b.size)), axis=1) / np.median(
         rng.choice(a, (n_boot, a.size)), axis=1
     )
-    return tuple(np.percentile(ratios, [2.5, 97.5]))
+    return tuple(samples_ratio * np.percentile(ratios, [2.5, 97.5]))
 
 
 def _with_intervals(df: pd.DataFrame) -> pd.DataFrame:
@@ -51,7 +53,8 @@ def _with_intervals(df: pd.DataFrame) -> pd.DataFrame:
     for _, r in df.iterrows():
         rounds = r["rounds_s"] if isinstance(r["rounds_s"], list) else []
         br = base_rounds.get(tuple(r[k] for k in keys))
-        interval = speedup_interval(rounds, br if isinstance(br, list) else [])
+        interval = speedup_interval(rounds, br if isinstance(br, list) else [],
+                                    samples_ratio=r["global_batch"] / r["base_global_batch"])
         lo.append(interval[0])
         hi.append(interval[1])
     return df.assign(speedup_lo=lo, speedup_hi=hi)
@@ -76,14 +79,16 @@ def plot_speedup(df: pd.DataFrame) -> plt.Figure:
         if sub["run"].nunique() == 1:
             pos = {c: i for i, c in enumerate(order)}
             y = sub["case_id"].map(pos)
-            err = np.vstack([sub["speedup"] - sub["speedup_lo"], sub["speedup_hi"] - sub["speedup"]])
+            err = np.vstack(
+                [sub["speedup"] - sub["speedup_lo"], sub["speedup_hi"] - sub["speedup"]]
+            )
             ax.errorbar(sub["speedup"], y, xerr=np.nan_to_num(err.clip(min=0)), fmt="none",
                         ecolor="black", capsize=2, lw=0.8)
             if ax.get_legend():
                 ax.get_legend().remove()
         ax.axvline(1.0, color="crimson", ls="--", lw=1, label="fp32 baseline")
         ax.set_title(f"{model}: speedup over the FP32 baseline (higher is faster; 95% CI)")
-        ax.set_xlabel("speedup (baseline median step time / case median step time)")
+        ax.set_xlabel("speedup (case samples/s / baseline samples/s, from median step times)")
         ax.set_ylabel("")
     fig.tight_layout()
     return fig
@@ -140,7 +145,8 @@ def plot_pareto(df: pd.DataFrame) -> plt.Figure:
     for model, ax in g.axes_dict.items():
         sub = df[df["model"] == model]
         front = pareto_front(sub, "peak_mib", "samples_per_s")
-        ax.plot(front["peak_mib"], front["samples_per_s"], color="black", lw=1, label="Pareto front")
+        ax.plot(front["peak_mib"], front["samples_per_s"], color="black", lw=1,
+                label="Pareto front")
         for _, r in front.iterrows():
             ax.annotate(r["case_id"].removeprefix(f"{model}-"), (r["peak_mib"], r["samples_per_s"]),
                         fontsize=6)

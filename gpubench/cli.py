@@ -18,7 +18,8 @@ from gpubench.summary import summary_frame, summary_markdown
 
 def find_benchmarks_dir() -> Path:
     """The suite's ``benchmarks/`` folder: in the working directory, else beside the package."""
-    for candidate in (Path.cwd() / "benchmarks", Path(__file__).resolve().parents[1] / "benchmarks"):
+    beside_package = Path(__file__).resolve().parents[1] / "benchmarks"
+    for candidate in (Path.cwd() / "benchmarks", beside_package):
         if (candidate / "conftest.py").is_file():
             return candidate
     raise SystemExit(

@@ -30,6 +30,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def step_peak_flops(device_str: str, precision: str) -> float:
+    """The ceiling MFU divides by: the matmul peak of the step's precision. Under autocast some
+    ops stay in float32, so the ceiling is the faster of the autocast dtype's and fp32's peaks
+    (on a CPU without fp16 units, fp32 is the faster path and autocast uses it for many ops)."""
+    peak = matmul_peak_flops(device_str, precision)
+    if precision in ("fp16", "bf16"):
+        peak = max(peak, matmul_peak_flops(device_str, "fp32"))
+    return peak
+
+
 @functools.cache
 def matmul_peak_flops(device_str: str, precision: str) -> float:
     """Best FLOP/s of a square matmul at ``precision`` on ``device``, measured once per process.

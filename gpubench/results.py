@@ -101,15 +101,19 @@ def _unique_stems(paths: list[Path]) -> list[str]:
 
 
 def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """Add ``speedup`` (baseline time / time) and ``memory_ratio`` (peak / baseline peak), each
-    against the FP32 single-device baseline of the same run, model, profile and device."""
+    """Add ``speedup`` and ``memory_ratio`` against the FP32 single-device baseline of the same
+    run, model, profile and device.
+
+    ``speedup`` is the ratio of throughputs (samples/s of the global batch): for cases with the
+    baseline's global batch it equals baseline step time / step time, and it stays fair for
+    cases that process more samples per step (accumulation at constant micro-batch, DDP).
+    ``memory_ratio`` is peak memory / the baseline's peak memory."""
     df = df.copy()
     keys = ["run", "model", "profile", "device"]
-    base = df[df["is_baseline"] == True][keys + ["step_time_s", "peak_memory_bytes"]]  # noqa: E712
-    base = base.drop_duplicates(keys).rename(
-        columns={"step_time_s": "base_step_time_s", "peak_memory_bytes": "base_peak_memory_bytes"}
-    )
+    cols = ["step_time_s", "samples_per_s", "global_batch", "peak_memory_bytes"]
+    base = df[df["is_baseline"] == True][keys + cols]  # noqa: E712
+    base = base.drop_duplicates(keys).rename(columns={c: f"base_{c}" for c in cols})
     df = df.merge(base, on=keys, how="left")
-    df["speedup"] = df["base_step_time_s"] / df["step_time_s"]
+    df["speedup"] = df["samples_per_s"] / df["base_samples_per_s"]
     df["memory_ratio"] = df["peak_memory_bytes"] / df["base_peak_memory_bytes"]
     return df

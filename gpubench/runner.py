@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 import statistics
 
-import torch
-
 from gpubench.build import build, unsupported_reason
 from gpubench.checks import check_case
 from gpubench.config import RunConfig
-from gpubench.flops import count_flops, matmul_peak_flops
+from gpubench.flops import count_flops, step_peak_flops
 from gpubench.machine import device_name
 from gpubench.memory import read_peak, reset_peak, state_breakdown
 
@@ -44,7 +42,7 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int) -> d
     step_time_s = statistics.median(rounds_s)
     q1, _, q3 = statistics.quantiles(rounds_s, n=4) if len(rounds_s) > 1 else (0, 0, 0)
     achieved = flops / step_time_s
-    peak = matmul_peak_flops(cfg.device, cfg.precision)
+    peak = step_peak_flops(cfg.device, cfg.precision)
     info = {
         "kind": "step",
         **cfg.flatten(),

@@ -15,7 +15,7 @@ COLUMNS = {
     "samples_per_s": "samples/s",
     "peak_memory_mib": "peak mem (MiB)",
     "step_memory_mib": "step mem (MiB)",
-    "speedup": "speedup vs fp32",
+    "speedup": "speedup vs fp32",  # throughput ratio
     "memory_ratio": "mem vs fp32",
     "mfu": "MFU",
 }

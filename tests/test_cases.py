@@ -15,7 +15,9 @@ def test_case_ids_unique_and_baseline_first_per_model():
 def test_accumulation_covers_both_uses():
     cases = [c.cfg for c in profile_cases("cpu", "cpu", ("resnet18",)) if c.group == "accumulation"]
     base_batch = 8
-    same_global = [c for c in cases if c.accum_steps > 1 and c.micro_batch == base_batch // c.accum_steps]
+    same_global = [
+        c for c in cases if c.accum_steps > 1 and c.micro_batch == base_batch // c.accum_steps
+    ]
     same_micro = [c for c in cases if c.accum_steps > 1 and c.micro_batch is None]
     assert same_global and same_micro
 
