@@ -8,6 +8,7 @@ import torch
 from gpubench.cases import PROFILE_MODELS, default_profile, profile_cases
 from gpubench.config import DEVICES, MODELS, PROFILES
 from gpubench.machine import default_device
+from gpubench.machine import machine_info as describe_machine
 
 ROUNDS = {"smoke": (3, 1), "cpu": (10, 2), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
@@ -92,4 +93,4 @@ def options(request) -> Options:
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    machine_info["gpubench"] = globals()["machine_info"](config.gpubench.device)
+    machine_info["gpubench"] = describe_machine(config.gpubench.device)

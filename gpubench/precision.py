@@ -22,12 +22,11 @@ class Precision:
         # Only fp16 needs loss scaling: its narrow exponent underflows small gradients.
         self.scaler = torch.amp.GradScaler(device_type, enabled=name == "fp16")
 
-    def autocast(self) -> torch.autocast:
-        return torch.autocast(
-            self.device_type,
-            dtype=self.autocast_dtype or torch.bfloat16,
-            enabled=self.autocast_dtype is not None,
-        )
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            # Entering a disabled torch.autocast still toggles global state; skip it entirely.
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()

@@ -32,17 +32,20 @@ def train_step(
 
     Returns the mean micro-batch loss as a detached device tensor (reading it would synchronize).
     """
-    losses = []
+    total = None
     for i in range(accum_steps):
         inputs, targets = next(batches)
         # no_sync must wrap backward: DDP all-reduces gradients during backward.
         with no_sync(model, i < accum_steps - 1):
             with precision.autocast():
-                # Dividing by k makes k accumulated micro-batches equal one batch k times larger.
-                loss = model(inputs, targets) / accum_steps
+                loss = model(inputs, targets)
+                if accum_steps > 1:
+                    # Dividing by k makes k accumulated micro-batches equal one batch k times
+                    # larger (skipped at k=1: an extra op in forward and backward for nothing).
+                    loss = loss / accum_steps
             precision.backward(loss)
-        losses.append(loss.detach())
+        total = loss.detach() if total is None else total + loss.detach()
     precision.step(optimizer)
     optimizer.zero_grad(set_to_none=set_to_none)
     after_step()
-    return torch.stack(losses).sum()
+    return total
