@@ -9,6 +9,7 @@ from gpubench.cases import PROFILE_MODELS, default_profile, profile_cases
 from gpubench.config import DEVICES, MODELS, PROFILES
 from gpubench.machine import default_device
 from gpubench.machine import machine_info as describe_machine
+from gpubench.workers import DEFAULT_TIMEOUT_S
 
 ROUNDS = {"smoke": (3, 1), "cpu": (10, 2), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
@@ -30,6 +31,9 @@ def pytest_addoption(parser):
                     help="also run slow cases (torch.compile)")
     group.addoption("--gpubench-threads", type=int, default=0,
                     help="torch.set_num_threads for the run (default: torch's choice)")
+    group.addoption("--gpubench-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                    help="seconds a multi-process case's rank may take per command before the "
+                    f"case fails as hung (default {DEFAULT_TIMEOUT_S:g})")
 
 
 class Options:
@@ -61,6 +65,7 @@ class Options:
         self.warmup = warmup if w < 0 else w
         self.slow = config.getoption("--gpubench-slow")
         self.threads = config.getoption("--gpubench-threads")
+        self.timeout_s = config.getoption("--gpubench-timeout")
 
 
 def pytest_configure(config):

@@ -24,10 +24,10 @@ def handwritten_loop(model: str, profile: str, device: str, seed: int):
     """The loop a user would write by hand, sharing nothing with gpubench but the data."""
     torch.manual_seed(seed)
     wrapped = build(baseline(model, profile, device))  # identical weights and data
-    net = wrapped.eager_model.net
+    net = wrapped.reference_model.net
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     size = model_size(model, profile)
-    dataset = SyntheticDataset(size, wrapped.eager_model.kind, size.micro_batch * 4, seed)
+    dataset = SyntheticDataset(size, wrapped.reference_model.kind, size.micro_batch * 4, seed)
     loader = build_loader(dataset, wrapped.cfg.loader, size.micro_batch, seed)
     dev = torch.device(device)
 

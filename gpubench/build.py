@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.data import DistributedSampler
 
 from gpubench.config import RunConfig
-from gpubench.data import Batch, Placement, SyntheticDataset, build_loader, endless
+from gpubench.data import Batch, Placement, SyntheticDataset, build_loader, endless, seed_worker
 from gpubench.models import build_model, input_shape, model_size
+from gpubench.parallel import (
+    DataParallel,
+    DistributedDataParallel,
+    ModelParallel,
+    Pipeline,
+    Single,
+)
 from gpubench.precision import Precision
 from gpubench.precision import unsupported_reason as precision_reason
 from gpubench.step import train_step
@@ -23,9 +32,7 @@ EPOCH_STEPS = 4
 """The synthetic dataset holds this many optimizer steps of samples; the loader then re-iterates."""
 
 
-def build_optimizer(
-    name: str, impl: str, params: list[nn.Parameter]
-) -> torch.optim.Optimizer:
+def build_optimizer(name: str, impl: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     impl_kwargs = {} if impl == "default" else {impl: True}
     lr = LEARNING_RATES[name]
     match name:
@@ -42,10 +49,38 @@ def resolve_micro_batch(cfg: RunConfig) -> int:
     return cfg.micro_batch or model_size(cfg.model, cfg.profile).micro_batch
 
 
+def devices_needed(cfg: RunConfig) -> int:
+    """CUDA devices the case needs (DDP with nccl: one per rank)."""
+    if cfg.device != "cuda":
+        return 0
+    return cfg.world_size if cfg.parallel in ("dp", "ddp", "model", "pipeline") else 1
+
+
+def check_world_size(cfg: RunConfig) -> None:
+    """Raise before any process starts when the machine has too few devices for ``cfg``."""
+    need = devices_needed(cfg)
+    have = torch.cuda.device_count() if cfg.device == "cuda" else 0
+    if need > have:
+        raise ValueError(
+            f"world_size {cfg.world_size} with parallel {cfg.parallel!r} needs {need} CUDA "
+            f"devices; this machine has {have}"
+        )
+
+
 def unsupported_reason(cfg: RunConfig) -> str | None:
     """Why this machine cannot run ``cfg`` (the case is then skipped with it), or None."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         return "needs a CUDA device; none is available"
+    if cfg.parallel == "dp" and cfg.device != "cuda":
+        return "DataParallel needs CUDA devices"
+    try:
+        check_world_size(cfg)
+    except ValueError as err:
+        return str(err)
+    if cfg.parallel == "pipeline" and cfg.precision == "fp16":
+        return "fp16 GradScaler is not wired into pipelining schedules; use bf16"
+    if cfg.parallel == "pipeline" and resolve_micro_batch(cfg) % cfg.chunks:
+        return f"micro_batch {resolve_micro_batch(cfg)} does not split into {cfg.chunks} chunks"
     reason = precision_reason(cfg.precision, cfg.device)
     if reason:
         return reason
@@ -62,29 +97,32 @@ def unsupported_reason(cfg: RunConfig) -> str | None:
 
 @dataclass
 class Case:
-    """Everything one benchmark case runs, built and ready."""
+    """Everything one benchmark case (or one rank of it) runs, built and ready."""
 
     cfg: RunConfig
     device: torch.device
-    eager_model: nn.Module
+    reference_model: nn.Module | None
+    """The plain FP32 model the check compares with (None on pipeline ranks without the loss)."""
     model: nn.Module
-    """``eager_model``, or its ``torch.compile`` wrapper."""
+    """The model as trained: wrapped by the parallel strategy, possibly compiled."""
     optimizer: torch.optim.Optimizer
     precision: Precision
+    strategy: Single
     batches: Iterator[Batch]
-    placement: Placement
     after_step: Callable[[], None]
     micro_batch: int
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.cfg.accum_steps * self.cfg.world_size
+        """Samples per optimizer step over all ranks (pipeline stages share one batch)."""
+        replicas = self.cfg.world_size if self.cfg.parallel == "ddp" else 1
+        return self.micro_batch * self.cfg.accum_steps * replicas
 
     @property
     def input_shape(self) -> list[int]:
         return input_shape(self.cfg.model, self.cfg.profile, self.micro_batch)
 
-    def step(self, batches: Iterator[Batch] | None = None) -> torch.Tensor:
+    def step(self, batches: Iterator[Batch] | None = None) -> torch.Tensor | None:
         """One training step on the next batches from the loader (or on ``batches``)."""
         return train_step(
             self.model,
@@ -94,19 +132,19 @@ class Case:
             accum_steps=self.cfg.accum_steps,
             set_to_none=self.cfg.zero_grad_set_to_none,
             after_step=self.after_step,
+            strategy=self.strategy,
         )
 
-    def synced_step(self) -> torch.Tensor:
+    def synced_step(self) -> torch.Tensor | None:
         """A step whose device work has finished when it returns: what a timer may measure."""
         loss = self.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return loss
 
-    def fixed_batches(self) -> Iterator[Batch]:
-        """The same ``accum_steps`` micro-batches over and over, already on the device."""
-        first = list(itertools.islice(self.batches, self.cfg.accum_steps))
-        return itertools.cycle(first)
+    def fixed_batches(self) -> list[Batch]:
+        """The next ``accum_steps`` micro-batches, already on the device, to train on repeatedly."""
+        return list(itertools.islice(self.batches, self.cfg.accum_steps))
 
 
 def _empty_cache(device: torch.device) -> Callable[[], None]:
@@ -115,33 +153,82 @@ def _empty_cache(device: torch.device) -> Callable[[], None]:
     return lambda: None  # the CPU allocator has no cache to release
 
 
-def build(cfg: RunConfig) -> Case:
-    """Build the model, optimizer, precision policy and data stream for ``cfg``."""
-    device = torch.device(cfg.device)
+def _device(cfg: RunConfig, rank: int) -> torch.device:
+    if cfg.device == "cuda" and cfg.multiprocess:
+        return torch.device("cuda", rank)
+    if cfg.device == "cuda":
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _strategy(cfg: RunConfig, rank: int, device: torch.device, precision: Precision) -> Single:
+    match cfg.parallel:
+        case "single":
+            return Single()
+        case "dp":
+            return DataParallel(cfg.world_size)
+        case "ddp":
+            return DistributedDataParallel(rank, cfg.world_size, device, cfg.ddp_no_sync)
+        case "model":
+            devices = [
+                torch.device("cuda", i) if cfg.device == "cuda" else torch.device("cpu")
+                for i in range(cfg.world_size)
+            ]
+            return ModelParallel(devices)
+        case "pipeline":
+            return Pipeline(rank, cfg.world_size, device, cfg.chunks, cfg.schedule, precision,
+                            cfg.accum_steps)
+    raise ValueError(f"unknown parallel {cfg.parallel!r}")
+
+
+def build(cfg: RunConfig, rank: int = 0) -> Case:
+    """Build the model, optimizer, precision policy, strategy and data stream for ``cfg`` (as
+    ``rank`` of a multi-process case; its process group must already be initialised)."""
+    device = _device(cfg, rank)
     micro_batch = resolve_micro_batch(cfg)
-    torch.manual_seed(cfg.seed)
+    precision = Precision(cfg.precision, device.type)
+    strategy = _strategy(cfg, rank, device, precision)
+    torch.manual_seed(cfg.seed)  # every rank and case of a model starts from the same weights
     eager = build_model(cfg.model, cfg.profile, checkpointing=cfg.checkpointing)
     memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
     eager = eager.to(device=device, memory_format=memory_format).train()
-    model = torch.compile(eager) if cfg.compile else eager
-    optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(eager.parameters()))
+    wrapped = strategy.wrap(eager)
+    match cfg.parallel:
+        case "model":
+            reference = wrapped  # the split model computes exactly the unsplit function
+        case "pipeline":
+            reference = eager if strategy.is_last else None
+        case _:
+            reference = eager
+    model = torch.compile(wrapped) if cfg.compile else wrapped
+    optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(wrapped.parameters()))
     size = model_size(cfg.model, cfg.profile)
+    replicas = cfg.world_size if cfg.parallel == "ddp" else 1
     dataset = SyntheticDataset(
-        size, eager.kind, micro_batch * cfg.accum_steps * EPOCH_STEPS, cfg.seed
+        size, eager.kind, micro_batch * cfg.accum_steps * EPOCH_STEPS * replicas, cfg.seed
     )
-    loader = build_loader(dataset, cfg.loader, micro_batch, cfg.seed)
+    sampler = None
+    if cfg.parallel == "ddp":
+        # Each rank reads its own shard; the seed makes the shuffle agree across ranks.
+        sampler = DistributedSampler(dataset, num_replicas=cfg.world_size, rank=rank,
+                                     shuffle=True, seed=cfg.seed, drop_last=True)
+    loader = build_loader(
+        dataset, cfg.loader, micro_batch, cfg.seed, sampler=sampler,
+        worker_init_fn=functools.partial(seed_worker, base_seed=cfg.seed, rank=rank),
+    )
+    first_device = strategy.devices[0] if cfg.parallel == "model" else device
     placement = Placement(
-        device, non_blocking=cfg.loader.non_blocking, channels_last=cfg.channels_last
+        first_device, non_blocking=cfg.loader.non_blocking, channels_last=cfg.channels_last
     )
     return Case(
         cfg=cfg,
         device=device,
-        eager_model=eager,
+        reference_model=reference,
         model=model,
         optimizer=optimizer,
-        precision=Precision(cfg.precision, device.type),
+        precision=precision,
+        strategy=strategy,
         batches=map(placement, endless(loader)),
-        placement=placement,
         after_step=_empty_cache(device) if cfg.empty_cache else (lambda: None),
         micro_batch=micro_batch,
     )

@@ -25,8 +25,8 @@ class BenchCase:
 
     cfg: RunConfig
     group: str
-    """The question the case answers: precision, accumulation, optimizer, memory, layout or
-    compile."""
+    """The question the case answers: precision, accumulation, optimizer, memory, layout,
+    parallel or compile."""
     slow: bool = False
 
     @property
@@ -76,6 +76,30 @@ def layout_cases(base: RunConfig) -> list[RunConfig]:
     return [base.with_(channels_last=True), base.with_(precision="bf16", channels_last=True)]
 
 
+def parallel_cases(base: RunConfig) -> list[RunConfig]:
+    """DDP (also with accumulation, with and without no_sync, and bf16), DataParallel, and for
+    image models model and pipeline parallelism. On CUDA, DDP also at 4 and 8 GPUs: those cases
+    skip with their requirement on a smaller machine."""
+    world_sizes = (2, 4, 8) if base.device == "cuda" else (2,)
+    ddp = [base.with_(parallel="ddp", world_size=n) for n in world_sizes]
+    ddp += [
+        base.with_(parallel="ddp", world_size=2, accum_steps=4),
+        base.with_(parallel="ddp", world_size=2, accum_steps=4, ddp_no_sync=True),
+        base.with_(parallel="ddp", world_size=2, precision="bf16"),
+    ]
+    dp = [base.with_(parallel="dp", world_size=n) for n in (1, 2)]
+    split = []
+    if base.model in IMAGE_MODELS:
+        # Chunks of at least two samples: BatchNorm needs more than one value per channel.
+        chunks = max(2, min(4, model_size(base.model, base.profile).micro_batch // 2))
+        split = [
+            base.with_(parallel="model", world_size=2),
+            base.with_(parallel="pipeline", world_size=2, chunks=chunks),
+            base.with_(parallel="pipeline", world_size=2, chunks=chunks, schedule="1f1b"),
+        ]
+    return [*ddp, *dp, *split]
+
+
 def compile_cases(base: RunConfig) -> list[RunConfig]:
     return [base.with_(compile=True), base.with_(precision="bf16", compile=True)]
 
@@ -88,6 +112,7 @@ def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
         ("optimizer", optimizer_cases(base), False),
         ("memory", memory_cases(base), False),
         ("layout", layout_cases(base), False),
+        ("parallel", parallel_cases(base), False),
         ("compile", compile_cases(base), True),
     ]
     return [BenchCase(cfg, group, slow) for group, cfgs, slow in groups for cfg in cfgs]
@@ -108,7 +133,8 @@ def profile_cases(
 
 SMOKE_VARIANTS = frozenset(
     {"-fp32", "-bf16", "-fp16", "-fp32-accum2-mb2", "-fp32-adamw_fused", "-fp32-zerofill",
-     "-fp32-ckpt", "-fp32-cl"}
+     "-fp32-ckpt", "-fp32-cl", "-fp32-ddp2", "-fp32-dp2", "-fp32-pipeline2-chunks2",
+     "-fp32-model2"}
 )
 """The smoke profile (tests, CI): a few cases per model covering every code path of the step."""
 

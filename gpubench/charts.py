@@ -3,6 +3,8 @@ raises ``CannotPlot`` saying why the data does not allow it (the report then not
 
 from __future__ import annotations
 
+import re
+
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
@@ -112,12 +114,18 @@ def plot_memory(df: pd.DataFrame) -> plt.Figure:
             vals = sub.get(col, pd.Series(0, index=sub.index)).fillna(0).to_numpy() / MIB
             ax.barh(sub["case_id"], vals, left=left, label=label)
             left += vals
-        rest = np.clip(sub["peak_memory_bytes"].to_numpy(float) / MIB - left, 0, None)
-        ax.barh(sub["case_id"], rest, left=left, label="activations, workspace, rest", color="0.8")
+        peak = sub["peak_memory_bytes"].to_numpy(float) / MIB
+        step = sub.get("step_memory_bytes", pd.Series(0, index=sub.index)).fillna(0)
+        step = np.minimum(step.to_numpy(float) / MIB, peak)
+        held = np.clip(peak - step - left, 0, None)
+        ax.barh(sub["case_id"], held, left=left, color="0.85",
+                label="other memory held before the step (process, buffers)")
+        ax.barh(sub["case_id"], step, left=left + held, color="tab:red", alpha=0.7,
+                label="added by the step (activations, temporaries)")
         method = sub["peak_memory_method"].iloc[0] if "peak_memory_method" in sub else ""
         ax.set_title(f"{model}: peak memory per case ({method})")
         ax.set_xlabel("MiB")
-        ax.legend(loc="lower right", fontsize="small")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     fig.tight_layout()
     return fig
 
@@ -196,16 +204,41 @@ def plot_accumulation(df: pd.DataFrame) -> plt.Figure:
 
 def plot_scaling(df: pd.DataFrame) -> plt.Figure:
     """Throughput and scaling efficiency against world size."""
-    df = _measured(df)
-    if df["world_size"].nunique() < 2 or "scaling_efficiency" not in df:
-        raise CannotPlot("no parallel cases with more than one world size")
-    long = df.melt(id_vars=["model", "world_size", "parallel", "run"],
-                   value_vars=["samples_per_s", "scaling_efficiency"], var_name="metric")
-    g = sns.relplot(data=long, x="world_size", y="value", hue="parallel", style="run",
-                    row="metric", col="model", kind="line", marker="o",
-                    facet_kws={"sharey": False}, height=2.8)
-    g.figure.suptitle("Parallel scaling: throughput and efficiency vs world size", y=1.02)
-    return g.figure
+    df = with_baseline_ratios(_measured(df))
+    par = df[df["parallel"] != "single"].dropna(subset=["scaling_efficiency"])
+    if par.empty:
+        raise CannotPlot("no parallel cases with a measured single-device counterpart")
+    # One line per configuration across world sizes ("fp32-ddp" joins ddp2, ddp4, ddp8),
+    # starting from its single-device counterpart at world size 1.
+    par = par.assign(line=[
+        re.sub(rf"-{p}\d+", f"-{p}", c.removeprefix(f"{m}-"))
+        for c, p, m in zip(par["case_id"], par["parallel"], par["model"], strict=True)
+    ])
+    singles = df.set_index(["run", "case_id"])
+    rows = [par]
+    for _, p in par.iterrows():
+        key = (p["run"], p["single_case_id"])
+        if key in singles.index:
+            rows.append(singles.loc[[key]].reset_index().assign(line=p["line"], world_size=1))
+    data = pd.concat(rows, ignore_index=True)
+    fig, axes = plt.subplots(2, data["model"].nunique(), squeeze=False,
+                             figsize=(5 * data["model"].nunique(), 7))
+    for col, model in enumerate(dict.fromkeys(data["model"])):
+        sub = data[data["model"] == model]
+        for row, (metric, label) in enumerate([("samples_per_s", "samples/s (global batch)"),
+                                               ("scaling_efficiency", "scaling efficiency")]):
+            ax = axes[row, col]
+            sns.lineplot(data=sub, x="world_size", y=metric, hue="line", style="run",
+                         marker="o", ax=ax, errorbar=None)
+            ax.set_title(f"{model}: {label}")
+            ax.set_xlabel("world size (devices or processes)")
+            ax.set_ylabel(label)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            if metric == "scaling_efficiency":
+                ax.axhline(1.0, color="crimson", ls="--", lw=1)
+    fig.suptitle("Parallel scaling vs the single-device case with the same per-device batch")
+    fig.tight_layout()
+    return fig
 
 
 def plot_loader(df: pd.DataFrame) -> plt.Figure:

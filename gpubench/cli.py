@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from gpubench import atomic
+from gpubench.build import unsupported_reason
 from gpubench.cases import default_profile, profile_cases
 from gpubench.config import DEVICES, MODELS, PROFILES
 from gpubench.machine import default_device
@@ -88,7 +89,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     device, profile = _resolve(args.device, args.profile)
     models = tuple(m for m in args.models.split(",") if m) or None
     for case in profile_cases(profile, device, models):
-        print(f"{case.id:40s} {case.group:13s}{' (slow)' if case.slow else ''}")
+        reason = unsupported_reason(case.cfg)
+        extra = " (slow)" if case.slow else ""
+        extra += f"  skips here: {reason}" if reason else ""
+        print(f"{case.id:42s} {case.group:13s}{extra}")
     return 0
 
 

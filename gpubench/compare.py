@@ -165,6 +165,8 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    help="significance level of the Mann-Whitney U test (default 0.05)")
     p.add_argument("--normalized", action="store_true",
                    help="compare speed relative to each run's own FP32 baseline case")
+    p.add_argument("--new-only", action="store_true",
+                   help="only cases NEW ran (a partial run): do not list the others as removed")
     p.add_argument("--report-only", action="store_true",
                    help="always exit 0 (for noisy shared machines)")
     p.add_argument("--markdown", help="also write the table as Markdown to this file")
@@ -184,6 +186,8 @@ def compare_main(args: argparse.Namespace) -> int:
     for msg in environment_warnings(args.base, args.new):
         print(f"warning: the runs come from different environments: {msg}", file=sys.stderr)
     table = compare_runs(base, new, th, normalized=args.normalized)
+    if args.new_only:
+        table = table[table["status"] != "removed"]
     text = compare_markdown(table)
     print(text)
     counts = table["status"].value_counts().to_dict()

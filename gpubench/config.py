@@ -6,7 +6,7 @@ choices so that a typo fails at once with a message naming the bad value and the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 
 MODELS = ("resnet18", "resnet50", "bert", "gpt2")
 IMAGE_MODELS = ("resnet18", "resnet50")
@@ -15,8 +15,15 @@ DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
-PARALLELS = ("single",)
+PARALLELS = ("single", "dp", "ddp", "model", "pipeline")
+MULTIPROCESS_PARALLELS = ("ddp", "pipeline")
+"""Strategies that run one process per rank (DDP replicas, pipeline stages)."""
+SPLIT_PARALLELS = ("model", "pipeline")
+"""Strategies that split the model's layers into stages (image models only)."""
+MAX_STAGES = 4
+"""A ResNet splits into at most four stages, one per residual layer group."""
 DATASETS = ("synthetic",)
+SCHEDULES = ("gpipe", "1f1b")
 
 
 def _check_choice(name: str, value: object, choices: tuple) -> None:
@@ -97,9 +104,18 @@ class RunConfig:
     compile: bool = False
     """Wrap the model in ``torch.compile`` (needs a C++ compiler on the CPU)."""
     parallel: str = "single"
-    """How the step is spread over devices; ``single`` is one device."""
+    """How the step is spread over devices: single; dp (``nn.DataParallel``, one process, CUDA
+    only); ddp (``DistributedDataParallel``, one process per rank); model (layers split over
+    devices in one process); pipeline (stages in one process each, fed micro-batches by a
+    ``torch.distributed.pipelining`` schedule)."""
     world_size: int = 1
-    """Processes taking part in the step."""
+    """Devices (dp, model) or processes (ddp, pipeline) taking part in the step."""
+    ddp_no_sync: bool = False
+    """DDP with accumulation: skip the gradient all-reduce on all but the last micro-batch."""
+    chunks: int = 1
+    """Pipeline micro-batches per micro-batch (the schedule splits each batch into this many)."""
+    schedule: str = "gpipe"
+    """Pipeline schedule: gpipe or 1f1b."""
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     """DataLoader settings."""
     seed: int = 0
@@ -116,8 +132,27 @@ class RunConfig:
         _check_positive_int("accum_steps", self.accum_steps)
         _check_positive_int("micro_batch", self.micro_batch, allow_none=True)
         _check_positive_int("world_size", self.world_size)
+        _check_positive_int("chunks", self.chunks)
+        _check_choice("schedule", self.schedule, SCHEDULES)
         if self.parallel == "single" and self.world_size != 1:
             raise ValueError(f"parallel 'single' needs world_size 1; got {self.world_size!r}")
+        if self.parallel in SPLIT_PARALLELS:
+            if self.model not in IMAGE_MODELS:
+                raise ValueError(
+                    f"parallel {self.parallel!r} splits image models into stages "
+                    f"({', '.join(IMAGE_MODELS)}); got model {self.model!r}"
+                )
+            if not 2 <= self.world_size <= MAX_STAGES:
+                raise ValueError(
+                    f"parallel {self.parallel!r} needs world_size 2..{MAX_STAGES} (stages); "
+                    f"got {self.world_size!r}"
+                )
+        if self.ddp_no_sync and self.parallel != "ddp":
+            raise ValueError(f"ddp_no_sync needs parallel 'ddp'; got {self.parallel!r}")
+        if self.parallel != "pipeline" and (self.chunks != 1 or self.schedule != "gpipe"):
+            raise ValueError(
+                f"chunks and schedule apply to parallel 'pipeline'; got {self.parallel!r}"
+            )
         if self.channels_last and self.model not in IMAGE_MODELS:
             raise ValueError(
                 f"channels_last applies to image models ({', '.join(IMAGE_MODELS)}); "
@@ -132,6 +167,11 @@ class RunConfig:
         return self == RunConfig(
             model=self.model, profile=self.profile, device=self.device, seed=self.seed
         )
+
+    @property
+    def multiprocess(self) -> bool:
+        """True when the case runs one worker process per rank."""
+        return self.parallel in MULTIPROCESS_PARALLELS
 
     @property
     def id(self) -> str:
@@ -156,6 +196,12 @@ class RunConfig:
             parts.append("compile")
         if self.parallel != "single":
             parts.append(f"{self.parallel}{self.world_size}")
+        if self.ddp_no_sync:
+            parts.append("nosync")
+        if self.chunks != 1:
+            parts.append(f"chunks{self.chunks}")
+        if self.schedule != "gpipe":
+            parts.append(self.schedule)
         if self.loader != LoaderConfig():
             parts.append(loader_id(self.loader))
         return "-".join(parts)
@@ -184,8 +230,3 @@ def loader_id(loader: LoaderConfig) -> str:
     if loader.non_blocking:
         parts.append("nb")
     return "-".join(parts)
-
-
-def config_field_docs() -> dict[str, str]:
-    """Field name -> type, for ``gpubench options``."""
-    return {f.name: str(f.type) for f in fields(RunConfig)}

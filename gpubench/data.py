@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gpubench.config import LoaderConfig
 from gpubench.models import ModelSize
@@ -40,12 +42,32 @@ class SyntheticDataset(Dataset):
         return self.inputs[index], self.targets[index]
 
 
-def build_loader(dataset: Dataset, cfg: LoaderConfig, batch_size: int, seed: int) -> DataLoader:
-    """A shuffling DataLoader with a seeded generator, so the batch order is reproducible."""
+def seed_worker(worker_id: int, *, base_seed: int, rank: int) -> None:
+    """``worker_init_fn``: a distinct, reproducible seed per rank and loader worker, so that
+    random augmentations differ between workers and ranks but repeat between runs."""
+    seed = base_seed + 1000 * rank + worker_id
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_loader(
+    dataset: Dataset,
+    cfg: LoaderConfig,
+    batch_size: int,
+    seed: int,
+    *,
+    sampler: Sampler | None = None,
+    worker_init_fn: Callable[[int], None] | None = None,
+) -> DataLoader:
+    """A shuffling DataLoader with a seeded generator, so the batch order is reproducible
+    (with ``sampler``, e.g. a ``DistributedSampler``, the sampler shuffles)."""
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=True,
+        shuffle=sampler is None,
+        sampler=sampler,
+        worker_init_fn=worker_init_fn,
         drop_last=True,
         num_workers=cfg.num_workers,
         pin_memory=cfg.pin_memory,
@@ -56,8 +78,12 @@ def build_loader(dataset: Dataset, cfg: LoaderConfig, batch_size: int, seed: int
 
 
 def endless(loader: DataLoader) -> Iterator[Batch]:
-    """Batches forever, starting a new epoch whenever one ends."""
-    return itertools.chain.from_iterable(itertools.repeat(loader))
+    """Batches forever, starting a new epoch whenever one ends (telling a distributed sampler
+    the epoch, so each epoch is shuffled anew)."""
+    set_epoch = getattr(loader.sampler, "set_epoch", lambda epoch: None)
+    for epoch in itertools.count():
+        set_epoch(epoch)
+        yield from loader
 
 
 class Placement:

@@ -116,4 +116,22 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     df = df.merge(base, on=keys, how="left")
     df["speedup"] = df["samples_per_s"] / df["base_samples_per_s"]
     df["memory_ratio"] = df["peak_memory_bytes"] / df["base_peak_memory_bytes"]
+    return with_scaling(df)
+
+
+def with_scaling(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``scaling_efficiency`` to parallel cases: samples/s / (devices x samples/s of the
+    single-device case with the same per-device settings, ``single_case_id``). 1.0 is perfect
+    scaling; single-device cases get 1.0 by definition."""
+    if "single_case_id" not in df:
+        df["scaling_efficiency"] = float("nan")
+        return df
+    single = df[["run", "case_id", "samples_per_s"]].rename(
+        columns={"case_id": "single_case_id", "samples_per_s": "single_samples_per_s"}
+    )
+    df = df.merge(single.drop_duplicates(["run", "single_case_id"]),
+                  on=["run", "single_case_id"], how="left")
+    devices = df["world_size"].where(df["parallel"] != "single", 1).astype(float)
+    df["scaling_efficiency"] = (df["samples_per_s"] / (devices * df["single_samples_per_s"]))
+    df.loc[df["parallel"] == "single", "scaling_efficiency"] = 1.0
     return df

@@ -2,7 +2,9 @@
 
 The fixture is used through ``pedantic`` (explicit warm-up and rounds, one step per round), so the
 raw per-round times are pytest-benchmark's own and land in its JSON. Each round is one complete,
-device-synchronized training step including the wait for its batches.
+device-synchronized training step including the wait for its batches; for multi-process cases a
+round ends when every rank has finished the step (the slowest rank's time, plus the cost of the
+command round trip, which the ``workers`` benchmark reports on its own).
 """
 
 from __future__ import annotations
@@ -10,24 +12,25 @@ from __future__ import annotations
 import math
 import statistics
 
-from gpubench.build import build, unsupported_reason
+import torch
+
+from gpubench.build import Case, build, check_world_size, resolve_micro_batch, unsupported_reason
 from gpubench.checks import check_case
 from gpubench.config import RunConfig
+from gpubench.distributed import RankProgram, backend_for, combine_ranks
 from gpubench.flops import count_flops, step_peak_flops
 from gpubench.machine import device_name
 from gpubench.memory import read_peak, reset_peak, state_breakdown
+from gpubench.models import input_shape
+from gpubench.precision import Precision
+from gpubench.workers import DEFAULT_TIMEOUT_S, WorkerGroup
 
 
 class Unsupported(Exception):
     """This machine cannot run the case; the message says why (benchmarks skip with it)."""
 
 
-def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int) -> dict:
-    """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``."""
-    reason = unsupported_reason(cfg)
-    if reason:
-        raise Unsupported(reason)
-    case = build(cfg)
+def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int) -> dict:
     with case.precision.math_mode():
         check = check_case(case)
         flops = count_flops(case.step)
@@ -36,37 +39,96 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int) -> d
             case.synced_step, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1
         )
         memory = read_peak(case.device, start_bytes)
-    if not math.isfinite(last_loss.item()):
-        raise AssertionError(f"{cfg.id}: non-finite loss in the timed steps")
-    rounds_s = list(benchmark.stats.stats.data)
-    step_time_s = statistics.median(rounds_s)
-    q1, _, q3 = statistics.quantiles(rounds_s, n=4) if len(rounds_s) > 1 else (0, 0, 0)
-    achieved = flops / step_time_s
-    peak = step_peak_flops(cfg.device, cfg.precision)
-    info = {
-        "kind": "step",
-        **cfg.flatten(),
-        "case_id": cfg.id,
-        "is_baseline": cfg.is_baseline,
-        "micro_batch": case.micro_batch,
-        "global_batch": case.global_batch,
-        "input_shape": case.input_shape,
-        "device_name": device_name(case.device),
-        "step_time_s": step_time_s,
-        "step_time_iqr_s": q3 - q1,
-        "samples_per_s": case.global_batch / step_time_s,
+    return {
         **memory,
-        **state_breakdown(case.eager_model, case.optimizer),
+        **state_breakdown(case.model, case.optimizer),
         "flops_per_step": flops,
-        "tflops": achieved / 1e12,
-        "peak_tflops": peak / 1e12,
-        "mfu": achieved / peak,
         "loss_reference": check.reference_loss,
         "loss_first": check.first_loss,
         "loss_rtol": check.rtol,
         "check_losses": check.losses,
         "check_skipped_steps": check.skipped_steps,
-        "note": case.precision.note,
+        "last_loss": last_loss.float().item(),
     }
+
+
+def _measure_multiprocess(
+    benchmark, cfg: RunConfig, rounds: int, warmup_rounds: int, timeout_s: float
+) -> dict:
+    with WorkerGroup(cfg.world_size, RankProgram, (cfg,), backend=backend_for(cfg.device),
+                     timeout_s=timeout_s) as group:
+        checks = group.call("check")
+        flops = group.call("flops")
+        group.call("reset_peak")
+        benchmark.pedantic(group.call, args=("step",), rounds=rounds,
+                           warmup_rounds=warmup_rounds, iterations=1)
+        memories = group.call("read_peak")
+        info = combine_ranks(checks, flops, memories)
+        if cfg.parallel == "ddp":
+            allreduce_s = max(group.call("allreduce_probe"))
+            syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
+            info["allreduce_time_s"] = allreduce_s
+            info["comm_time_s"] = allreduce_s * syncs
+    return info
+
+
+def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+    """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``."""
+    reason = unsupported_reason(cfg)
+    if reason:
+        raise Unsupported(reason)
+    check_world_size(cfg)
+    if cfg.multiprocess:
+        measured = _measure_multiprocess(benchmark, cfg, rounds, warmup_rounds, timeout_s)
+    else:
+        measured = _measure_single(benchmark, build(cfg), rounds, warmup_rounds)
+    if measured["last_loss"] is None or not math.isfinite(measured["last_loss"]):
+        raise AssertionError(f"{cfg.id}: non-finite loss in the timed steps")
+    rounds_s = list(benchmark.stats.stats.data)
+    step_time_s = statistics.median(rounds_s)
+    q1, _, q3 = statistics.quantiles(rounds_s, n=4) if len(rounds_s) > 1 else (0, 0, 0)
+    micro_batch = resolve_micro_batch(cfg)
+    replicas = cfg.world_size if cfg.parallel == "ddp" else 1
+    global_batch = micro_batch * cfg.accum_steps * replicas
+    devices = cfg.world_size if cfg.parallel != "single" else 1
+    achieved = measured["flops_per_step"] / step_time_s
+    # MFU of a multi-device case: against the peak of all the devices it occupies.
+    peak = step_peak_flops(str(_device(cfg)), cfg.precision) * devices
+    info = {
+        "kind": "step",
+        **cfg.flatten(),
+        "case_id": cfg.id,
+        "is_baseline": cfg.is_baseline,
+        "micro_batch": micro_batch,
+        "global_batch": global_batch,
+        "input_shape": input_shape(cfg.model, cfg.profile, micro_batch),
+        "device_name": device_name(_device(cfg)),
+        "step_time_s": step_time_s,
+        "step_time_iqr_s": q3 - q1,
+        "samples_per_s": global_batch / step_time_s,
+        **measured,
+        "tflops": achieved / 1e12,
+        "peak_tflops": peak / 1e12,
+        "mfu": achieved / peak,
+        "note": _note(cfg),
+    }
+    if cfg.parallel != "single":
+        single = cfg.with_(parallel="single", world_size=1, ddp_no_sync=False, chunks=1,
+                           schedule="gpipe")
+        info["single_case_id"] = single.id  # what scaling efficiency compares with
+    if "comm_time_s" in info:
+        info["comm_fraction"] = min(1.0, info["comm_time_s"] / step_time_s)
     benchmark.extra_info.update(info)
     return info
+
+
+def _device(cfg: RunConfig) -> torch.device:
+    return torch.device("cuda", 0) if cfg.device == "cuda" else torch.device("cpu")
+
+
+def _note(cfg: RunConfig) -> str:
+    notes = [Precision(cfg.precision, cfg.device).note]
+    if cfg.device == "cpu" and cfg.parallel != "single":
+        notes.append(f"{cfg.parallel} on the CPU: all ranks/stages share this machine's cores")
+    return "; ".join(n for n in notes if n)

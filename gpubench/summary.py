@@ -18,6 +18,7 @@ COLUMNS = {
     "speedup": "speedup vs fp32",  # throughput ratio
     "memory_ratio": "mem vs fp32",
     "mfu": "MFU",
+    "scaling_efficiency": "scaling eff.",
 }
 
 
@@ -39,6 +40,9 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
             "speedup": df["speedup"],
             "memory_ratio": df["memory_ratio"],
             "mfu": df["mfu"],
+            # Single-device cases scale perfectly by definition: show the figure only where
+            # it says something.
+            "scaling_efficiency": df["scaling_efficiency"].where(df["parallel"] != "single"),
         }
     )
     return out.sort_values(["run", "model", "speedup"], ascending=[True, True, False])
@@ -47,6 +51,8 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
 def _fmt(value: object, column: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if column == "scaling_efficiency":
+        return f"{100 * value:.0f}%"
     if column in ("speedup", "memory_ratio"):
         return f"{value:.2f}x"
     if column == "harness_overhead":
@@ -81,7 +87,15 @@ def summary_markdown(df: pd.DataFrame) -> str:
                 "handwritten_ms": "hand-written step (ms)", "harness_overhead": "overhead"}
         over = over.assign(gpubench_ms=over["gpubench_step_time_s"] * 1e3,
                            handwritten_ms=over["handwritten_step_time_s"] * 1e3)
-        parts.append("### Harness overhead (interleaved rounds)\n\n" + markdown_table(over, cols))
+        parts.append("### Harness overhead (interleaved rounds)\n\n"
+                     + markdown_table(over, cols) + "\n")
+    if "process_overhead_s" in df:
+        procs = df.dropna(subset=["process_overhead_s"])
+        procs = procs.assign(overhead_us=procs["process_overhead_s"] * 1e6)
+        cols = {"case_id": "case", "world_size": "processes",
+                "overhead_us": "per-step command round trip (us)"}
+        parts.append("### Multi-process machinery (no-op step)\n\n"
+                     + markdown_table(procs, cols) + "\n")
     if not parts:
         return "No measured cases.\n"
     return "\n".join(parts)

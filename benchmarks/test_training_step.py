@@ -1,4 +1,4 @@
-"""Single-device cases: every technique of the step against the model's FP32 baseline."""
+"""Every case of the profile: each technique of the step against the model's FP32 baseline."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ def test_step(benchmark, bench_case, options):
     benchmark.group = f"{cfg.model}-{cfg.profile}-{cfg.device}"
     benchmark.extra_info["group"] = bench_case.group
     try:
-        run_case(benchmark, cfg, rounds=options.rounds, warmup_rounds=options.warmup)
+        run_case(benchmark, cfg, rounds=options.rounds, warmup_rounds=options.warmup,
+                 timeout_s=options.timeout_s)
     except Unsupported as why:
         pytest.skip(str(why))

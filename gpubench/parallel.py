@@ -1,0 +1,181 @@
+"""Parallel strategies: how one training step is spread over devices and processes.
+
+A strategy wraps the model, places the loss computation, and says how to skip gradient
+synchronization; the single-device strategy's forms are no-ops, so ``train_step`` is the same
+function for every strategy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpubench.precision import Precision
+
+
+class Single:
+    """One device, one process."""
+
+    rank = 0
+    world_size = 1
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def no_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def forward_backward(
+        self, model: nn.Module, inputs, targets, precision: Precision, accum_steps: int
+    ) -> torch.Tensor | None:
+        """Forward and backward one micro-batch; return its (scaled) loss, detached."""
+        with precision.autocast():
+            loss = model(inputs, targets)
+            if accum_steps > 1:
+                # Dividing by k makes k accumulated micro-batches equal one batch k times
+                # larger (skipped at k=1: an extra op in forward and backward for nothing).
+                loss = loss / accum_steps
+        precision.backward(loss)
+        return loss.detach()
+
+
+class DataParallelLoss(nn.Module):
+    """``nn.DataParallel`` over a module returning a scalar loss: replicas return one loss each,
+    gathered into a vector on the first device; their mean is the batch loss."""
+
+    def __init__(self, model: nn.Module, device_ids: list[int]):
+        super().__init__()
+        self.dp = nn.DataParallel(model, device_ids=device_ids)
+
+    def forward(self, inputs, targets):
+        return self.dp(inputs, targets).mean()
+
+
+class DataParallel(Single):
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return DataParallelLoss(model, list(range(self.world_size)))
+
+
+class DistributedDataParallel(Single):
+    """One replica per process; gradients all-reduced during backward."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, no_sync: bool):
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.skip_sync = no_sync
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+
+    def no_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+        # no_sync defers the all-reduce: gradients accumulate locally until the last micro-batch.
+        return model.no_sync() if enabled and self.skip_sync else contextlib.nullcontext()
+
+
+def resnet_stages(net: nn.Module, n: int) -> list[nn.Module]:
+    """Split a torchvision ResNet into ``n`` (2..4) sequential stages at residual group edges."""
+    groups = [
+        nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool, net.layer1),
+        net.layer2,
+        net.layer3,
+        nn.Sequential(net.layer4, net.avgpool, nn.Flatten(1), net.fc),
+    ]
+    # Earlier groups run at higher resolution and cost more: merge from the front.
+    cuts = {2: [2, 2], 3: [2, 1, 1], 4: [1, 1, 1, 1]}[n]
+    stages, start = [], 0
+    for size in cuts:
+        stages.append(nn.Sequential(*groups[start:start + size]))
+        start += size
+    return stages
+
+
+class SplitModel(nn.Module):
+    """Model parallelism in one process: stage i on device i, activations copied between them.
+    Behaves like the ``TrainModule`` it was split from: ``forward(inputs, targets) -> loss``."""
+
+    def __init__(self, stages: list[nn.Module], devices: list[torch.device]):
+        super().__init__()
+        self.stages = nn.ModuleList(s.to(d) for s, d in zip(stages, devices, strict=True))
+        self.devices = devices
+        self.kind = "image"
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = inputs
+        for stage, device in zip(self.stages, self.devices, strict=True):
+            x = stage(x.to(device, non_blocking=True))
+        return F.cross_entropy(x, targets.to(self.devices[-1]))
+
+
+class ModelParallel(Single):
+    def __init__(self, devices: list[torch.device]):
+        self.devices = devices
+        self.world_size = len(devices)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return SplitModel(resnet_stages(model.net, self.world_size), self.devices)
+
+
+class AutocastStage(nn.Module):
+    """A pipeline stage under the precision policy's autocast (schedules call stages directly)."""
+
+    def __init__(self, stage: nn.Module, precision: Precision):
+        super().__init__()
+        self.stage = stage
+        self.precision = precision
+
+    def forward(self, x):
+        with self.precision.autocast():
+            return self.stage(x)
+
+
+class Pipeline(Single):
+    """One stage per process, fed ``chunks`` micro-batches per batch by a pipelining schedule
+    (GPipe: all forwards then all backwards; 1F1B: interleaved, less activation memory)."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, chunks: int,
+                 schedule: str, precision: Precision, accum_steps: int):
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.chunks, self.schedule_name = chunks, schedule
+        self.precision, self.accum_steps = precision, accum_steps
+        self.schedule = None
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        stage = resnet_stages(model.net, self.world_size)[self.rank].to(self.device)
+        module = AutocastStage(stage, self.precision)
+        pipe_stage = PipelineStage(module, self.rank, self.world_size, self.device)
+        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule_name]
+        accum = self.accum_steps
+
+        def loss_fn(output, target):
+            # The schedule averages over chunks (scale_grads); dividing by k averages over
+            # accumulated micro-batches as in the single-device step.
+            return F.cross_entropy(output.float(), target) / accum
+
+        self.schedule = cls(pipe_stage, n_microbatches=self.chunks, loss_fn=loss_fn)
+        return module
+
+    def forward_backward(self, model, inputs, targets, precision, accum_steps):
+        if self.rank == 0:
+            self.schedule.step(inputs)
+            return None
+        if not self.is_last:
+            self.schedule.step()
+            return None
+        losses: list[torch.Tensor] = []
+        self.schedule.step(target=targets, losses=losses)
+        # Chunk losses are means over equal chunks: their mean is the micro-batch's loss.
+        return torch.stack([x.detach() for x in losses]).mean()
