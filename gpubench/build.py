@@ -67,14 +67,16 @@ def check_world_size(cfg: RunConfig) -> None:
         )
 
 
-def unsupported_reason(cfg: RunConfig) -> str | None:
-    """Why this machine cannot run ``cfg`` (the case is then skipped with it), or None."""
+def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | None:
+    """Why this machine cannot run ``cfg`` (the case is then skipped with it), or None.
+    ``check_devices=False`` leaves out the device count (a torchrun job spans machines)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         return "needs a CUDA device; none is available"
     if cfg.parallel == "dp" and cfg.device != "cuda":
         return "DataParallel needs CUDA devices"
     try:
-        check_world_size(cfg)
+        if check_devices:
+            check_world_size(cfg)
     except ValueError as err:
         return str(err)
     if cfg.parallel == "pipeline" and cfg.precision == "fp16":
@@ -153,9 +155,9 @@ def _empty_cache(device: torch.device) -> Callable[[], None]:
     return lambda: None  # the CPU allocator has no cache to release
 
 
-def _device(cfg: RunConfig, rank: int) -> torch.device:
+def _device(cfg: RunConfig, local_rank: int) -> torch.device:
     if cfg.device == "cuda" and cfg.multiprocess:
-        return torch.device("cuda", rank)
+        return torch.device("cuda", local_rank)
     if cfg.device == "cuda":
         return torch.device("cuda", 0)
     return torch.device("cpu")
@@ -181,10 +183,11 @@ def _strategy(cfg: RunConfig, rank: int, device: torch.device, precision: Precis
     raise ValueError(f"unknown parallel {cfg.parallel!r}")
 
 
-def build(cfg: RunConfig, rank: int = 0) -> Case:
+def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None) -> Case:
     """Build the model, optimizer, precision policy, strategy and data stream for ``cfg`` (as
-    ``rank`` of a multi-process case; its process group must already be initialised)."""
-    device = _device(cfg, rank)
+    ``rank`` of a multi-process case, on the machine's device ``local_rank`` (default: rank);
+    its process group must already be initialised)."""
+    device = _device(cfg, rank if local_rank is None else local_rank)
     micro_batch = resolve_micro_batch(cfg)
     precision = Precision(cfg.precision, device.type)
     strategy = _strategy(cfg, rank, device, precision)

@@ -161,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compare_arguments(cmp_)
     cmp_.set_defaults(func=cmd_compare)
+
+    from gpubench.launch import add_dist_arguments, dist_main
+
+    dst = sub.add_parser("dist", help="one DDP/pipeline case as a rank of a torchrun job")
+    add_dist_arguments(dst)
+    dst.set_defaults(func=dist_main)
     return parser
 
 

@@ -25,14 +25,17 @@ def backend_for(device: str) -> str:
 class RankProgram:
     """One rank of a case; each method is a command the parent sends to every rank at once."""
 
-    def __init__(self, rank: int, world_size: int, cfg: RunConfig):
+    def __init__(self, rank: int, world_size: int, cfg: RunConfig,
+                 local_rank: int | None = None, local_world_size: int | None = None):
+        local_rank = rank if local_rank is None else local_rank
         if cfg.device == "cuda":
-            torch.cuda.set_device(rank)
+            torch.cuda.set_device(local_rank)
         else:
             # Ranks share the CPU: split its cores instead of oversubscribing them.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            per_machine = local_world_size or world_size
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
         self.rank = rank
-        self.case = build(cfg, rank)
+        self.case = build(cfg, rank, local_rank)
         self.start_bytes = None
         self.times: list[float] = []
         self.last_loss = None
@@ -84,6 +87,21 @@ class RankProgram:
 
     def noop(self) -> None:
         """Nothing: timing it measures gpubench's per-step process-management cost."""
+
+
+class LocalRanks:
+    """The ``WorkerGroup.call`` interface for a process that *is* one rank (under torchrun):
+    run the command here, then gather every rank's result, so every rank gets the list."""
+
+    def __init__(self, program: RankProgram):
+        self.program = program
+
+    def call(self, command: str, *payload) -> list:
+        result = getattr(self.program, command)(*payload)
+        gathered = [None] * dist.get_world_size()
+        # The gather also makes a timed round end only when the slowest rank has finished.
+        dist.all_gather_object(gathered, result)
+        return gathered
 
 
 class NoopProgram:

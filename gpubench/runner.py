@@ -52,37 +52,53 @@ def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int) -> d
     }
 
 
+def measure_ranks(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int) -> dict:
+    """Check, count, time and measure a multi-process case through ``group.call`` (worker
+    processes, or the ranks of a torchrun job), combining the ranks' figures."""
+    checks = group.call("check")
+    flops = group.call("flops")
+    group.call("reset_peak")
+    benchmark.pedantic(group.call, args=("step",), rounds=rounds,
+                       warmup_rounds=warmup_rounds, iterations=1)
+    memories = group.call("read_peak")
+    info = combine_ranks(checks, flops, memories)
+    if cfg.parallel == "ddp":
+        allreduce_s = max(group.call("allreduce_probe"))
+        syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
+        info["allreduce_time_s"] = allreduce_s
+        info["comm_time_s"] = allreduce_s * syncs
+    return info
+
+
 def _measure_multiprocess(
     benchmark, cfg: RunConfig, rounds: int, warmup_rounds: int, timeout_s: float
 ) -> dict:
     with WorkerGroup(cfg.world_size, RankProgram, (cfg,), backend=backend_for(cfg.device),
                      timeout_s=timeout_s) as group:
-        checks = group.call("check")
-        flops = group.call("flops")
-        group.call("reset_peak")
-        benchmark.pedantic(group.call, args=("step",), rounds=rounds,
-                           warmup_rounds=warmup_rounds, iterations=1)
-        memories = group.call("read_peak")
-        info = combine_ranks(checks, flops, memories)
-        if cfg.parallel == "ddp":
-            allreduce_s = max(group.call("allreduce_probe"))
-            syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
-            info["allreduce_time_s"] = allreduce_s
-            info["comm_time_s"] = allreduce_s * syncs
-    return info
+        return measure_ranks(benchmark, cfg, group, rounds, warmup_rounds)
 
 
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
-             timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
-    """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``."""
-    reason = unsupported_reason(cfg)
+             timeout_s: float = DEFAULT_TIMEOUT_S, group=None) -> dict:
+    """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``.
+
+    Multi-process cases start their own worker processes, unless ``group`` (the ranks of an
+    existing job, see ``LocalRanks``) is given."""
+    reason = unsupported_reason(cfg, check_devices=group is None)
     if reason:
         raise Unsupported(reason)
-    check_world_size(cfg)
-    if cfg.multiprocess:
+    if group is not None:
+        measured = measure_ranks(benchmark, cfg, group, rounds, warmup_rounds)
+    elif cfg.multiprocess:
+        check_world_size(cfg)
         measured = _measure_multiprocess(benchmark, cfg, rounds, warmup_rounds, timeout_s)
     else:
         measured = _measure_single(benchmark, build(cfg), rounds, warmup_rounds)
+    return record(benchmark, cfg, measured)
+
+
+def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
+    """The case's full record from its measured figures and ``benchmark``'s rounds."""
     if measured["last_loss"] is None or not math.isfinite(measured["last_loss"]):
         raise AssertionError(f"{cfg.id}: non-finite loss in the timed steps")
     rounds_s = list(benchmark.stats.stats.data)

@@ -86,3 +86,26 @@ def test_bad_profile_is_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--profile", "huge"])
     assert "huge" in capsys.readouterr().err
+
+
+def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
+    out = tmp_path / "ddp.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "gpubench", "dist", "--model", "bert", "--profile", "smoke", "--rounds", "3",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (bench,) = data["benchmarks"]
+    info = bench["extra_info"]
+    assert info["parallel"] == "ddp" and info["world_size"] == 2
+    assert info["global_batch"] == 2 * info["micro_batch"]
+    assert len(info["rank_step_time_s"]) == 2 and len(bench["stats"]["data"]) == 3
+    assert info["check_losses"][-1] < info["check_losses"][0]
+
+
+def test_dist_outside_torchrun_explains(capsys):
+    assert main(["dist", "--model", "bert", "--out", "x.json"]) == 2
+    assert "torchrun" in capsys.readouterr().err

@@ -1,0 +1,87 @@
+"""``gpubench dist``: one case as a rank of a torchrun job, on one machine or several.
+
+    torchrun --nproc-per-node 2 -m gpubench dist --model resnet18 --out results/ddp2.json
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-endpoint HOST:29500 \\
+        -m gpubench dist --model bert --device cuda --profile gpu-full --out ddp16.json
+
+Every rank builds its shard of the case; rounds end when the slowest rank has finished; rank 0
+writes the record as pytest-benchmark JSON (load, chart and compare it like any other result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch.distributed as dist
+
+from gpubench.config import (
+    DEVICES,
+    MODELS,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PRECISIONS,
+    PROFILES,
+    SCHEDULES,
+    RunConfig,
+)
+from gpubench.distributed import LocalRanks, RankProgram, backend_for
+from gpubench.machine import default_device, machine_info
+from gpubench.runner import run_case
+from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def add_dist_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, choices=MODELS)
+    p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
+    p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    p.add_argument("--parallel", default="ddp", choices=("ddp", "pipeline"))
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--accum-steps", type=int, default=1)
+    p.add_argument("--micro-batch", type=int, default=None)
+    p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
+    p.add_argument("--optimizer-impl", default="default", choices=OPTIMIZER_IMPLS)
+    p.add_argument("--no-sync", action="store_true", help="DDP: no_sync while accumulating")
+    p.add_argument("--chunks", type=int, default=1, help="pipeline micro-batches per batch")
+    p.add_argument("--schedule", default="gpipe", choices=SCHEDULES)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--out", required=True, help="pytest-benchmark JSON written by rank 0")
+
+
+def dist_main(args: argparse.Namespace) -> int:
+    missing = [v for v in TORCHRUN_ENV if v not in os.environ]
+    if missing:
+        print(f"gpubench dist: run under torchrun (missing {', '.join(missing)}), e.g.\n"
+              "  torchrun --nproc-per-node 2 -m gpubench dist --model resnet18 --out ddp.json",
+              file=sys.stderr)
+        return 2
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = default_device() if args.device == "auto" else args.device
+    profile = args.profile if args.profile != "auto" else (
+        "gpu-small" if device == "cuda" else "cpu")
+    cfg = RunConfig(
+        model=args.model, profile=profile, device=device, precision=args.precision,
+        accum_steps=args.accum_steps, micro_batch=args.micro_batch, optimizer=args.optimizer,
+        optimizer_impl=args.optimizer_impl, parallel=args.parallel, world_size=world,
+        ddp_no_sync=args.no_sync, chunks=args.chunks, schedule=args.schedule,
+    )
+    dist.init_process_group(backend_for(device))
+    try:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        group = LocalRanks(RankProgram(rank, world, cfg, local_rank, local_world))
+        bench = StandaloneBenchmark(f"torchrun[{cfg.id}]", f"{cfg.model}-{profile}-{device}")
+        bench.extra_info["group"] = "parallel"
+        bench.extra_info["launcher"] = "torchrun"
+        run_case(bench, cfg, rounds=args.rounds, warmup_rounds=args.warmup, group=group)
+        if rank == 0:
+            write_benchmark_json(args.out, [bench], machine_info(device))
+            print(f"gpubench dist: {cfg.id}: median step {bench.extra_info['step_time_s']:.4f} s,"
+                  f" {bench.extra_info['samples_per_s']:.1f} samples/s; wrote {args.out}")
+    finally:
+        dist.destroy_process_group()
+    return 0
