@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -31,6 +33,9 @@ def pytest_addoption(parser):
                     help="also run slow cases (torch.compile)")
     group.addoption("--gpubench-threads", type=int, default=0,
                     help="torch.set_num_threads for the run (default: torch's choice)")
+    group.addoption("--gpubench-data-dir", default="",
+                    help="folder for generated on-disk datasets (default: $GPUBENCH_DATA_DIR "
+                    "or ~/.cache/gpubench/data)")
     group.addoption("--gpubench-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help="seconds a multi-process case's rank may take per command before the "
                     f"case fails as hung (default {DEFAULT_TIMEOUT_S:g})")
@@ -70,6 +75,9 @@ class Options:
 
 def pytest_configure(config):
     config.gpubench = Options(config)
+    data_dir = config.getoption("--gpubench-data-dir")
+    if data_dir:
+        os.environ["GPUBENCH_DATA_DIR"] = data_dir  # inherited by worker processes
     if config.gpubench.threads:
         torch.set_num_threads(config.gpubench.threads)
     # Keep the raw per-round times in the JSON: comparisons use a statistical test on them.

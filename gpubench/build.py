@@ -6,13 +6,30 @@ import functools
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gpubench.config import RunConfig
-from gpubench.data import Batch, Placement, SyntheticDataset, build_loader, endless, seed_worker
+from gpubench.data import (
+    Batch,
+    Placement,
+    SyntheticDataset,
+    WaitTimer,
+    build_loader,
+    endless,
+    seed_worker,
+)
+from gpubench.datasets import (
+    CachedDataset,
+    ImageFolderDataset,
+    TokenFileDataset,
+    default_data_dir,
+    ensure_image_folder,
+    ensure_token_file,
+)
 from gpubench.models import build_model, input_shape, model_size
 from gpubench.parallel import (
     DataParallel,
@@ -110,7 +127,9 @@ class Case:
     optimizer: torch.optim.Optimizer
     precision: Precision
     strategy: Single
-    batches: Iterator[Batch]
+    batches: WaitTimer
+    """Placed batches; ``batches.waits`` holds how long each one took to arrive."""
+    loader: DataLoader
     after_step: Callable[[], None]
     micro_batch: int
 
@@ -143,6 +162,13 @@ class Case:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return loss
+
+    def close(self) -> None:
+        """End the loader's iteration so its worker processes exit with the case."""
+        self.batches.close()
+        iterator = getattr(self.loader, "_iterator", None)  # persistent workers live here
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
     def fixed_batches(self) -> list[Batch]:
         """The next ``accum_steps`` micro-batches, already on the device, to train on repeatedly."""
@@ -183,10 +209,53 @@ def _strategy(cfg: RunConfig, rank: int, device: torch.device, precision: Precis
     raise ValueError(f"unknown parallel {cfg.parallel!r}")
 
 
-def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None) -> Case:
+DATASET_SIZES = {"smoke": 64, "cpu": 512, "gpu-small": 4096, "gpu-full": 8192}
+"""Samples on disk per profile for the on-disk datasets."""
+
+
+def stored_image_size(image_size: int) -> int:
+    """Side of the encoded images: larger than the model's input, as photos are, so that
+    decoding and RandomResizedCrop cost what they cost in real training."""
+    return min(384, max(64, 8 * image_size))
+
+
+def build_dataset(cfg: RunConfig, kind: str, length: int, data_dir: Path | None) -> Dataset:
+    """The dataset of ``cfg.loader`` (on-disk ones generated into ``data_dir`` on first use)."""
+    size = model_size(cfg.model, cfg.profile)
+    loader = cfg.loader
+    count = loader.dataset_size or max(DATASET_SIZES[cfg.profile], length)
+    root = data_dir or default_data_dir()
+    match loader.dataset:
+        case "synthetic" | "device-resident":
+            return SyntheticDataset(size, kind, length, cfg.seed)
+        case "images-jpeg" | "images-png":
+            folder = ensure_image_folder(root, loader.dataset, count,
+                                         stored_image_size(size.image_size), size.num_classes)
+            dataset = ImageFolderDataset(folder, size.image_size)
+        case "tokens-mmap":
+            folder = ensure_token_file(root, count, size.seq_len, size.vocab_size)
+            dataset = TokenFileDataset(folder, causal_lm=kind == "causal-lm")
+        case other:
+            raise ValueError(f"unknown dataset {other!r}")
+    if loader.cached:
+        return CachedDataset(dataset, loader.cache_items or len(dataset))
+    return dataset
+
+
+def _batches(cfg: RunConfig, loader: DataLoader, placement: Placement) -> WaitTimer:
+    if cfg.loader.dataset == "device-resident":
+        # The upper bound: a few steps of batches placed on the device once, reused forever.
+        resident = [placement(b) for b in itertools.islice(endless(loader), len(loader))]
+        return WaitTimer(itertools.cycle(resident), lambda batch: batch)
+    return WaitTimer(endless(loader), placement)
+
+
+def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
+          data_dir: Path | None = None) -> Case:
     """Build the model, optimizer, precision policy, strategy and data stream for ``cfg`` (as
     ``rank`` of a multi-process case, on the machine's device ``local_rank`` (default: rank);
-    its process group must already be initialised)."""
+    its process group must already be initialised). On-disk datasets live in ``data_dir``
+    (default ``$GPUBENCH_DATA_DIR`` or ``~/.cache/gpubench/data``)."""
     device = _device(cfg, rank if local_rank is None else local_rank)
     micro_batch = resolve_micro_batch(cfg)
     precision = Precision(cfg.precision, device.type)
@@ -205,10 +274,9 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None) -> Case:
             reference = eager
     model = torch.compile(wrapped) if cfg.compile else wrapped
     optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(wrapped.parameters()))
-    size = model_size(cfg.model, cfg.profile)
     replicas = cfg.world_size if cfg.parallel == "ddp" else 1
-    dataset = SyntheticDataset(
-        size, eager.kind, micro_batch * cfg.accum_steps * EPOCH_STEPS * replicas, cfg.seed
+    dataset = build_dataset(
+        cfg, eager.kind, micro_batch * cfg.accum_steps * EPOCH_STEPS * replicas, data_dir
     )
     sampler = None
     if cfg.parallel == "ddp":
@@ -231,7 +299,8 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None) -> Case:
         optimizer=optimizer,
         precision=precision,
         strategy=strategy,
-        batches=map(placement, endless(loader)),
+        batches=_batches(cfg, loader, placement),
+        loader=loader,
         after_step=_empty_cache(device) if cfg.empty_cache else (lambda: None),
         micro_batch=micro_batch,
     )

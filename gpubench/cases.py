@@ -6,9 +6,10 @@ default run of a profile; ``slow`` cases (torch.compile) run only when asked for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
-from gpubench.config import IMAGE_MODELS, PROFILES, RunConfig
+from gpubench.config import IMAGE_MODELS, PROFILES, LoaderConfig, RunConfig
 from gpubench.models import model_size
 
 PROFILE_MODELS = {
@@ -26,7 +27,7 @@ class BenchCase:
     cfg: RunConfig
     group: str
     """The question the case answers: precision, accumulation, optimizer, memory, layout,
-    parallel or compile."""
+    parallel, loader or compile."""
     slow: bool = False
 
     @property
@@ -100,6 +101,39 @@ def parallel_cases(base: RunConfig) -> list[RunConfig]:
     return [*ddp, *dp, *split]
 
 
+def worker_counts() -> list[int]:
+    """0, 1, 2, 4, ... up to this machine's cores."""
+    cores = os.cpu_count() or 1
+    return [0, 1] + [n for n in (2, 4, 8, 16, 32) if n <= cores]
+
+
+def loader_cases(base: RunConfig) -> list[RunConfig]:
+    """The data path: real on-disk data through every DataLoader knob, against the upper bound
+    of batches already on the device."""
+    resident = base.with_(loader=LoaderConfig(dataset="device-resident"))
+    if base.model not in IMAGE_MODELS:
+        return [resident] + [
+            base.with_(loader=LoaderConfig(dataset="tokens-mmap", num_workers=n))
+            for n in (0, 2)
+        ]
+    jpeg = LoaderConfig(dataset="images-jpeg")
+    w = min(2, max(worker_counts()))
+    many = LoaderConfig(dataset="images-jpeg", num_workers=w)
+    batch = model_size(base.model, base.profile).micro_batch
+    return [
+        resident,
+        *(base.with_(loader=replace(jpeg, num_workers=n)) for n in worker_counts()),
+        base.with_(loader=replace(many, pin_memory=True)),
+        base.with_(loader=replace(many, pin_memory=True, non_blocking=True)),
+        base.with_(loader=replace(many, prefetch_factor=4)),
+        base.with_(loader=replace(many, persistent_workers=True)),
+        base.with_(loader=replace(jpeg, cached=True)),
+        base.with_(loader=replace(many, cached=True, persistent_workers=True)),
+        base.with_(loader=LoaderConfig(dataset="images-png")),
+        base.with_(loader=many, micro_batch=2 * batch),
+    ]
+
+
 def compile_cases(base: RunConfig) -> list[RunConfig]:
     return [base.with_(compile=True), base.with_(precision="bf16", compile=True)]
 
@@ -113,6 +147,7 @@ def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
         ("memory", memory_cases(base), False),
         ("layout", layout_cases(base), False),
         ("parallel", parallel_cases(base), False),
+        ("loader", loader_cases(base), False),
         ("compile", compile_cases(base), True),
     ]
     return [BenchCase(cfg, group, slow) for group, cfgs, slow in groups for cfg in cfgs]
@@ -131,11 +166,12 @@ def profile_cases(
     return cases
 
 
-SMOKE_VARIANTS = frozenset(
-    {"-fp32", "-bf16", "-fp16", "-fp32-accum2-mb2", "-fp32-adamw_fused", "-fp32-zerofill",
-     "-fp32-ckpt", "-fp32-cl", "-fp32-ddp2", "-fp32-dp2", "-fp32-pipeline2-chunks2",
-     "-fp32-model2"}
-)
+SMOKE_VARIANTS = frozenset({
+    "-fp32", "-bf16", "-fp16", "-fp32-accum2-mb4", "-fp32-accum2-mb2", "-fp32-adamw_fused",
+    "-fp32-zerofill", "-fp32-ckpt", "-fp32-cl", "-fp32-ddp2", "-fp32-dp2",
+    "-fp32-pipeline2-chunks4", "-fp32-model2", "-fp32-device-resident", "-fp32-images-jpeg",
+    "-fp32-images-jpeg-w2", "-fp32-images-jpeg-cached", "-fp32-tokens-mmap-w2",
+})
 """The smoke profile (tests, CI): a few cases per model covering every code path of the step."""
 
 

@@ -244,14 +244,37 @@ def plot_scaling(df: pd.DataFrame) -> plt.Figure:
 def plot_loader(df: pd.DataFrame) -> plt.Figure:
     """Loader stall fraction and throughput across num_workers x pin_memory."""
     df = _measured(df)
-    if df["num_workers"].nunique() < 2 or "loader_stall_fraction" not in df:
-        raise CannotPlot("no data-loader cases varying num_workers")
-    long = df.melt(id_vars=["model", "num_workers", "pin_memory", "run"],
-                   value_vars=["samples_per_s", "loader_stall_fraction"], var_name="metric")
+    if "loader_stall_fraction" not in df:
+        raise CannotPlot("results carry no loader stall measurements")
+    base = df[df["is_baseline"] == True].groupby("model")["micro_batch"].first()  # noqa: E712
+    # On-disk data at the default batch, without caching: the num_workers x pin_memory grid.
+    grid = df[(df.get("cached", False) != True)  # noqa: E712
+              & df["dataset"].isin(["images-jpeg", "tokens-mmap"])
+              & (df["micro_batch"] == df["model"].map(base))
+              & df["prefetch_factor"].isna() & (df["persistent_workers"] != True)  # noqa: E712
+              & (df["non_blocking"] != True)]  # noqa: E712
+    if grid["num_workers"].nunique() < 2:
+        raise CannotPlot("no data-loader cases varying num_workers on on-disk data")
+    resident = df[df["dataset"] == "device-resident"].set_index(["run", "model"])["samples_per_s"]
+    long = grid.melt(id_vars=["model", "num_workers", "pin_memory", "run", "dataset"],
+                     value_vars=["samples_per_s", "loader_samples_per_s", "loader_stall_fraction"],
+                     var_name="metric")
     g = sns.relplot(data=long, x="num_workers", y="value", hue="pin_memory", style="run",
                     row="metric", col="model", kind="line", marker="o",
-                    facet_kws={"sharey": False}, height=2.8)
-    g.figure.suptitle("Data loader: throughput and stall vs num_workers", y=1.02)
+                    facet_kws={"sharey": False}, height=2.8, aspect=1.3)
+    labels = {"samples_per_s": "training samples/s",
+              "loader_samples_per_s": "loader-only samples/s",
+              "loader_stall_fraction": "share of step time waiting for data"}
+    for (metric, model), ax in g.axes_dict.items():
+        ax.set_title(f"{model}: {labels[metric]}", fontsize="medium")
+        ax.set_ylabel(labels[metric])
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if metric == "samples_per_s":
+            for (_run, m), value in resident.items():
+                if m == model:
+                    ax.axhline(value, color="crimson", ls="--", lw=1)
+    g.set_xlabels("DataLoader num_workers")
+    g.figure.suptitle("Data loader on on-disk data (dashed: data already on the device)", y=1.02)
     return g.figure
 
 

@@ -53,6 +53,8 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
         cmd.append("--gpubench-slow")
     if args.threads:
         cmd.append(f"--gpubench-threads={args.threads}")
+    if args.data_dir:
+        cmd.append(f"--gpubench-data-dir={args.data_dir}")
     if args.k:
         cmd += ["-k", args.k]
     return cmd
@@ -138,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rounds", type=int, default=0, help="timed rounds per case")
     run.add_argument("--threads", type=int, default=0, help="torch.set_num_threads")
     run.add_argument("--slow", action="store_true", help="include slow cases (torch.compile)")
+    run.add_argument("--data-dir", help="folder for generated on-disk datasets "
+                     "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
     run.add_argument("-k", help="pytest -k expression selecting cases by id")
     run.add_argument("--no-charts", action="store_true", help="skip the charts and report")
     run.set_defaults(func=cmd_run)

@@ -22,7 +22,9 @@ SPLIT_PARALLELS = ("model", "pipeline")
 """Strategies that split the model's layers into stages (image models only)."""
 MAX_STAGES = 4
 """A ResNet splits into at most four stages, one per residual layer group."""
-DATASETS = ("synthetic",)
+DATASETS = ("synthetic", "device-resident", "images-jpeg", "images-png", "tokens-mmap")
+IMAGE_DATASETS = ("images-jpeg", "images-png")
+ON_DISK_DATASETS = (*IMAGE_DATASETS, "tokens-mmap")
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -43,7 +45,16 @@ class LoaderConfig:
     """How batches reach the training step (a ``torch.utils.data.DataLoader``)."""
 
     dataset: str = "synthetic"
-    """Where samples come from: ``synthetic`` (random tensors generated once, held in memory)."""
+    """Where samples come from: ``synthetic`` (random tensors held in host memory, collated by
+    the loader); ``device-resident`` (batches already on the device: the no-loading upper
+    bound); ``images-jpeg`` / ``images-png`` (encoded files decoded with PIL and augmented with
+    torchvision); ``tokens-mmap`` (windows of a memory-mapped token file)."""
+    dataset_size: int | None = None
+    """Samples on disk for the on-disk datasets (None: the profile's default)."""
+    cached: bool = False
+    """Keep decoded samples in a bounded in-memory cache (on-disk datasets)."""
+    cache_items: int | None = None
+    """Bound of the decoded-sample cache, per loading process (None: the whole dataset)."""
     num_workers: int = 0
     """DataLoader worker processes; 0 loads in the training process."""
     pin_memory: bool = False
@@ -60,6 +71,17 @@ class LoaderConfig:
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0; got {self.num_workers!r}")
         _check_positive_int("prefetch_factor", self.prefetch_factor, allow_none=True)
+        _check_positive_int("dataset_size", self.dataset_size, allow_none=True)
+        _check_positive_int("cache_items", self.cache_items, allow_none=True)
+        if self.cached and self.dataset not in ON_DISK_DATASETS:
+            raise ValueError(
+                f"cached applies to on-disk datasets ({', '.join(ON_DISK_DATASETS)}); "
+                f"got dataset {self.dataset!r}"
+            )
+        resident = self.dataset == "device-resident"
+        if resident and replace(self, dataset="synthetic") != LoaderConfig():
+            raise ValueError("dataset 'device-resident' bypasses the loader: leave its other "
+                             "settings at their defaults")
         if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
             raise ValueError(
                 "prefetch_factor and persistent_workers need num_workers > 0; "
@@ -160,6 +182,11 @@ class RunConfig:
             )
         if not isinstance(self.loader, LoaderConfig):
             raise ValueError(f"loader must be a LoaderConfig; got {self.loader!r}")
+        if self.loader.dataset in IMAGE_DATASETS and self.model not in IMAGE_MODELS:
+            raise ValueError(f"dataset {self.loader.dataset!r} feeds image models "
+                             f"({', '.join(IMAGE_MODELS)}); got model {self.model!r}")
+        if self.loader.dataset == "tokens-mmap" and self.model in IMAGE_MODELS:
+            raise ValueError(f"dataset 'tokens-mmap' feeds token models; got model {self.model!r}")
 
     @property
     def is_baseline(self) -> bool:
@@ -219,6 +246,10 @@ class RunConfig:
 
 def loader_id(loader: LoaderConfig) -> str:
     parts = [loader.dataset] if loader.dataset != "synthetic" else []
+    if loader.dataset_size is not None:
+        parts.append(f"n{loader.dataset_size}")
+    if loader.cached:
+        parts.append("cached" if loader.cache_items is None else f"cached{loader.cache_items}")
     if loader.num_workers:
         parts.append(f"w{loader.num_workers}")
     if loader.pin_memory:

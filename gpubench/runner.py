@@ -17,6 +17,7 @@ import torch
 from gpubench.build import Case, build, check_world_size, resolve_micro_batch, unsupported_reason
 from gpubench.checks import check_case
 from gpubench.config import RunConfig
+from gpubench.data import measure_loader
 from gpubench.distributed import RankProgram, backend_for, combine_ranks
 from gpubench.flops import count_flops, step_peak_flops
 from gpubench.machine import device_name
@@ -30,16 +31,36 @@ class Unsupported(Exception):
     """This machine cannot run the case; the message says why (benchmarks skip with it)."""
 
 
+LOADER_PROBE_BATCHES = 10
+"""Batches the loader-only measurement reads after its first one."""
+
+
 def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int) -> dict:
-    with case.precision.math_mode():
-        check = check_case(case)
-        flops = count_flops(case.step)
-        start_bytes = reset_peak(case.device)
-        last_loss = benchmark.pedantic(
-            case.synced_step, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1
-        )
-        memory = read_peak(case.device, start_bytes)
+    try:
+        if case.cfg.loader.cached:
+            # Steady state of a cache: one epoch fills it (where the loading process survives
+            # the epoch: no workers, or persistent workers), then it serves the timed steps.
+            for _ in case.loader:
+                pass
+        # The loader alone, before training starts iterating it.
+        loader_only = measure_loader(case.loader, LOADER_PROBE_BATCHES)
+        with case.precision.math_mode():
+            check = check_case(case)
+            flops = count_flops(case.step)
+            start_bytes = reset_peak(case.device)
+            last_loss = benchmark.pedantic(
+                case.synced_step, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1
+            )
+            memory = read_peak(case.device, start_bytes)
+    finally:
+        case.close()
+    # Each timed round drew accum_steps batches: the last rounds*k waits are the timed ones.
+    waits = list(case.batches.waits)[-rounds * case.cfg.accum_steps:]
+    rounds_s = benchmark.stats.stats.data
     return {
+        **loader_only,
+        "loader_wait_s": sum(waits) / rounds,
+        "loader_stall_fraction": sum(waits) / sum(rounds_s),
         **memory,
         **state_breakdown(case.model, case.optimizer),
         "flops_per_step": flops,
@@ -145,6 +166,8 @@ def _device(cfg: RunConfig) -> torch.device:
 
 def _note(cfg: RunConfig) -> str:
     notes = [Precision(cfg.precision, cfg.device).note]
+    if cfg.device == "cpu" and (cfg.loader.pin_memory or cfg.loader.non_blocking):
+        notes.append("pin_memory/non_blocking have no effect without an accelerator")
     if cfg.device == "cpu" and cfg.parallel != "single":
         notes.append(f"{cfg.parallel} on the CPU: all ranks/stages share this machine's cores")
     return "; ".join(n for n in notes if n)

@@ -12,8 +12,12 @@ from gpubench.results import REQUIRED_FIELDS
 EXTRA_FIELDS = (
     "step_time_iqr_s", "peak_reserved_bytes", "step_memory_bytes", "peak_memory_method",
     "param_bytes", "grad_bytes", "optimizer_state_bytes", "peak_tflops", "optimizer_impl",
-    "loss_reference", "loss_first", "check_losses",
+    "loss_reference", "loss_first", "check_losses", "num_workers", "pin_memory",
+    "prefetch_factor", "persistent_workers", "non_blocking", "dataset", "cached",
 )
+LOADER_FIELDS = ("loader_stall_fraction", "loader_wait_s", "loader_samples_per_s",
+                 "time_to_first_batch_s", "epoch_restart_s")
+RANK_FIELDS = ("rank_step_time_s", "rank_peak_memory_bytes", "single_case_id")
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +25,7 @@ def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
     proc = subprocess.run(
         [sys.executable, "-m", "gpubench", "run", "--profile", "smoke", "--out", str(out),
-         "--rounds", "3"],
+         "--rounds", "3", "--data-dir", str(tmp_path_factory.mktemp("data"))],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -37,13 +41,20 @@ def test_run_writes_json_with_every_field(smoke_run):
         missing = [f for f in (*REQUIRED_FIELDS, *EXTRA_FIELDS) if f not in bench["extra_info"]]
         assert not missing, (bench["name"], missing)
         assert len(bench["stats"]["data"]) == 3  # raw rounds kept
-        assert bench["extra_info"]["parallel"] == "single"
+        info = bench["extra_info"]
+        expected = RANK_FIELDS if info["parallel"] in ("ddp", "pipeline") else LOADER_FIELDS
+        assert all(f in info for f in expected), (bench["name"], expected)
+    parallels = {b["extra_info"]["parallel"] for b in steps}
+    assert {"single", "ddp", "model", "pipeline"} <= parallels
+    datasets = {b["extra_info"]["dataset"] for b in steps}
+    assert {"synthetic", "device-resident", "images-jpeg", "tokens-mmap"} <= datasets
     info = data["machine_info"]["gpubench"]
     for key in ("torch", "cuda", "cudnn", "device_name", "cpu", "torch_threads"):
         assert key in info
     assert info["matmul_peak_tflops"]["fp32"] > 0
     overhead = [b for b in data["benchmarks"] if b["extra_info"].get("kind") == "overhead"]
-    assert {b["extra_info"]["model"] for b in overhead} == {"resnet18", "bert"}
+    assert {b["extra_info"]["case_id"] for b in overhead} == {
+        "overhead-resnet18", "overhead-bert", "overhead-workers2"}
 
 
 def test_run_prints_and_writes_summary(smoke_run):
@@ -51,17 +62,17 @@ def test_run_prints_and_writes_summary(smoke_run):
     summary = (out / "summary.md").read_text()
     for header in ("median step (ms)", "samples/s", "peak mem (MiB)", "speedup vs fp32", "MFU"):
         assert header in summary and header in stdout
-    assert "resnet18-fp32-accum2-mb2" in summary
+    assert "resnet18-fp32-accum2-mb4" in summary
     assert "Harness overhead" in summary
 
 
 def test_run_writes_charts_and_report(smoke_run):
     out, _ = smoke_run
-    for name in ("speedup", "memory", "pareto", "accumulation"):
+    for name in ("speedup", "memory", "pareto", "accumulation", "scaling", "loader"):
         assert (out / f"{name}.png").stat().st_size > 1000
         assert (out / f"{name}.svg").exists()
     report = (out / "report.md").read_text()
-    assert "scaling: not drawn" in report and "loader: not drawn" in report
+    assert "## scaling" in report and "## loader" in report
     assert "data:image/png;base64" in (out / "report.html").read_text()
 
 

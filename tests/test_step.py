@@ -89,5 +89,5 @@ def test_precision_policy_off_forms_are_no_ops():
 def test_fixed_batches_are_the_next_micro_batches():
     case = build(RunConfig(model="resnet18", profile="smoke", accum_steps=2, micro_batch=2))
     fixed = case.fixed_batches()
-    assert len(fixed) == 2 and fixed[0][0].shape == (2, 3, 16, 16)
+    assert len(fixed) == 2 and fixed[0][0].shape == (2, 3, 32, 32)
     assert not torch.equal(fixed[0][0], fixed[1][0])

@@ -1,0 +1,239 @@
+"""Real data on disk: encoded image files and a memory-mapped token file, generated once into a
+cache folder, plus a bounded cache of decoded samples.
+
+Generation writes into a private temporary folder and renames it into place, and a manifest
+written last marks a folder complete, so two runs generating at once cannot corrupt it and an
+interrupted generation is detected and redone. Loading costs what it costs in training: each
+image is a file read, a JPEG/PNG decode (PIL) and torchvision augmentations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+MANIFEST = "manifest.json"
+IMAGE_FORMATS = {"images-jpeg": ("JPEG", ".jpg"), "images-png": ("PNG", ".png")}
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class DataError(ValueError):
+    """A dataset folder or file that cannot be used; the message names it."""
+
+
+def default_data_dir() -> Path:
+    """``$GPUBENCH_DATA_DIR``, else ``~/.cache/gpubench/data``."""
+    env = os.environ.get("GPUBENCH_DATA_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "gpubench" / "data"
+
+
+def ensure_writable_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create the data cache folder {path}: {err.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise DataError(f"the data cache folder {path} is not writable")
+    return path
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    """The manifest of a complete dataset folder, or None if missing, unreadable or if any file
+    it lists is missing or has the wrong size (an interrupted or damaged generation)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        for name, size in manifest["files"].items():
+            if (folder / name).stat().st_size != size:
+                return None
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Move a finished folder into place; if another process got there first, keep theirs."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if _read_manifest(final) is None:  # a damaged folder: replace it
+            shutil.rmtree(final, ignore_errors=True)
+            try:
+                os.rename(tmp, final)
+                return
+            except OSError:
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A photo-like image: smooth colour gradients, a few shapes, mild noise. Pure noise would
+    make encoded files unrealistically large and slow to decode."""
+    y, x = np.mgrid[0:size, 0:size] / size
+    channels = [
+        np.sin(2 * np.pi * (rng.uniform(0.5, 3) * x + rng.uniform(0.5, 3) * y + rng.uniform()))
+        for _ in range(3)
+    ]
+    img = (np.stack(channels, -1) + 1) * 110
+    for _ in range(4):
+        cx, cy, r = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.05, 0.3)
+        mask = (x - cx) ** 2 + (y - cy) ** 2 < r * r
+        img[mask] = rng.uniform(0, 255, 3)
+    img += rng.normal(0, 8, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def ensure_image_folder(root: Path, fmt: str, count: int, size: int, num_classes: int,
+                        seed: int = 0) -> Path:
+    """The folder of ``count`` encoded ``size``-pixel images, generated if missing or damaged."""
+    pil_format, ext = IMAGE_FORMATS[fmt]
+    final = ensure_writable_dir(root) / f"{fmt}-{size}px-{count}-c{num_classes}-s{seed}"
+    if _read_manifest(final) is not None:
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    rng = np.random.default_rng(seed)
+    files, labels = {}, {}
+    for i in range(count):
+        name = f"{i:06d}{ext}"
+        Image.fromarray(_synthetic_image(rng, size)).save(tmp / name, pil_format, quality=90)
+        files[name] = (tmp / name).stat().st_size
+        labels[name] = int(rng.integers(num_classes))
+    manifest = {"format": fmt, "size": size, "files": files, "labels": labels}
+    (tmp / MANIFEST).write_text(json.dumps(manifest))  # written last: marks the folder complete
+    _publish(tmp, final)
+    return final
+
+
+class ImageFolderDataset(Dataset):
+    """Encoded images decoded with PIL and augmented like ImageNet training
+    (RandomResizedCrop, horizontal flip, normalize). ``load`` is the expensive, deterministic
+    part (read + decode); ``finish`` the random part, so a cache can sit between them."""
+
+    def __init__(self, folder: Path, image_size: int):
+        manifest = _read_manifest(folder)
+        if manifest is None:
+            raise DataError(f"{folder} is not a complete image dataset (no valid {MANIFEST})")
+        self.folder = folder
+        self.names = sorted(manifest["files"])
+        self.labels = [manifest["labels"][n] for n in self.names]
+        self.transform = v2.Compose([
+            v2.RandomResizedCrop(image_size, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ])
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def load(self, index: int) -> tuple[torch.Tensor, int]:
+        path = self.folder / self.names[index]
+        try:
+            with Image.open(path) as img:
+                pixels = np.array(img.convert("RGB"))
+        except (OSError, ValueError) as err:
+            raise DataError(f"cannot decode image {path}: {err}") from None
+        return torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), self.labels[index]
+
+    def finish(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        image, label = sample
+        return self.transform(v2.functional.to_image(image)), torch.tensor(label)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.finish(self.load(index))
+
+
+def ensure_token_file(root: Path, count: int, seq_len: int, vocab_size: int,
+                      seed: int = 0) -> Path:
+    """A flat file of ``count * seq_len + 1`` uint16/uint32 token ids, generated if missing."""
+    dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
+    final_dir = ensure_writable_dir(root) / f"tokens-{count}x{seq_len}-v{vocab_size}-s{seed}"
+    if _read_manifest(final_dir) is not None:
+        return final_dir
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
+    rng = np.random.default_rng(seed)
+    # Zipf-like ids, as in text: a few tokens are frequent.
+    ids = np.minimum(rng.zipf(1.2, count * seq_len + 1) - 1, vocab_size - 1).astype(dtype)
+    ids.tofile(tmp / "tokens.bin")
+    manifest = {"files": {"tokens.bin": (tmp / "tokens.bin").stat().st_size},
+                "dtype": np.dtype(dtype).name, "seq_len": seq_len, "count": count,
+                "labels": rng.integers(0, 2, count).tolist()}
+    (tmp / MANIFEST).write_text(json.dumps(manifest))
+    _publish(tmp, final_dir)
+    return final_dir
+
+
+class TokenFileDataset(Dataset):
+    """Fixed-length windows of a memory-mapped token file (opened lazily in each worker).
+    Targets are class labels (encoder) or the window itself (decoder language modelling)."""
+
+    def __init__(self, folder: Path, causal_lm: bool):
+        manifest = _read_manifest(folder)
+        if manifest is None:
+            raise DataError(f"{folder} is not a complete token dataset (no valid {MANIFEST})")
+        self.path = folder / "tokens.bin"
+        self.dtype, self.seq_len = np.dtype(manifest["dtype"]), manifest["seq_len"]
+        self.count, self.labels = manifest["count"], manifest["labels"]
+        self.causal_lm = causal_lm
+        self._tokens = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def load(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._tokens is None:  # per process: a memmap must not cross a fork/spawn
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        start = index * self.seq_len
+        window = torch.from_numpy(self._tokens[start:start + self.seq_len].astype(np.int64))
+        target = window if self.causal_lm else torch.tensor(self.labels[index])
+        return window, target
+
+    def finish(self, sample):
+        return sample
+
+    def __getitem__(self, index: int):
+        return self.load(index)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_tokens": None}
+
+
+class CachedDataset(Dataset):
+    """Keeps up to ``max_items`` decoded samples (``dataset.load``) in memory, least recently used
+    out first; ``finish`` (augmentation) still runs on every access, so samples stay random.
+
+    Each DataLoader worker process holds its own cache (nothing is shared between processes), so
+    a cache survives from one epoch to the next only with ``num_workers=0`` or with
+    ``persistent_workers=True``; with ordinary workers it is rebuilt every epoch."""
+
+    def __init__(self, dataset: Dataset, max_items: int):
+        if max_items < 1:
+            raise ValueError(f"max_items must be a positive integer; got {max_items!r}")
+        self.dataset, self.max_items = dataset, max_items
+        self._cache: OrderedDict[int, object] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        sample = self._cache.get(index)
+        if sample is None:
+            self.misses += 1
+            sample = self.dataset.load(index)
+            self._cache[index] = sample
+            if len(self._cache) > self.max_items:
+                self._cache.popitem(last=False)
+        else:
+            self.hits += 1
+            self._cache.move_to_end(index)
+        return self.dataset.finish(sample)
