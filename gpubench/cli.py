@@ -115,6 +115,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from gpubench.compare import write_github_json
+
+    for path in write_github_json(load_results([args.file]), args.github_json):
+        print(path)
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from gpubench.compare import compare_main
 
@@ -165,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compare_arguments(cmp_)
     cmp_.set_defaults(func=cmd_compare)
+
+    exp = sub.add_parser("export", help="a result file's figures for github-action-benchmark")
+    exp.add_argument("file")
+    exp.add_argument("--github-json", required=True, metavar="DIR",
+                     help="writes smaller_is_better.json and bigger_is_better.json into DIR")
+    exp.set_defaults(func=cmd_export)
 
     from gpubench.launch import add_dist_arguments, dist_main
 

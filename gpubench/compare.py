@@ -136,6 +136,17 @@ def github_benchmark_json(new: pd.DataFrame) -> dict[str, list[dict]]:
     return {"customSmallerIsBetter": smaller, "customBiggerIsBetter": bigger}
 
 
+def write_github_json(results: pd.DataFrame, folder: str | Path) -> list[Path]:
+    """``smaller_is_better.json`` and ``bigger_is_better.json`` for github-action-benchmark."""
+    payload = github_benchmark_json(results)
+    written = []
+    for tool, name in (("customSmallerIsBetter", "smaller_is_better.json"),
+                       ("customBiggerIsBetter", "bigger_is_better.json")):
+        atomic.write_text(Path(folder) / name, json.dumps(payload[tool], indent=1))
+        written.append(Path(folder) / name)
+    return written
+
+
 COMPARE_COLUMNS = {
     "case_id": "case",
     "status": "status",
@@ -195,10 +206,7 @@ def compare_main(args: argparse.Namespace) -> int:
     if args.markdown:
         atomic.write_text(args.markdown, text + "\n")
     if args.github_json:
-        payload = github_benchmark_json(new)
-        for tool, name in (("customSmallerIsBetter", "smaller_is_better.json"),
-                           ("customBiggerIsBetter", "bigger_is_better.json")):
-            atomic.write_text(Path(args.github_json) / name, json.dumps(payload[tool], indent=1))
+        write_github_json(new, args.github_json)
     regressions = counts.get("regression", 0)
     if regressions and not args.report_only:
         print(f"gpubench compare: {regressions} significant regression(s)", file=sys.stderr)
