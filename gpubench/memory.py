@@ -41,16 +41,34 @@ def _status_bytes(key: str) -> int:
     raise RuntimeError(f"{key} not found in {_STATUS}")
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
+def track_large_allocations() -> None:
+    """Make the resident size follow large allocations closely (glibc): blocks over 128 KiB are
+    always mapped and unmapped on their own, instead of glibc raising that threshold as it sees
+    large frees and then keeping freed blocks in the heap. Used by leak detection on the CPU."""
+    if _LIBC is not None and hasattr(_LIBC, "mallopt"):
+        _LIBC.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+        _LIBC.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+
+
+def release_free_memory() -> None:
+    """Collect garbage and hand freed heap back to the OS, so that the resident size reflects
+    live memory and a later measurement is not absorbed by free space left by earlier work."""
+    gc.collect()
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
 def reset_peak(device: torch.device) -> int | None:
     """Start a new peak-memory window; return the memory in use at its start (bytes)."""
-    gc.collect()
+    release_free_memory()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device)
     if cpu_peak_supported():
-        if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-            _LIBC.malloc_trim(0)
         _CLEAR_REFS.write_text("5")
         return _status_bytes("VmRSS")
     return None

@@ -1,0 +1,124 @@
+"""The OOM frontier: the largest micro-batch that fits, per set of techniques.
+
+On CUDA the limit is the device: a try that raises ``torch.OutOfMemoryError`` does not fit (its
+memory is released before the next try). On the CPU, where running out of memory means the
+kernel killing the process, a memory budget stands in for the device: a try fits when the
+measured peak of two training steps stays within it.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from gpubench.build import build
+from gpubench.config import RunConfig
+from gpubench.memory import read_peak, reset_peak
+
+
+@dataclass(frozen=True)
+class Try:
+    batch: int
+    fits: bool
+    peak_memory_bytes: int | None
+    """The measured peak (None when the try ran out of memory)."""
+
+
+@dataclass
+class Frontier:
+    cfg_id: str
+    max_batch: int
+    """Largest batch that fits (0: not even batch 1)."""
+    tries: list[Try] = field(default_factory=list)
+    capped: bool = False
+    """True when the search stopped at its upper limit without a failure."""
+
+
+def search_max_batch(fits: Callable[[int], bool], limit: int = 4096) -> tuple[int, bool]:
+    """Largest ``b`` in 1..``limit`` with ``fits(b)``, assuming fitting is monotone: doubling
+    until a failure, then bisecting. Returns (batch, capped)."""
+    if not fits(1):
+        return 0, False
+    good, bad = 1, None
+    while bad is None:
+        probe = min(good * 2, limit)
+        if probe == good:
+            return good, True
+        if fits(probe):
+            good = probe
+        else:
+            bad = probe
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, False
+
+
+def try_batch(cfg: RunConfig, batch: int, budget_bytes: int | None,
+              steps: int = 2) -> Try:
+    """Run ``steps`` training steps at micro-batch ``batch``; does it fit?"""
+    case = None
+    try:
+        case = build(cfg.with_(micro_batch=batch))
+        start = reset_peak(case.device)
+        with case.precision.math_mode():
+            for _ in range(steps):
+                case.synced_step()
+        peak = read_peak(case.device, start)["peak_memory_bytes"]
+        fits = budget_bytes is None or (peak is not None and peak <= budget_bytes)
+        return Try(batch, fits, peak)
+    except torch.OutOfMemoryError:
+        return Try(batch, False, None)
+    finally:
+        if case is not None:
+            case.close()
+        del case
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def find_frontier(cfg: RunConfig, budget_bytes: int | None = None,
+                  limit: int = 4096) -> Frontier:
+    """The largest micro-batch of ``cfg`` that fits the device (CUDA) or ``budget_bytes``."""
+    if cfg.device == "cpu" and budget_bytes is None:
+        raise ValueError("on the CPU the OOM frontier needs a memory budget (e.g. '2GiB'); "
+                         "running out of memory there kills the process instead of raising")
+    frontier = Frontier(cfg.id, 0)
+
+    def fits(batch: int) -> bool:
+        result = try_batch(cfg, batch, budget_bytes)
+        frontier.tries.append(result)
+        return result.fits
+
+    frontier.max_batch, frontier.capped = search_max_batch(fits, limit)
+    return frontier
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1}
+    raw = text.strip().lower()
+    for unit, factor in units.items():
+        if raw.endswith(unit):
+            number = raw[: -len(unit)].strip()
+            break
+    else:
+        number, factor = raw, 1
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(
+            f"memory size must be a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, "
+            f"MB, GB, TB); got {text!r}"
+        ) from None
+    if value <= 0:
+        raise ValueError(f"memory size must be positive; got {text!r}")
+    return int(value * factor)

@@ -1,0 +1,188 @@
+"""Leak detection: memory growth per step over many steps, and the classic leaky training loops
+next to their fixed forms, so the detector can be seen to flag the one and pass the other.
+
+Memory is read after every step: ``torch.cuda.memory_allocated`` on CUDA, the process resident
+size (``VmRSS``) on the CPU. The growth per step is the least-squares slope over the steps after
+a warm-up; a loop leaks when the slope exceeds a threshold (default 256 KiB per step on CUDA,
+1 MiB on the CPU, where the resident size also moves with the allocator).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gpubench.build import Case
+from gpubench.memory import (
+    _status_bytes,
+    cpu_peak_supported,
+    release_free_memory,
+    track_large_allocations,
+)
+
+MIB = 2**20
+
+
+def memory_in_use(device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device)
+    if cpu_peak_supported():
+        return _status_bytes("VmRSS")
+    raise RuntimeError("leak detection on the CPU needs Linux /proc/self/status")
+
+
+@dataclass(frozen=True)
+class LeakResult:
+    name: str
+    growth_bytes_per_step: float
+    threshold_bytes_per_step: float
+    memory_bytes: list[int]
+
+    @property
+    def leaks(self) -> bool:
+        return self.growth_bytes_per_step > self.threshold_bytes_per_step
+
+
+def default_threshold(device: torch.device) -> float:
+    return 256 * 2**10 if device.type == "cuda" else 1 * MIB
+
+
+def detect_leak(name: str, step: Callable[[], object], device: torch.device, *,
+                steps: int = 12, warmup: int = 3, threshold: float | None = None) -> LeakResult:
+    """Run ``step`` ``warmup + steps`` times and fit memory in use against the step number."""
+    for _ in range(warmup):
+        step()
+    samples = []
+    for _ in range(steps):
+        step()
+        samples.append(memory_in_use(device))
+    slope = float(np.polyfit(np.arange(steps), np.asarray(samples, dtype=float), 1)[0])
+    return LeakResult(name, slope, threshold or default_threshold(device), samples)
+
+
+# The loops. Each takes a built case and returns (step function, cleanup). Leaky and fixed forms
+# differ only in the line the seeds warn about.
+
+def _train(case: Case):
+    inputs, targets = next(case.batches)
+    loss = case.model(inputs, targets)
+    return inputs, targets, loss
+
+
+def eval_loss_as_tensor(case: Case, fixed: bool):
+    """Track a validation loss every step. Leaky: without ``torch.no_grad`` and summed as a
+    tensor, so every evaluation's graph (with its saved activations) stays alive.
+    Fixed: under ``no_grad``, accumulated with ``.item()``."""
+    total = [0.0]
+
+    def step():
+        inputs, targets, loss = _train(case)
+        loss.backward()
+        case.optimizer.step()
+        case.optimizer.zero_grad(set_to_none=True)
+        if fixed:
+            with torch.no_grad():
+                total[0] += case.model(inputs, targets).item()
+        else:
+            total[0] = total[0] + case.model(inputs, targets)
+
+    return step
+
+
+def history_with_graph(case: Case, fixed: bool):
+    """Keep the loss history for logging. Leaky: ``backward(retain_graph=True)`` and the loss
+    tensor appended, so each step's graph and activations are kept. Fixed: a plain backward and
+    ``loss.item()`` in the history."""
+    history = []
+
+    def step():
+        _, _, loss = _train(case)
+        loss.backward(retain_graph=not fixed)
+        case.optimizer.step()
+        case.optimizer.zero_grad(set_to_none=True)
+        history.append(loss.item() if fixed else loss)
+
+    return step
+
+
+class _Record:
+    def __init__(self, activations: torch.Tensor):
+        self.activations = activations
+        self.me = self  # the cycle
+
+
+def reference_cycle(case: Case, fixed: bool):
+    """Per-step records that hold tensors. Leaky: each record refers to itself (a reference
+    cycle), which only the cyclic garbage collector frees, and the loop runs with it disabled
+    (as throughput-tuned loops sometimes do). Fixed: no cycle, so reference counting frees
+    each record at once."""
+
+    def step():
+        inputs, targets, loss = _train(case)
+        loss.backward()
+        case.optimizer.step()
+        case.optimizer.zero_grad(set_to_none=True)
+        # The record keeps a copy of the step's batch, enlarged to a few MiB, for "later".
+        copies = 32 if inputs.dim() == 4 else 8192
+        record = _Record(inputs.detach().repeat(copies, *[1] * (inputs.dim() - 1)))
+        if fixed:
+            record.me = None
+
+    return step
+
+
+LOOPS = {
+    "eval-loss-as-tensor": eval_loss_as_tensor,
+    "loss-history-with-graph": history_with_graph,
+    "reference-cycle": reference_cycle,
+}
+
+
+def check_loops(build_case: Callable[[], Case], steps: int = 12) -> list[LeakResult]:
+    """Every shipped loop, leaky and fixed, each on a freshly built case; the cyclic garbage
+    collector is off while they run (so a cycle is a leak) and on again afterwards."""
+    results = []
+    track_large_allocations()
+    enabled = gc.isenabled()
+    try:
+        for name, loop in LOOPS.items():
+            for fixed in (False, True):
+                case = build_case()
+                release_free_memory()
+                gc.disable()
+                try:
+                    results.append(detect_leak(f"{name} ({'fixed' if fixed else 'leaky'})",
+                                               loop(case, fixed), case.device, steps=steps))
+                finally:
+                    case.close()
+                    del case
+                    gc.enable()
+                    gc.collect()
+    finally:
+        if not enabled:
+            gc.disable()
+    return results
+
+
+def allocator_stats(device: torch.device) -> dict:
+    """CUDA caching-allocator figures: allocated vs reserved and how fragmented the reserve is.
+    The CPU allocator keeps no such cache: the figures are then absent (None)."""
+    if device.type != "cuda":
+        return {"allocated_bytes": None, "reserved_bytes": None, "fragmentation": None,
+                "alloc_retries": None}
+    stats = torch.cuda.memory_stats(device)
+    allocated = stats.get("allocated_bytes.all.current", 0)
+    reserved = stats.get("reserved_bytes.all.current", 0)
+    return {
+        "allocated_bytes": allocated,
+        "reserved_bytes": reserved,
+        # Reserved but unallocated memory, as a share of the reserve: space the allocator holds
+        # that this process's tensors do not use (fragments and cached free blocks).
+        "fragmentation": 1 - allocated / reserved if reserved else 0.0,
+        "alloc_retries": stats.get("num_alloc_retries", 0),
+    }
