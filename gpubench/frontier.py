@@ -106,12 +106,8 @@ def parse_bytes(text: str) -> int:
     units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
              "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1}
     raw = text.strip().lower()
-    for unit, factor in units.items():
-        if raw.endswith(unit):
-            number = raw[: -len(unit)].strip()
-            break
-    else:
-        number, factor = raw, 1
+    unit = next((u for u in units if raw.endswith(u)), "")
+    number, factor = raw[: len(raw) - len(unit)].strip(), units.get(unit, 1)
     try:
         value = float(number)
     except ValueError:
