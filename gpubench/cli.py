@@ -77,6 +77,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     text = summary_markdown(df)
     atomic.write_text(out / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
     print("\n" + text)
+    from gpubench.advice import advice_markdown
+
+    atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + advice_markdown(df))
+    print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
     if not args.no_charts:
         from gpubench.report import write_report
 
@@ -113,6 +117,41 @@ def cmd_report(args: argparse.Namespace) -> int:
     written = write_report(args.files, Path(args.out))
     print("\n".join(str(p) for p in written))
     return 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from gpubench.advice import advice_markdown
+    from gpubench.frontier import parse_bytes
+
+    budget = parse_bytes(args.budget) if args.budget else None
+    if args.results:
+        files, out = [Path(args.results)], Path(args.out or Path(args.results).parent)
+    else:
+        device, profile = _resolve(args.device, args.profile)
+        out = Path(args.out or f"results/advise-{args.model}-{profile}")
+        run_args = build_parser().parse_args(
+            ["run", "--profile", profile, "--device", device, "--models", args.model,
+             "--out", str(out)])
+        code = cmd_run(run_args)
+        if not (out / "benchmark.json").exists():
+            return code or 1
+        files = [out / "benchmark.json"]
+    df = load_results(files)
+    if args.model:
+        df = df[df["model"] == args.model]
+    if df.empty:
+        raise ResultsError(f"no cases of model {args.model!r} in {', '.join(map(str, files))}")
+    text = advice_markdown(df, budget)
+    atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
+    print(text)
+    print(f"gpubench: verdicts written to {out / 'advice.md'}")
+    return 0
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    from gpubench.memory_report import memory_main
+
+    return memory_main(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -173,6 +212,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compare_arguments(cmp_)
     cmp_.set_defaults(func=cmd_compare)
+
+    adv = sub.add_parser("advise", help="verdicts on common speed-up claims, measured here")
+    adv.add_argument("--model", default="", choices=("", *MODELS),
+                     help="model to check (runs its cases unless --results is given)")
+    adv.add_argument("--results", help="use this benchmark JSON instead of running")
+    adv.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
+    adv.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    adv.add_argument("--budget", help="memory budget for the recommendation, e.g. 8GiB")
+    adv.add_argument("--out", help="folder for advice.md (default: beside the results)")
+    adv.set_defaults(func=cmd_advise)
+
+    mem = sub.add_parser("memory", help="OOM frontier, leak check and allocator figures")
+    from gpubench.memory_report import add_memory_arguments
+
+    add_memory_arguments(mem)
+    mem.set_defaults(func=cmd_memory)
 
     exp = sub.add_parser("export", help="a result file's figures for github-action-benchmark")
     exp.add_argument("file")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gpubench.build import build
-from gpubench.config import RunConfig
+from gpubench.config import IMAGE_MODELS, RunConfig
 from gpubench.memory import read_peak, reset_peak
 
 
@@ -37,12 +37,14 @@ class Frontier:
     """True when the search stopped at its upper limit without a failure."""
 
 
-def search_max_batch(fits: Callable[[int], bool], limit: int = 4096) -> tuple[int, bool]:
-    """Largest ``b`` in 1..``limit`` with ``fits(b)``, assuming fitting is monotone: doubling
-    until a failure, then bisecting. Returns (batch, capped)."""
-    if not fits(1):
+def search_max_batch(fits: Callable[[int], bool], limit: int = 4096,
+                     start: int = 1) -> tuple[int, bool]:
+    """Largest ``b`` in ``start``..``limit`` with ``fits(b)``, assuming fitting is monotone:
+    doubling until a failure, then bisecting. Returns (batch, capped); batch 0 when even
+    ``start`` does not fit."""
+    if not fits(start):
         return 0, False
-    good, bad = 1, None
+    good, bad = start, None
     while bad is None:
         probe = min(good * 2, limit)
         if probe == good:
@@ -97,7 +99,9 @@ def find_frontier(cfg: RunConfig, budget_bytes: int | None = None,
         frontier.tries.append(result)
         return result.fits
 
-    frontier.max_batch, frontier.capped = search_max_batch(fits, limit)
+    # BatchNorm needs more than one sample per channel in training.
+    start = 2 if cfg.model in IMAGE_MODELS else 1
+    frontier.max_batch, frontier.capped = search_max_batch(fits, limit, start)
     return frontier
 
 

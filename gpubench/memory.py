@@ -100,6 +100,34 @@ def read_peak(device: torch.device, start_bytes: int | None) -> dict[str, int | 
     }
 
 
+class SavedActivations:
+    """Counts the bytes autograd saves for backward (activations), exactly and on any device,
+    through ``torch.autograd.graph.saved_tensors_hooks``; each storage counts once, and the
+    model's own parameters (saved by reference, not copied) not at all."""
+
+    def __init__(self, model: nn.Module):
+        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.storages: dict[int, int] = {}
+
+    def __enter__(self) -> SavedActivations:
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self.params:
+                self.storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.storages.values())
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 

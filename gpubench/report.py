@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from gpubench import atomic
+from gpubench.advice import advice_markdown
 from gpubench.charts import CHARTS, CannotPlot
 from gpubench.results import load_results
 from gpubench.summary import summary_markdown
@@ -55,6 +56,9 @@ def write_report(
     md = [f"# gpubench report: {runs}\n", READING_GUIDE + "\n", *sections]
     if skipped:
         md.append("## Charts not drawn\n\n" + "\n".join(skipped) + "\n")
+    if df["run"].nunique() == 1:
+        md.append("## Advice: the common speed-up claims, on these measurements\n\n"
+                  + advice_markdown(df))
     md.append("## Summary\n\n" + summary_markdown(df))
     markdown = "\n".join(md)
     atomic.write_text(out / "report.md", markdown)

@@ -54,6 +54,7 @@ def _row(bench: dict, run: str, path: Path, data: dict) -> dict:
         "machine_node": machine.get("node"),
         "machine_cpu": gpubench_machine.get("cpu") or (machine.get("cpu") or {}).get("brand_raw"),
         "torch_version": gpubench_machine.get("torch"),
+        "matmul_peak_tflops": gpubench_machine.get("matmul_peak_tflops"),
         "pytest_benchmark_version": data.get("version"),
     }
     row.update(extra)

@@ -21,7 +21,7 @@ from gpubench.data import measure_loader
 from gpubench.distributed import RankProgram, backend_for, combine_ranks
 from gpubench.flops import count_flops, step_peak_flops
 from gpubench.machine import device_name
-from gpubench.memory import read_peak, reset_peak, state_breakdown
+from gpubench.memory import SavedActivations, read_peak, reset_peak, state_breakdown
 from gpubench.models import input_shape
 from gpubench.precision import Precision
 from gpubench.workers import DEFAULT_TIMEOUT_S, WorkerGroup
@@ -46,7 +46,8 @@ def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int) -> d
         loader_only = measure_loader(case.loader, LOADER_PROBE_BATCHES)
         with case.precision.math_mode():
             check = check_case(case)
-            flops = count_flops(case.step)
+            with SavedActivations(case.model) as saved:
+                flops = count_flops(case.step)
             start_bytes = reset_peak(case.device)
             last_loss = benchmark.pedantic(
                 case.synced_step, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1
@@ -58,6 +59,8 @@ def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int) -> d
     waits = list(case.batches.waits)[-rounds * case.cfg.accum_steps:]
     rounds_s = benchmark.stats.stats.data
     return {
+        # Saved for backward per micro-batch (each is freed by its own backward).
+        "activation_bytes": saved.total_bytes // case.cfg.accum_steps,
         **loader_only,
         "loader_wait_s": sum(waits) / rounds,
         "loader_stall_fraction": sum(waits) / sum(rounds_s),

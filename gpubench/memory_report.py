@@ -1,0 +1,91 @@
+"""``gpubench memory``: the OOM frontier per technique, the leak check of the classic leaky
+loops, and the allocator's figures, for one model on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from gpubench import atomic
+from gpubench.build import build
+from gpubench.cases import baseline, default_profile
+from gpubench.config import DEVICES, MODELS, PROFILES, RunConfig
+from gpubench.frontier import find_frontier, parse_bytes
+from gpubench.leaks import allocator_stats, check_loops
+from gpubench.machine import default_device
+
+TECHNIQUES = {
+    "fp32": {},
+    "bf16": {"precision": "bf16"},
+    "fp16": {"precision": "fp16"},
+    "ckpt": {"checkpointing": True},
+    "bf16+ckpt": {"precision": "bf16", "checkpointing": True},
+    "adamw": {"optimizer": "adamw"},
+    "sgd-zerofill": {"zero_grad_set_to_none": False},
+}
+"""Technique sets the frontier can compare, by name."""
+
+
+def technique_config(base: RunConfig, name: str) -> RunConfig:
+    if name not in TECHNIQUES:
+        raise ValueError(f"technique must be one of {', '.join(TECHNIQUES)}; got {name!r}")
+    return base.with_(**TECHNIQUES[name])
+
+
+def add_memory_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, choices=MODELS)
+    p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
+    p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    p.add_argument("--techniques", default="fp32,bf16,bf16+ckpt",
+                   help=f"comma-separated, from {', '.join(TECHNIQUES)}")
+    p.add_argument("--budget", help="memory budget standing in for the device on the CPU "
+                   "(process peak), e.g. 2GiB; on CUDA the device is the limit")
+    p.add_argument("--max-batch", type=int, default=1024, help="upper limit of the search")
+    p.add_argument("--no-leaks", action="store_true", help="skip the leak check")
+    p.add_argument("--out", help="folder for memory.json and memory.md")
+
+
+def memory_main(args: argparse.Namespace) -> int:
+    device = default_device() if args.device == "auto" else args.device
+    profile = default_profile(device) if args.profile == "auto" else args.profile
+    budget = parse_bytes(args.budget) if args.budget else None
+    base = baseline(args.model, profile, device)
+    configs = [technique_config(base, t) for t in args.techniques.split(",") if t]
+    lines = [f"# gpubench memory: {args.model} ({profile}, {device})", "",
+             "## OOM frontier", "",
+             "| technique | largest micro-batch that fits | tries |", "|---|---:|---:|"]
+    report = {"model": args.model, "profile": profile, "device": device,
+              "budget_bytes": budget, "frontier": [], "leaks": [], "allocator": None}
+    for cfg in configs:
+        print(f"gpubench memory: searching the frontier of {cfg.id} ...", flush=True)
+        frontier = find_frontier(cfg, budget, limit=args.max_batch)
+        capped = f" (search limit {args.max_batch})" if frontier.capped else ""
+        lines.append(f"| {cfg.id} | {frontier.max_batch}{capped} | {len(frontier.tries)} |")
+        report["frontier"].append(asdict(frontier))
+    if not args.no_leaks:
+        lines += ["", "## Leak check (classic leaky loops and their fixes)", "",
+                  "| loop | growth per step (MiB) | verdict |", "|---|---:|---|"]
+        leak_model = "resnet18" if args.model.startswith("resnet") else args.model
+        for r in check_loops(lambda: build(baseline(leak_model, profile, device))):
+            verdict = "LEAKS" if r.leaks else "ok"
+            lines.append(f"| {r.name} | {r.growth_bytes_per_step / 2**20:.2f} | {verdict} |")
+            report["leaks"].append({**asdict(r), "leaks": r.leaks})
+    stats = allocator_stats(torch.device(device))
+    report["allocator"] = stats
+    lines += ["", "## Allocator", ""]
+    if stats["reserved_bytes"] is None:
+        lines.append("The CPU allocator keeps no cache: allocated = reserved, nothing to empty.")
+    else:
+        lines.append(f"allocated {stats['allocated_bytes'] / 2**20:,.1f} MiB, reserved "
+                     f"{stats['reserved_bytes'] / 2**20:,.1f} MiB, fragmentation "
+                     f"{stats['fragmentation']:.1%}, allocation retries {stats['alloc_retries']}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        atomic.write_text(Path(args.out) / "memory.md", text)
+        atomic.write_text(Path(args.out) / "memory.json", json.dumps(report, indent=1))
+    return 0

@@ -1,0 +1,92 @@
+"""Verdict logic on synthetic results: holds, does not hold, inconclusive, not testable here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpubench.advice import advise, compare_speed, recommend
+
+RNG = np.random.default_rng(0)
+
+
+def _row(case_id, median, *, rounds=20, noise=0.01, global_batch=8, **extra):
+    data = list(median * np.exp(RNG.normal(0, noise, rounds)))
+    row = {
+        "run": "r", "model": "m", "profile": "cpu", "device": "cpu", "case_id": case_id,
+        "is_baseline": case_id == "m-fp32", "step_time_s": float(np.median(data)),
+        "rounds_s": data, "global_batch": global_batch, "micro_batch": global_batch,
+        "samples_per_s": global_batch / float(np.median(data)), "parallel": "single",
+        "world_size": 1, "precision": "fp32", "accum_steps": 1, "dataset": "synthetic",
+        "group": "precision", "peak_memory_bytes": 1000.0, "activation_bytes": 500,
+        "grad_bytes": 100, "optimizer_state_bytes": 100, "num_workers": 0, "cached": False,
+        "ddp_no_sync": False, "matmul_peak_tflops": {"fp32": 1.0, "bf16": 0.5, "fp16": 0.01},
+    }
+    row.update(extra)
+    return row
+
+
+def _verdicts(rows):
+    return {(v.claim, v.verdict) for v in advise(pd.DataFrame(rows))}
+
+
+def test_compare_speed_decisions():
+    base = pd.Series(_row("m-fp32", 1.0))
+    faster = pd.Series(_row("m-x", 0.7))
+    slower = pd.Series(_row("m-y", 1.3))
+    same = pd.Series(_row("m-z", 1.0, noise=0.005))
+    noisy = pd.Series({**_row("m-w", 0.9), "rounds_s": [0.5, 1.4, 0.9, 0.7, 1.2]})
+    assert compare_speed(base, faster).decide() == "holds"
+    assert compare_speed(base, slower).decide() == "does not hold"
+    assert compare_speed(base, same).decide() == "does not hold"  # equivalent: no effect
+    assert compare_speed(base, noisy).decide() == "inconclusive"
+
+
+def test_amp_claim_holds_or_not_with_a_reason():
+    rows = [_row("m-fp32", 1.0),
+            _row("m-bf16", 0.6, precision="bf16", activation_bytes=250),
+            _row("m-fp16", 20.0, precision="fp16")]
+    verdicts = {v.claim: v for v in advise(pd.DataFrame(rows))}
+    bf16 = verdicts["AMP cuts training time ~30% and memory ~50% (bf16)"]
+    fp16 = verdicts["AMP cuts training time ~30% and memory ~50% (fp16)"]
+    assert bf16.verdict == "holds" and "memory x0.64" in bf16.measured  # (250+200)/(500+200)
+    assert fp16.verdict == "does not hold" and "no fast fp16 matrix units" in fp16.why
+
+
+def test_hardware_claims_are_not_guessed_on_the_cpu():
+    rows = [_row("m-fp32", 1.0), _row("m-fp32-emptycache", 1.0),
+            _row("m-fp32-ddp2", 1.5, parallel="ddp", world_size=2, global_batch=16,
+                 single_case_id="m-fp32")]
+    verdicts = dict(_verdicts(rows))
+    assert verdicts["DDP cuts training time to ~1/N"] == "not testable here"
+    assert verdicts["torch.cuda.empty_cache() after every step helps"] == "not testable here"
+
+
+def test_missing_cases_are_inconclusive_not_errors():
+    verdicts = dict(_verdicts([_row("m-fp32", 1.0)]))
+    assert verdicts["caching decoded samples removes the loading cost"] == "inconclusive"
+    assert verdicts["AdamW is faster than Adam"] == "inconclusive"
+
+
+def test_accumulation_and_no_sync_claims():
+    rows = [
+        _row("m-fp32", 1.0),
+        _row("m-fp32-accum4-mb2", 1.6, accum_steps=4, micro_batch=2, group="accumulation",
+             activation_bytes=125),
+        _row("m-fp32-accum4-ddp2", 2.0, parallel="ddp", world_size=2, accum_steps=4,
+             global_batch=64),
+        _row("m-fp32-accum4-ddp2-nosync", 1.5, parallel="ddp", world_size=2, accum_steps=4,
+             global_batch=64, ddp_no_sync=True),
+    ]
+    verdicts = dict(_verdicts(rows))
+    assert verdicts["gradient accumulation keeps the effective batch at lower memory"] == "holds"
+    assert verdicts["no_sync during accumulation saves communication"] == "holds"
+
+
+def test_recommendation_needs_a_significant_win_and_respects_the_budget():
+    rows = [_row("m-fp32", 1.0), _row("m-bf16", 0.8, precision="bf16", peak_memory_bytes=3000),
+            _row("m-fp32-ckpt", 0.99)]
+    (rec,) = recommend(pd.DataFrame(rows))
+    assert rec.case_id == "m-bf16" and rec.speedup > 1.2
+    (within,) = recommend(pd.DataFrame(rows), budget_bytes=2000)
+    assert within.case_id == "m-fp32"  # nothing else within the budget beats the baseline
