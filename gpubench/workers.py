@@ -104,7 +104,7 @@ class WorkerGroup:
             remaining = deadline - time.monotonic()
             ready = mpc.wait(list(pending.values()), timeout=max(0.0, remaining))
             if not ready:
-                self.close()
+                self.close(graceful=False)
                 raise WorkerTimeout(
                     f"rank(s) {', '.join(map(str, sorted(pending)))} did not finish "
                     f"{command!r} within {timeout_s:g} s (hung?); all workers stopped"
@@ -116,26 +116,26 @@ class WorkerGroup:
                     status, value = conn.recv()
                 except EOFError:
                     code = self.procs[rank].exitcode
-                    self.close()
+                    self.close(graceful=False)
                     raise WorkerError(
                         f"rank {rank} exited (code {code}) during {command!r} without a report"
                     ) from None
                 if status == "error":
-                    self.close()
+                    self.close(graceful=False)
                     raise WorkerError(f"rank {rank} failed during {command!r}:\n{value}")
                 results[rank] = value
                 del pending[rank]
         return [results[r] for r in range(self.world_size)]
 
-    def close(self) -> None:
-        """Stop every worker: ask politely, then terminate, then kill."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop every worker: ask politely (``graceful``), then terminate, then kill."""
         for conn, proc in zip(self.conns, self.procs, strict=False):
-            if proc.is_alive():
+            if graceful and proc.is_alive():
                 try:
                     conn.send(("stop", ()))
                 except (BrokenPipeError, OSError):
                     pass
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + (5 if graceful else 0)
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         for proc in self.procs:
