@@ -16,6 +16,9 @@ from gpubench.workers import DEFAULT_TIMEOUT_S
 ROUNDS = {"smoke": (3, 1), "cpu": (10, 2), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
 
+MAX_TIME_S = {"smoke": 2.0, "cpu": 4.0, "gpu-small": 5.0, "gpu-full": 10.0}
+"""Seconds of timed rounds per case; slower cases run fewer rounds (at least 5)."""
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("gpubench")
@@ -29,6 +32,9 @@ def pytest_addoption(parser):
                     help="timed rounds per case (default: per profile)")
     group.addoption("--gpubench-warmup", type=int, default=-1,
                     help="untimed warm-up rounds per case (default: per profile)")
+    group.addoption("--gpubench-max-time", type=float, default=-1,
+                    help="seconds of timed rounds per case: slow cases run fewer rounds, at "
+                    "least 5 (default per profile; 0: always the full rounds)")
     group.addoption("--gpubench-slow", action="store_true",
                     help="also run slow cases (torch.compile)")
     group.addoption("--gpubench-threads", type=int, default=0,
@@ -68,6 +74,8 @@ class Options:
         self.rounds = config.getoption("--gpubench-rounds") or rounds
         w = config.getoption("--gpubench-warmup")
         self.warmup = warmup if w < 0 else w
+        max_time = config.getoption("--gpubench-max-time")
+        self.max_time_s = MAX_TIME_S[self.profile] if max_time < 0 else max_time
         self.slow = config.getoption("--gpubench-slow")
         self.threads = config.getoption("--gpubench-threads")
         self.timeout_s = config.getoption("--gpubench-timeout")

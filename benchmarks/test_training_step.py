@@ -15,6 +15,6 @@ def test_step(benchmark, bench_case, options):
     benchmark.extra_info["group"] = bench_case.group
     try:
         run_case(benchmark, cfg, rounds=options.rounds, warmup_rounds=options.warmup,
-                 timeout_s=options.timeout_s)
+                 timeout_s=options.timeout_s, max_time_s=options.max_time_s)
     except Unsupported as why:
         pytest.skip(str(why))

@@ -83,14 +83,14 @@ def layout_cases(base: RunConfig) -> list[RunConfig]:
 
 
 def parallel_cases(base: RunConfig) -> list[RunConfig]:
-    """DDP (also with accumulation, with and without no_sync, and bf16), DataParallel, and for
+    """DDP (also with k=2 accumulation, with and without no_sync, and bf16), DataParallel, and for
     image models model and pipeline parallelism. On CUDA, DDP also at 4 and 8 GPUs: those cases
     skip with their requirement on a smaller machine."""
     world_sizes = (2, 4, 8) if base.device == "cuda" else (2,)
     ddp = [base.with_(parallel="ddp", world_size=n) for n in world_sizes]
     ddp += [
-        base.with_(parallel="ddp", world_size=2, accum_steps=4),
-        base.with_(parallel="ddp", world_size=2, accum_steps=4, ddp_no_sync=True),
+        base.with_(parallel="ddp", world_size=2, accum_steps=2),
+        base.with_(parallel="ddp", world_size=2, accum_steps=2, ddp_no_sync=True),
         base.with_(parallel="ddp", world_size=2, precision="bf16"),
     ]
     dp = [base.with_(parallel="dp", world_size=n) for n in (1, 2)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 import torch
 
@@ -34,8 +35,26 @@ class Unsupported(Exception):
 LOADER_PROBE_BATCHES = 10
 """Batches the loader-only measurement reads after its first one."""
 
+MIN_ROUNDS = 5
+"""Timed rounds a case keeps however slow its step (the statistics need a sample)."""
 
-def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int) -> dict:
+
+def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None) -> int:
+    """``rounds``, reduced (to no fewer than ``MIN_ROUNDS``) so that the timed rounds of a slow
+    case take about ``max_time_s`` (like pytest-benchmark's --benchmark-max-time)."""
+    if not max_time_s or step_time_s <= 0:
+        return rounds
+    return max(min(rounds, MIN_ROUNDS), min(rounds, int(max_time_s / step_time_s)))
+
+
+def _time_one(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int,
+                    max_time_s: float | None) -> dict:
     try:
         if case.cfg.loader.cached:
             # Steady state of a cache: one epoch fills it (where the loading process survives
@@ -48,6 +67,7 @@ def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int) -> d
             check = check_case(case)
             with SavedActivations(case.model) as saved:
                 flops = count_flops(case.step)
+            rounds = budget_rounds(rounds, _time_one(case.synced_step), max_time_s)
             start_bytes = reset_peak(case.device)
             last_loss = benchmark.pedantic(
                 case.synced_step, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1
@@ -76,11 +96,13 @@ def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int) -> d
     }
 
 
-def measure_ranks(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int) -> dict:
+def measure_ranks(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
+                  max_time_s: float | None = None) -> dict:
     """Check, count, time and measure a multi-process case through ``group.call`` (worker
     processes, or the ranks of a torchrun job), combining the ranks' figures."""
     checks = group.call("check")
     flops = group.call("flops")
+    rounds = budget_rounds(rounds, _time_one(lambda: group.call("step")), max_time_s)
     group.call("reset_peak")
     benchmark.pedantic(group.call, args=("step",), rounds=rounds,
                        warmup_rounds=warmup_rounds, iterations=1)
@@ -94,30 +116,32 @@ def measure_ranks(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: 
     return info
 
 
-def _measure_multiprocess(
-    benchmark, cfg: RunConfig, rounds: int, warmup_rounds: int, timeout_s: float
-) -> dict:
+def _measure_multiprocess(benchmark, cfg: RunConfig, rounds: int, warmup_rounds: int,
+                          timeout_s: float, max_time_s: float | None) -> dict:
     with WorkerGroup(cfg.world_size, RankProgram, (cfg,), backend=backend_for(cfg.device),
                      timeout_s=timeout_s) as group:
-        return measure_ranks(benchmark, cfg, group, rounds, warmup_rounds)
+        return measure_ranks(benchmark, cfg, group, rounds, warmup_rounds, max_time_s)
 
 
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
-             timeout_s: float = DEFAULT_TIMEOUT_S, group=None) -> dict:
+             timeout_s: float = DEFAULT_TIMEOUT_S, max_time_s: float | None = None,
+             group=None) -> dict:
     """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``.
 
-    Multi-process cases start their own worker processes, unless ``group`` (the ranks of an
-    existing job, see ``LocalRanks``) is given."""
+    ``rounds`` shrinks for slow steps so the timed rounds take about ``max_time_s`` (never below
+    ``MIN_ROUNDS``). Multi-process cases start their own worker processes, unless ``group`` (the
+    ranks of an existing job, see ``LocalRanks``) is given."""
     reason = unsupported_reason(cfg, check_devices=group is None)
     if reason:
         raise Unsupported(reason)
     if group is not None:
-        measured = measure_ranks(benchmark, cfg, group, rounds, warmup_rounds)
+        measured = measure_ranks(benchmark, cfg, group, rounds, warmup_rounds, max_time_s)
     elif cfg.multiprocess:
         check_world_size(cfg)
-        measured = _measure_multiprocess(benchmark, cfg, rounds, warmup_rounds, timeout_s)
+        measured = _measure_multiprocess(benchmark, cfg, rounds, warmup_rounds, timeout_s,
+                                         max_time_s)
     else:
-        measured = _measure_single(benchmark, build(cfg), rounds, warmup_rounds)
+        measured = _measure_single(benchmark, build(cfg), rounds, warmup_rounds, max_time_s)
     return record(benchmark, cfg, measured)
 
 

@@ -73,9 +73,9 @@ def test_accumulation_and_no_sync_claims():
         _row("m-fp32", 1.0),
         _row("m-fp32-accum4-mb2", 1.6, accum_steps=4, micro_batch=2, group="accumulation",
              activation_bytes=125),
-        _row("m-fp32-accum4-ddp2", 2.0, parallel="ddp", world_size=2, accum_steps=4,
+        _row("m-fp32-accum2-ddp2", 2.0, parallel="ddp", world_size=2, accum_steps=4,
              global_batch=64),
-        _row("m-fp32-accum4-ddp2-nosync", 1.5, parallel="ddp", world_size=2, accum_steps=4,
+        _row("m-fp32-accum2-ddp2-nosync", 1.5, parallel="ddp", world_size=2, accum_steps=4,
              global_batch=64, ddp_no_sync=True),
     ]
     verdicts = dict(_verdicts(rows))

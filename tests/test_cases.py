@@ -26,3 +26,13 @@ def test_compile_cases_are_slow():
     cases = profile_cases("cpu", "cpu")
     assert all(c.slow == c.cfg.compile for c in cases)
     assert any(c.cfg.compile for c in cases)
+
+
+def test_budget_rounds_shrinks_slow_cases_but_keeps_a_sample():
+    from gpubench.runner import MIN_ROUNDS, budget_rounds
+
+    assert budget_rounds(10, 0.01, 4.0) == 10
+    assert budget_rounds(10, 0.5, 4.0) == 8
+    assert budget_rounds(10, 10.0, 4.0) == MIN_ROUNDS
+    assert budget_rounds(3, 10.0, 4.0) == 3  # never more than asked
+    assert budget_rounds(10, 10.0, 0) == 10
