@@ -13,7 +13,7 @@ from gpubench.machine import default_device
 from gpubench.machine import machine_info as describe_machine
 from gpubench.workers import DEFAULT_TIMEOUT_S
 
-ROUNDS = {"smoke": (3, 1), "cpu": (10, 2), "gpu-small": (30, 5), "gpu-full": (30, 5)}
+ROUNDS = {"smoke": (3, 1), "cpu": (10, 1), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
 
 MAX_TIME_S = {"smoke": 2.0, "cpu": 4.0, "gpu-small": 5.0, "gpu-full": 10.0}

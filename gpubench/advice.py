@@ -62,9 +62,15 @@ def _per_sample_rounds(row: pd.Series) -> np.ndarray:
     return np.asarray(rounds, dtype=float) / row["global_batch"]
 
 
-def compare_speed(base: pd.Series, new: pd.Series, n_boot: int = 2000,
-                  seed: int = 0) -> SpeedComparison:
-    a, b = _per_sample_rounds(base), _per_sample_rounds(new)
+def compare_speed(base: pd.Series, new: pd.Series) -> SpeedComparison:
+    """Two separately measured cases, per sample."""
+    return compare_rounds(_per_sample_rounds(base), _per_sample_rounds(new))
+
+
+def compare_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
+                   seed: int = 0) -> SpeedComparison:
+    """Per-sample round times of a baseline ``a`` and a technique ``b``."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     ratio = float(np.median(a) / np.median(b))
     p = float(mannwhitneyu(a, b, alternative="two-sided").pvalue) if min(a.size, b.size) > 1 \
         else 1.0
@@ -85,11 +91,13 @@ def _memory(row: pd.Series) -> float:
 
 
 class _Cases:
-    """The measured step cases of one model in one run, by id."""
+    """The measured step cases of one model in one run, by id, and its paired claims."""
 
     def __init__(self, df: pd.DataFrame, model: str):
         sub = df[(df["model"] == model) & df["step_time_s"].notna()]
         self.rows = {r["case_id"]: r for _, r in sub.iterrows()}
+        claims = df[df["kind"] == "claim"] if "kind" in df else df.iloc[0:0]
+        self.pairs = {r["claim"]: r for _, r in claims[claims["model"] == model].iterrows()}
         self.model = model
         self.device = sub["device"].iloc[0] if len(sub) else "cpu"
         self.peaks = sub["matmul_peak_tflops"].iloc[0] if "matmul_peak_tflops" in sub and len(
@@ -97,6 +105,15 @@ class _Cases:
 
     def get(self, suffix: str) -> pd.Series | None:
         return self.rows.get(f"{self.model}-{suffix}")
+
+    def speed(self, claim: str, base: pd.Series, new: pd.Series) -> tuple[SpeedComparison, str]:
+        """From the claim's interleaved pair when measured, else from the two cases."""
+        pair = self.pairs.get(claim)
+        if pair is not None:
+            a = np.asarray(pair["rounds_base_s"]) / pair["global_batch_base"]
+            b = np.asarray(pair["rounds_new_s"]) / pair["global_batch_new"]
+            return compare_rounds(a, b), "interleaved rounds"
+        return compare_speed(base, new), "separate cases"
 
 
 def _missing(model: str, claim: str, chart: str, what: str) -> Verdict:
@@ -114,10 +131,10 @@ def check_amp(c: _Cases) -> list[Verdict]:
             out.append(_missing(c.model, f"{claim} ({precision})", "speedup.png",
                                 f"{c.model}-fp32 and {c.model}-{precision}"))
             continue
-        speed = compare_speed(base, amp)
+        speed, basis = c.speed(f"amp-{precision}", base, amp)
         memory = _memory(amp) / _memory(base)
         verdict = speed.decide(0.10)
-        why = f"memory x{memory:.2f}"
+        why = f"{basis}; memory x{memory:.2f}"
         if c.peaks and c.peaks.get(precision) and c.peaks.get("fp32"):
             fast, slow = c.peaks[precision], c.peaks["fp32"]
             why += (f"; measured matmul peak {precision} {fast:.3g} vs fp32 {slow:.3g} TFLOP/s")
@@ -139,10 +156,10 @@ def check_accumulation(c: _Cases) -> list[Verdict]:
         return [_missing(c.model, claim, "accumulation.png", "accumulation at constant batch")]
     k, row = max(pairs, key=lambda p: p[0])
     memory = _memory(row) / _memory(base)
-    speed = compare_speed(base, row)
+    speed, basis = c.speed("accumulation", base, row)
     verdict = "holds" if memory <= 1 - MIN_MEMORY_EFFECT else "does not hold"
     return [Verdict(c.model, claim, f"k={k}: memory x{memory:.2f}, {speed.describe()}", verdict,
-                    "smaller micro-batches keep fewer activations; the price is "
+                    f"{basis}; smaller micro-batches keep fewer activations; the price is "
                     f"{k} sequential micro-steps ({speed.ratio:.2f}x speed)", "accumulation.png")]
 
 
@@ -161,7 +178,7 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
     best = max(tuned, key=lambda r: r["samples_per_s"])
     speed = compare_speed(base, best)
     verdict = speed.decide(0.10)
-    why = (f"best: {best['case_id']}; stall {base['loader_stall_fraction']:.0%} -> "
+    why = (f"separate cases; best: {best['case_id']}; stall {base['loader_stall_fraction']:.0%} -> "
            f"{best['loader_stall_fraction']:.0%}")
     if c.device == "cpu":
         why += ("; on a CPU-only machine the workers compete with the training step for the same "
@@ -174,10 +191,11 @@ def check_cache(c: _Cases) -> list[Verdict]:
     base, cached = c.get("fp32-images-jpeg"), c.get("fp32-images-jpeg-cached")
     if base is None or cached is None:
         return [_missing(c.model, claim, "loader.png", "cached and uncached on-disk data")]
-    speed = compare_speed(base, cached)
+    speed, basis = c.speed("cache", base, cached)
     resident = c.get("fp32-device-resident")
-    why = (f"stall {base['loader_stall_fraction']:.0%} -> {cached['loader_stall_fraction']:.0%}"
-           "; the cache keeps the decode, augmentation still runs")
+    why = (f"{basis}; stall {base['loader_stall_fraction']:.0%} -> "
+           f"{cached['loader_stall_fraction']:.0%}; the cache keeps the decode, augmentation "
+           "still runs")
     if resident is not None:
         why += f"; device-resident bound {resident['samples_per_s']:.0f} samples/s"
     return [Verdict(c.model, claim, speed.describe(), speed.decide(0.10), why, "loader.png")]
@@ -207,7 +225,7 @@ def check_empty_cache(c: _Cases) -> list[Verdict]:
     base, row = c.get("fp32"), c.get("fp32-emptycache")
     if base is None or row is None:
         return [_missing(c.model, claim, "speedup.png", "the emptycache case")]
-    speed = compare_speed(base, row)
+    speed, basis = c.speed("empty-cache", base, row)
     if c.device != "cuda":
         return [Verdict(c.model, claim, speed.describe(), "not testable here",
                         "needs CUDA: the CPU allocator has no cache to empty", "speedup.png")]
@@ -225,11 +243,13 @@ def check_adamw(c: _Cases) -> list[Verdict]:
         adam, adamw = c.get(f"fp32-adam{impl}"), c.get(f"fp32-adamw{impl}")
         if adam is None or adamw is None:
             continue
-        speed = compare_speed(adam, adamw)
+        speed, basis = c.speed("adamw", adam, adamw) if not impl else (
+            compare_speed(adam, adamw), "separate cases")
         out.append(Verdict(c.model, f"{claim} ({impl.strip('_') or 'default'})",
                            speed.describe(), speed.decide(),
-                           "both run the same update; AdamW only applies weight decay to the "
-                           "weights directly instead of through the gradient", "speedup.png"))
+                           f"{basis}; both run the same update; AdamW only applies weight "
+                           "decay to the weights directly instead of through the gradient",
+                           "speedup.png"))
     return out or [_missing(c.model, claim, "speedup.png", "adam and adamw cases")]
 
 
@@ -241,9 +261,9 @@ def check_no_sync(c: _Cases) -> list[Verdict]:
         return [_missing(c.model, claim, "scaling.png", "DDP accumulation with and without "
                          "no_sync")]
     speed = compare_speed(rows[False], rows[True])
-    why = ""
+    why = "separate cases"
     if pd.notna(rows[True].get("comm_time_s")):
-        why = (f"estimated all-reduce time per step {rows[False]['comm_time_s'] * 1e3:.1f} ms "
+        why += (f"; estimated all-reduce time per step {rows[False]['comm_time_s'] * 1e3:.1f} ms "
                f"-> {rows[True]['comm_time_s'] * 1e3:.1f} ms")
     return [Verdict(c.model, claim, speed.describe(), speed.decide(), why, "scaling.png")]
 

@@ -90,3 +90,17 @@ def test_recommendation_needs_a_significant_win_and_respects_the_budget():
     assert rec.case_id == "m-bf16" and rec.speedup > 1.2
     (within,) = recommend(pd.DataFrame(rows), budget_bytes=2000)
     assert within.case_id == "m-fp32"  # nothing else within the budget beats the baseline
+
+
+def test_interleaved_pair_takes_precedence_over_separate_cases():
+    # Separately measured, bf16 looks 40% faster (machine drift between the two cases)...
+    rows = [_row("m-fp32", 1.0), _row("m-bf16", 0.6, precision="bf16")]
+    # ...but in alternating rounds the two are the same speed.
+    same = list(1.0 + 0.005 * RNG.standard_normal(20))
+    rows.append({"run": "r", "model": "m", "kind": "claim", "claim": "amp-bf16",
+                 "case_id": "claim-amp-bf16-m", "rounds_base_s": same,
+                 "rounds_new_s": list(np.array(same) * 1.001), "global_batch_base": 8,
+                 "global_batch_new": 8, "step_time_s": None})
+    verdicts = {v.claim: v for v in advise(pd.DataFrame(rows))}
+    bf16 = verdicts["AMP cuts training time ~30% and memory ~50% (bf16)"]
+    assert bf16.verdict == "does not hold" and "interleaved rounds" in bf16.why

@@ -1,0 +1,110 @@
+"""Paired, interleaved measurements for the advice check.
+
+Two cases measured one after the other see different machine conditions: on a shared 2-core
+machine, blocks of steps taken tens of seconds apart differ by 10-20%, more than most of the
+effects the claims are about. So each claim's pair (the baseline and the technique) is built
+side by side and timed in alternating rounds (A B, B A, A B, ...), and the verdict compares those
+rounds. Each pair is one benchmark in the ``claims`` group.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from gpubench.build import build, resolve_micro_batch, unsupported_reason
+from gpubench.checks import check_case
+from gpubench.config import IMAGE_MODELS, LoaderConfig, RunConfig
+from gpubench.memory import SavedActivations
+
+
+@dataclass(frozen=True)
+class ClaimPair:
+    claim: str
+    """Key of the claim in ``gpubench.advice`` (amp-bf16, accumulation, adamw, ...)."""
+    base: RunConfig
+    new: RunConfig
+
+    @property
+    def id(self) -> str:
+        return f"claim-{self.claim}-{self.new.model}"
+
+
+def claim_pairs(model: str, profile: str, device: str) -> list[ClaimPair]:
+    base = RunConfig(model=model, profile=profile, device=device)
+    # Accumulation at constant effective batch: k=4 micro-batches of a quarter of the batch.
+    quarter = max(1, resolve_micro_batch(base) // 4)
+    pairs = [
+        ClaimPair("amp-bf16", base, base.with_(precision="bf16")),
+        ClaimPair("accumulation", base, base.with_(accum_steps=4, micro_batch=quarter)),
+        ClaimPair("adamw", base.with_(optimizer="adam"), base.with_(optimizer="adamw")),
+    ]
+    if device == "cuda":
+        pairs += [
+            ClaimPair("amp-fp16", base, base.with_(precision="fp16")),
+            ClaimPair("empty-cache", base, base.with_(empty_cache=True)),
+        ]
+    if model in IMAGE_MODELS:
+        # Not the loader-workers claim: a side with workers keeps prefetching while the other
+        # side runs, which would bias alternating rounds; it is judged from the loader cases.
+        jpeg = LoaderConfig(dataset="images-jpeg")
+        pairs.append(ClaimPair("cache", base.with_(loader=jpeg),
+                               base.with_(loader=LoaderConfig(dataset="images-jpeg", cached=True))))
+    return pairs
+
+
+def measure_pair(benchmark, pair: ClaimPair, rounds: int, warmup_rounds: int) -> dict:
+    """Check both sides, then time them in alternating rounds; fill ``benchmark.extra_info``."""
+    for cfg in (pair.base, pair.new):
+        reason = unsupported_reason(cfg)
+        if reason:
+            raise RuntimeError(reason)
+    cases = [build(pair.base), build(pair.new)]
+    try:
+        for case in cases:
+            if case.cfg.loader.cached:
+                for _ in case.loader:  # fill the cache: its steady state
+                    pass
+        activation = []
+        for case in cases:
+            with case.precision.math_mode():
+                check_case(case)
+                with SavedActivations(case.model) as saved:
+                    case.step()
+            activation.append(saved.total_bytes // case.cfg.accum_steps)
+        times: list[list[float]] = [[], []]
+        order = [0]
+
+        def alternate():
+            first = order[0]
+            order[0] = 1 - first
+            for side in (first, 1 - first):
+                case = cases[side]
+                with case.precision.math_mode():
+                    start = time.perf_counter()
+                    case.synced_step()
+                    times[side].append(time.perf_counter() - start)
+
+        benchmark.pedantic(alternate, rounds=rounds, warmup_rounds=warmup_rounds)
+    finally:
+        for case in cases:
+            case.close()
+    info = {
+        "kind": "claim",
+        "claim": pair.claim,
+        "case_id": pair.id,
+        "model": pair.base.model,
+        "profile": pair.base.profile,
+        "device": pair.base.device,
+        "case_id_base": pair.base.id,
+        "case_id_new": pair.new.id,
+        "global_batch_base": cases[0].global_batch,
+        "global_batch_new": cases[1].global_batch,
+        "rounds_base_s": times[0][warmup_rounds:],
+        "rounds_new_s": times[1][warmup_rounds:],
+        "activation_bytes_base": activation[0],
+        "activation_bytes_new": activation[1],
+        "note": "benchmark time is one step of each side; the sides alternate in order",
+    }
+    benchmark.extra_info.update(info)
+    return info
