@@ -156,11 +156,19 @@ class Case:
             strategy=self.strategy,
         )
 
+    @property
+    def devices(self) -> list[torch.device]:
+        """Every device this process's step runs on (several for dp and model parallelism)."""
+        if self.device.type == "cuda" and self.cfg.parallel in ("dp", "model"):
+            return [torch.device("cuda", i) for i in range(self.cfg.world_size)]
+        return [self.device]
+
     def synced_step(self) -> torch.Tensor | None:
         """A step whose device work has finished when it returns: what a timer may measure."""
         loss = self.step()
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            for device in self.devices:  # the step is done when every device is
+                torch.cuda.synchronize(device)
         return loss
 
     def close(self) -> None:
