@@ -68,11 +68,15 @@ def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int,
             with SavedActivations(case.model) as saved:
                 flops = count_flops(case.step)
             rounds = budget_rounds(rounds, _time_one(case.synced_step), max_time_s)
-            start_bytes = reset_peak(case.device)
+            starts = [reset_peak(d) for d in case.devices]
             last_loss = benchmark.pedantic(
                 case.synced_step, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1
             )
-            memory = read_peak(case.device, start_bytes)
+            per_device = [read_peak(d, s) for d, s in zip(case.devices, starts, strict=True)]
+            # Several devices (dp, model parallel on CUDA): the fullest one, and each.
+            memory = max(per_device, key=lambda m: m["peak_memory_bytes"] or 0)
+            if len(per_device) > 1:
+                memory["device_peak_memory_bytes"] = [m["peak_memory_bytes"] for m in per_device]
     finally:
         case.close()
     # Each timed round drew accum_steps batches: the last rounds*k waits are the timed ones.
