@@ -98,6 +98,7 @@ def measure_pair(benchmark, pair: ClaimPair, rounds: int, warmup_rounds: int) ->
         "device": pair.base.device,
         "case_id_base": pair.base.id,
         "case_id_new": pair.new.id,
+        "accum_steps_new": pair.new.accum_steps,
         "global_batch_base": cases[0].global_batch,
         "global_batch_new": cases[1].global_batch,
         "rounds_base_s": times[0][warmup_rounds:],

@@ -104,3 +104,17 @@ def test_interleaved_pair_takes_precedence_over_separate_cases():
     verdicts = {v.claim: v for v in advise(pd.DataFrame(rows))}
     bf16 = verdicts["AMP cuts training time ~30% and memory ~50% (bf16)"]
     assert bf16.verdict == "does not hold" and "interleaved rounds" in bf16.why
+
+
+def test_accumulation_pair_reports_its_own_k_and_exact_memory():
+    rows = [_row("m-fp32", 1.0, activation_bytes=800)]
+    rounds = list(1.0 + 0.005 * RNG.standard_normal(20))
+    rows.append({"run": "r", "model": "m", "kind": "claim", "claim": "accumulation",
+                 "case_id": "claim-accumulation-m", "rounds_base_s": rounds,
+                 "rounds_new_s": list(np.array(rounds) * 1.5), "global_batch_base": 8,
+                 "global_batch_new": 8, "accum_steps_new": 4, "activation_bytes_base": 800,
+                 "activation_bytes_new": 200, "step_time_s": None})
+    (v,) = [v for v in advise(pd.DataFrame(rows)) if v.claim.startswith("gradient accumulation")]
+    # (200 + 200) / (800 + 200): gradients and optimizer state do not shrink.
+    assert v.verdict == "holds" and "k=4: memory x0.40" in v.measured
+    assert "interleaved rounds" in v.why

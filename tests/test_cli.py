@@ -120,3 +120,15 @@ def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
 def test_dist_outside_torchrun_explains(capsys):
     assert main(["dist", "--model", "bert", "--out", "x.json"]) == 2
     assert "torchrun" in capsys.readouterr().err
+
+
+def test_report_across_two_runs(smoke_run, tmp_path):
+    out, _ = smoke_run
+    a, b = tmp_path / "machine-a.json", tmp_path / "machine-b.json"
+    for f in (a, b):
+        f.write_text((out / "benchmark.json").read_text())
+    assert main(["report", str(a), str(b), "-o", str(tmp_path / "both")]) == 0
+    report = (tmp_path / "both" / "report.md").read_text()
+    assert "machine-a, machine-b" in report
+    assert (tmp_path / "both" / "speedup.png").exists()
+    assert "## Advice" not in report  # verdicts are per run
