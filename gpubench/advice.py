@@ -313,11 +313,15 @@ class Recommendation:
     high: float
     peak_memory_bytes: float
     budget_bytes: float | None
+    confirmed: bool = False
+    """Re-measured against the baseline in alternating rounds (``confirm``)."""
+    note: str = ""
 
 
 def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recommendation]:
     """Per model: the fastest single-device configuration (synthetic data, so that techniques
-    compare, not loaders) whose peak memory fits the budget and that beats the FP32 baseline
+    compare, not loaders; techniques noted as having no effect on this device left out) whose
+    peak memory fits the budget and that beats the FP32 baseline
     significantly (Mann-Whitney, Bonferroni-corrected over the candidates, and by at least
     ``MIN_EFFECT``); the baseline itself when none does."""
     df = with_baseline_ratios(df)
@@ -325,6 +329,9 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
     for model in dict.fromkeys(df["model"].dropna()):
         sub = df[(df["model"] == model) & df["step_time_s"].notna()
                  & (df["parallel"] == "single") & (df["dataset"] == "synthetic")]
+        # A technique that does nothing on this device can only "win" by measurement noise.
+        no_op = sub["note"].fillna("").str.contains("no effect") if "note" in sub else False
+        sub = sub[~no_op | (sub["is_baseline"] == True)]  # noqa: E712
         if budget_bytes is not None:
             sub = sub[sub["peak_memory_bytes"] <= budget_bytes]
         base = sub[sub["is_baseline"] == True]  # noqa: E712
@@ -344,18 +351,52 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
     return out
 
 
-def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None) -> str:
+def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommendation:
+    """Re-measure a recommended configuration against the FP32 baseline in alternating rounds:
+    separately measured cases can differ by machine drift alone. Keeps the recommendation
+    only if the interleaved comparison also shows a significant win."""
+    from gpubench.claims import ClaimPair, measure_pair
+    from gpubench.config import config_from_record
+    from gpubench.standalone import StandaloneBenchmark
+
+    rows = df.set_index("case_id")
+    new = config_from_record(rows.loc[rec.case_id].to_dict())
+    base = new.with_(precision="fp32", accum_steps=1, micro_batch=None, optimizer="sgd",
+                     optimizer_impl="default", zero_grad_set_to_none=True, empty_cache=False,
+                     checkpointing=False, channels_last=False, compile=False)
+    if base == new:
+        return rec
+    bench = StandaloneBenchmark(f"confirm-{rec.case_id}")
+    info = measure_pair(bench, ClaimPair("recommendation", base, new), rounds, 1)
+    speed = compare_rounds(np.asarray(info["rounds_base_s"]) / info["global_batch_base"],
+                           np.asarray(info["rounds_new_s"]) / info["global_batch_new"])
+    if speed.p_value < ALPHA and speed.ratio >= 1 + MIN_EFFECT:
+        return Recommendation(rec.model, rec.case_id, speed.ratio, speed.low, speed.high,
+                              rec.peak_memory_bytes, rec.budget_bytes, confirmed=True)
+    base_row = rows.loc[base.id] if base.id in rows.index else None
+    peak = float(base_row["peak_memory_bytes"]) if base_row is not None else float("nan")
+    return Recommendation(rec.model, base.id, 1.0, speed.low, speed.high, peak,
+                          rec.budget_bytes, confirmed=True,
+                          note=f"{rec.case_id} did not beat FP32 in alternating rounds "
+                          f"({speed.describe()})")
+
+
+def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,
+                    recommendations: list[Recommendation] | None = None) -> str:
     lines = ["| model | claim | measured | verdict | why | chart |", "|---|---|---|---|---|---|"]
     for v in advise(df):
         lines.append(f"| {v.model} | {v.claim} | {v.measured} | **{v.verdict}** | {v.why} | "
                      f"[{v.chart}]({v.chart}) |")
-    recs = recommend(df, budget_bytes)
+    recs = recommend(df, budget_bytes) if recommendations is None else recommendations
     if recs:
         budget = "" if budget_bytes is None else f" within {budget_bytes / 2**20:,.0f} MiB"
         lines += ["", f"Recommended configuration{budget}: the fastest that measurably beats "
                   "FP32 and trains correctly (the baseline when none does):", ""]
         for r in recs:
+            basis = ("confirmed in alternating rounds" if r.confirmed
+                     else "from separately measured cases")
+            note = f"; {r.note}" if r.note else ""
             lines.append(f"- {r.model}: `{r.case_id}`, {r.speedup:.2f}x the FP32 baseline "
-                         f"(95% CI {r.low:.2f}-{r.high:.2f}), peak memory "
-                         f"{r.peak_memory_bytes / 2**20:,.0f} MiB")
+                         f"(95% CI {r.low:.2f}-{r.high:.2f}, {basis}), peak memory "
+                         f"{r.peak_memory_bytes / 2**20:,.0f} MiB{note}")
     return "\n".join(lines) + "\n"

@@ -141,7 +141,13 @@ def cmd_advise(args: argparse.Namespace) -> int:
         df = df[df["model"] == args.model]
     if df.empty:
         raise ResultsError(f"no cases of model {args.model!r} in {', '.join(map(str, files))}")
-    text = advice_markdown(df, budget)
+    recs = None
+    if not args.results:
+        from gpubench.advice import confirm, recommend
+
+        print("gpubench: confirming the recommendation in alternating rounds ...", flush=True)
+        recs = [confirm(r, df) for r in recommend(df, budget)]
+    text = advice_markdown(df, budget, recs)
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
     print(text)
     print(f"gpubench: verdicts written to {out / 'advice.md'}")

@@ -6,7 +6,7 @@ choices so that a typo fails at once with a message naming the bad value and the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 MODELS = ("resnet18", "resnet50", "bert", "gpt2")
 IMAGE_MODELS = ("resnet18", "resnet50")
@@ -242,6 +242,27 @@ class RunConfig:
         flat = {k: v for k, v in asdict(self).items() if k != "loader"}
         flat.update(asdict(self.loader))
         return flat
+
+
+def config_from_record(record: dict) -> RunConfig:
+    """The ``RunConfig`` a result record was measured with (the inverse of ``flatten``)."""
+
+    def plain(value):
+        if hasattr(value, "item"):  # numpy scalars from pandas
+            value = value.item()
+        if isinstance(value, float) and value != value:  # NaN: the field's None
+            return None
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
+
+    loader = {f.name: plain(record[f.name]) for f in fields(LoaderConfig) if f.name in record}
+    run = {f.name: plain(record[f.name]) for f in fields(RunConfig)
+           if f.name != "loader" and f.name in record}
+    cfg = RunConfig(**run, loader=LoaderConfig(**loader))
+    # Records hold the resolved micro-batch; the config said None when it was the default.
+    default = cfg.with_(micro_batch=None)
+    return default if default.id == record.get("case_id") else cfg
 
 
 def loader_id(loader: LoaderConfig) -> str:

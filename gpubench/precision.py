@@ -56,7 +56,7 @@ class Precision:
     def note(self) -> str:
         """What this policy means on this device, for the results."""
         if self.name == "tf32" and self.device_type != "cuda":
-            return "tf32 has no effect off CUDA: identical to fp32"
+            return "tf32 has no effect off CUDA (identical to fp32)"
         return ""
 
 

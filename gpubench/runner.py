@@ -199,6 +199,8 @@ def _note(cfg: RunConfig) -> str:
     notes = [Precision(cfg.precision, cfg.device).note]
     if cfg.device == "cpu" and (cfg.loader.pin_memory or cfg.loader.non_blocking):
         notes.append("pin_memory/non_blocking have no effect without an accelerator")
+    if cfg.device == "cpu" and cfg.empty_cache:
+        notes.append("empty_cache has no effect without CUDA (no caching allocator)")
     if cfg.device == "cpu" and cfg.parallel != "single":
         notes.append(f"{cfg.parallel} on the CPU: all ranks/stages share this machine's cores")
     return "; ".join(n for n in notes if n)

@@ -55,3 +55,15 @@ def test_flatten_has_the_documented_names():
     for name in ("model", "profile", "device", "precision", "accum_steps", "micro_batch",
                  "optimizer", "parallel", "world_size", "num_workers", "pin_memory"):
         assert name in flat
+
+
+def test_config_round_trips_through_a_record():
+    from gpubench.config import config_from_record
+
+    cfg = RunConfig(model="bert", precision="bf16", accum_steps=2, micro_batch=4,
+                    loader=LoaderConfig(dataset="tokens-mmap", num_workers=2))
+    record = {**cfg.flatten(), "case_id": cfg.id}
+    assert config_from_record(record) == cfg
+    default_batch = RunConfig(model="resnet18", precision="bf16")
+    record = {**default_batch.flatten(), "micro_batch": 8, "case_id": default_batch.id}
+    assert config_from_record(record) == default_batch
