@@ -82,12 +82,8 @@ def compare_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
 
 
 def _memory(row: pd.Series) -> float:
-    """The memory a technique changes: on CUDA the allocator's peak; on the CPU, whose process
-    peak is dominated by the runtime and moved by the allocator, the exact bytes autograd saves
-    per micro-batch plus the gradients and optimizer state."""
-    if row["device"] == "cuda" or pd.isna(row.get("activation_bytes")):
-        return float(row["peak_memory_bytes"])
-    return float(row["activation_bytes"] + row["grad_bytes"] + row["optimizer_state_bytes"])
+    """The memory a technique changes (``results.training_memory``)."""
+    return float(row["training_memory_bytes"])
 
 
 class _Cases:
@@ -153,7 +149,7 @@ def check_accumulation(c: _Cases) -> list[Verdict]:
     if pair is not None and base is not None and pd.notna(pair.get("accum_steps_new")):
         # The interleaved pair: its own k, and memory from its exact activation counts.
         k = int(pair["accum_steps_new"])
-        fixed = base["grad_bytes"] + base["optimizer_state_bytes"]
+        fixed = base["param_bytes"] + base["grad_bytes"] + base["optimizer_state_bytes"]
         memory = (pair["activation_bytes_new"] + fixed) / (pair["activation_bytes_base"] + fixed)
         if base["device"] == "cuda":
             row = c.get(f"fp32-accum{k}-mb{pair['global_batch_new'] // k}")

@@ -55,7 +55,8 @@ def accumulation_cases(base: RunConfig) -> list[RunConfig]:
     same_global = [
         base.with_(accum_steps=k, micro_batch=batch // k) for k in (2, 4) if batch % k == 0
     ]
-    return [*same_global, base.with_(accum_steps=4), base.with_(precision="bf16", accum_steps=4)]
+    same_micro = [base.with_(accum_steps=k) for k in (2, 4)]
+    return [*same_global, *same_micro, base.with_(precision="bf16", accum_steps=4)]
 
 
 def optimizer_cases(base: RunConfig) -> list[RunConfig]:

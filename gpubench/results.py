@@ -101,6 +101,19 @@ def _unique_stems(paths: list[Path]) -> list[str]:
     return [str(p.with_suffix("")) for p in paths]
 
 
+def training_memory(df: pd.DataFrame) -> pd.Series:
+    """The memory techniques change, comparable across cases: on CUDA the allocator's peak; on
+    the CPU, whose process peak is dominated by the runtime and moved by the allocator, the
+    exact sum of parameters, gradients, optimizer state and the activations autograd saves per
+    micro-batch (the peak when it is not known)."""
+    exact = sum(df[c].astype(float) if c in df else float("nan")
+                for c in ("param_bytes", "grad_bytes", "optimizer_state_bytes",
+                          "activation_bytes"))
+    peak = df["peak_memory_bytes"].astype(float)
+    use_exact = (df["device"] != "cuda") & pd.Series(exact, index=df.index).notna()
+    return peak.where(~use_exact, exact)
+
+
 def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """Add ``speedup`` and ``memory_ratio`` against the FP32 single-device baseline of the same
     run, model, profile and device.
@@ -108,15 +121,17 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     ``speedup`` is the ratio of throughputs (samples/s of the global batch): for cases with the
     baseline's global batch it equals baseline step time / step time, and it stays fair for
     cases that process more samples per step (accumulation at constant micro-batch, DDP).
-    ``memory_ratio`` is peak memory / the baseline's peak memory."""
+    ``memory_ratio`` compares ``training_memory_bytes`` (see ``training_memory``)."""
     df = df.copy()
+    df["training_memory_bytes"] = training_memory(df)
     keys = ["run", "model", "profile", "device"]
-    cols = ["step_time_s", "samples_per_s", "global_batch", "peak_memory_bytes"]
+    cols = ["step_time_s", "samples_per_s", "global_batch", "peak_memory_bytes",
+            "training_memory_bytes"]
     base = df[df["is_baseline"] == True][keys + cols]  # noqa: E712
     base = base.drop_duplicates(keys).rename(columns={c: f"base_{c}" for c in cols})
     df = df.merge(base, on=keys, how="left")
     df["speedup"] = df["samples_per_s"] / df["base_samples_per_s"]
-    df["memory_ratio"] = df["peak_memory_bytes"] / df["base_peak_memory_bytes"]
+    df["memory_ratio"] = df["training_memory_bytes"] / df["base_training_memory_bytes"]
     return with_scaling(df)
 
 

@@ -16,7 +16,7 @@ COLUMNS = {
     "peak_memory_mib": "peak mem (MiB)",
     "step_memory_mib": "step mem (MiB)",
     "speedup": "speedup vs fp32",  # throughput ratio
-    "memory_ratio": "mem vs fp32",
+    "memory_ratio": "train mem vs fp32",
     "mfu": "MFU",
     "scaling_efficiency": "scaling eff.",
 }

@@ -19,7 +19,8 @@ def _row(case_id, median, *, rounds=20, noise=0.01, global_batch=8, **extra):
         "samples_per_s": global_batch / float(np.median(data)), "parallel": "single",
         "world_size": 1, "precision": "fp32", "accum_steps": 1, "dataset": "synthetic",
         "group": "precision", "peak_memory_bytes": 1000.0, "activation_bytes": 500,
-        "grad_bytes": 100, "optimizer_state_bytes": 100, "num_workers": 0, "cached": False,
+        "param_bytes": 0, "grad_bytes": 100, "optimizer_state_bytes": 100, "num_workers": 0,
+        "cached": False,
         "ddp_no_sync": False, "matmul_peak_tflops": {"fp32": 1.0, "bf16": 0.5, "fp16": 0.01},
     }
     row.update(extra)
