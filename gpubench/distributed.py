@@ -15,7 +15,7 @@ from gpubench.build import build
 from gpubench.checks import check_case
 from gpubench.config import RunConfig
 from gpubench.flops import count_flops
-from gpubench.memory import read_peak, reset_peak, state_breakdown
+from gpubench.memory import SavedActivations, read_peak, reset_peak, state_breakdown
 
 
 def backend_for(device: str) -> str:
@@ -44,9 +44,11 @@ class RankProgram:
         with self.case.precision.math_mode():
             return dataclasses.asdict(check_case(self.case))
 
-    def flops(self) -> int:
-        with self.case.precision.math_mode():
-            return count_flops(self.case.step)
+    def flops(self) -> dict:
+        """FLOPs of one step and the activations it saves per micro-batch, on this rank."""
+        with self.case.precision.math_mode(), SavedActivations(self.case.model) as saved:
+            flops = count_flops(self.case.step)
+        return {"flops": flops, "activation_bytes": saved.total_bytes // self.case.cfg.accum_steps}
 
     def reset_peak(self) -> None:
         self.times = []
@@ -114,10 +116,12 @@ class NoopProgram:
         pass
 
 
-def combine_ranks(checks: list[dict], flops: list[int], memories: list[dict]) -> dict:
+def combine_ranks(checks: list[dict], counts: list[dict], memories: list[dict]) -> dict:
     """One record from all ranks. Time is measured by the parent (a step ends when the slowest
     rank has finished it); memory is per rank plus the max; the breakdown is of the rank with
-    the highest peak; FLOPs add up over ranks; the training check is the loss-computing rank's."""
+    the highest peak; FLOPs add up over ranks, saved activations are the largest rank's; the
+    training check is the loss-computing rank's."""
+    flops = [c["flops"] for c in counts]
     peaks = [m["peak_memory_bytes"] for m in memories]
     top = max(range(len(memories)), key=lambda r: peaks[r] or 0)
     with_loss = [c for c in checks if c["first_loss"] is not None]
@@ -136,6 +140,7 @@ def combine_ranks(checks: list[dict], flops: list[int], memories: list[dict]) ->
         "rank_step_time_s": [m["rank_step_time_s"] for m in memories],
         "rank_flops_per_step": flops,
         "flops_per_step": sum(flops),
+        "activation_bytes": max(c["activation_bytes"] for c in counts),
         "loss_reference": check["reference_loss"],
         "loss_first": check["first_loss"],
         "loss_rtol": check["rtol"],

@@ -105,13 +105,13 @@ def training_memory(df: pd.DataFrame) -> pd.Series:
     """The memory techniques change, comparable across cases: on CUDA the allocator's peak; on
     the CPU, whose process peak is dominated by the runtime and moved by the allocator, the
     exact sum of parameters, gradients, optimizer state and the activations autograd saves per
-    micro-batch (the peak when it is not known)."""
+    micro-batch (per device or rank; unknown, not mixed with the process peak, when a record
+    lacks them)."""
     exact = sum(df[c].astype(float) if c in df else float("nan")
                 for c in ("param_bytes", "grad_bytes", "optimizer_state_bytes",
                           "activation_bytes"))
     peak = df["peak_memory_bytes"].astype(float)
-    use_exact = (df["device"] != "cuda") & pd.Series(exact, index=df.index).notna()
-    return peak.where(~use_exact, exact)
+    return peak.where(df["device"] == "cuda", pd.Series(exact, index=df.index))
 
 
 def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:

@@ -180,7 +180,9 @@ def test_combine_ranks_takes_max_memory_and_sums_flops():
     mem = {"peak_memory_bytes": 10, "step_memory_bytes": 1, "peak_reserved_bytes": None,
            "peak_memory_method": "m", "param_bytes": 4, "grad_bytes": 4,
            "optimizer_state_bytes": 4, "rank_step_time_s": 0.1, "last_loss": None}
-    out = combine_ranks([no_loss, check], [3, 5],
+    counts = [{"flops": 3, "activation_bytes": 7}, {"flops": 5, "activation_bytes": 9}]
+    out = combine_ranks([no_loss, check], counts,
                         [mem, {**mem, "peak_memory_bytes": 20, "last_loss": 0.4}])
     assert out["peak_memory_bytes"] == 20 and out["rank_peak_memory_bytes"] == [10, 20]
     assert out["flops_per_step"] == 8 and out["loss_first"] == 1.0 and out["last_loss"] == 0.4
+    assert out["activation_bytes"] == 9
