@@ -21,7 +21,7 @@ import pandas as pd
 from scipy.stats import mannwhitneyu
 
 from gpubench import atomic
-from gpubench.results import load_results, read_benchmark_json
+from gpubench.results import load_results, read_benchmark_json, training_memory
 from gpubench.summary import markdown_table
 
 
@@ -69,9 +69,15 @@ def _baseline_medians(df: pd.DataFrame) -> dict:
 def compare_runs(
     base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresholds(), normalized: bool = False
 ) -> pd.DataFrame:
-    """One row per case id present in either run, with status and changes."""
-    base = base.drop_duplicates("case_id", keep="last").set_index("case_id")
-    new = new.drop_duplicates("case_id", keep="last").set_index("case_id")
+    """One row per case id present in either run, with status and changes. Memory is the
+    training memory (``results.training_memory``: exact on the CPU, where the process peak
+    wanders between runs), or the peak for records that lack its parts."""
+    base, new = (
+        df.assign(compared_memory_bytes=training_memory(df).fillna(
+            df["peak_memory_bytes"].astype(float)))
+        .drop_duplicates("case_id", keep="last").set_index("case_id")
+        for df in (base, new)
+    )
     base_ref, new_ref = _baseline_medians(base.reset_index()), _baseline_medians(new.reset_index())
     rows = []
     for case in list(dict.fromkeys([*base.index, *new.index])):
@@ -92,7 +98,8 @@ def compare_runs(
             rows.append({"case_id": case, "status": "skipped", "note": "no baseline to normalize"})
             continue
         verdict, t_change, p = time_verdict(_rounds(b, b_norm), _rounds(n, n_norm), th)
-        mem_verdict, m_change = memory_verdict(b["peak_memory_bytes"], n["peak_memory_bytes"], th)
+        mem_verdict, m_change = memory_verdict(b["compared_memory_bytes"],
+                                               n["compared_memory_bytes"], th)
         status = "regression" if "regression" in (verdict, mem_verdict) else (
             "improvement" if "improvement" in (verdict, mem_verdict) else verdict)
         rows.append({
