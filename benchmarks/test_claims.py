@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpubench.build import Unsupported
 from gpubench.claims import claim_pairs, measure_pair
 from gpubench.config import IMAGE_MODELS
 
@@ -30,7 +31,5 @@ def test_claim(benchmark, pair, options):
     try:
         measure_pair(benchmark, pair, rounds=max(options.rounds, 10),
                      warmup_rounds=max(options.warmup, 1))
-    except RuntimeError as why:
-        if "not supported" in str(why) or "needs" in str(why):
-            pytest.skip(str(why))
-        raise
+    except Unsupported as why:
+        pytest.skip(str(why))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.runner import Unsupported, run_case
+from gpubench.build import Unsupported
+from gpubench.runner import run_case
 
 
 def test_step(benchmark, bench_case, options):

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import mannwhitneyu
 
+from gpubench.config import config_from_record
 from gpubench.results import with_baseline_ratios
 
 ALPHA = 0.05
@@ -316,7 +317,7 @@ class Recommendation:
 
 def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recommendation]:
     """Per model: the fastest single-device configuration (synthetic data, so that techniques
-    compare, not loaders; techniques noted as having no effect on this device left out) whose
+    compare, not loaders; techniques that do nothing on this device left out) whose
     peak memory fits the budget and that beats the FP32 baseline
     significantly (Mann-Whitney, Bonferroni-corrected over the candidates, and by at least
     ``MIN_EFFECT``); the baseline itself when none does."""
@@ -326,8 +327,9 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
         sub = df[(df["model"] == model) & df["step_time_s"].notna()
                  & (df["parallel"] == "single") & (df["dataset"] == "synthetic")]
         # A technique that does nothing on this device can only "win" by measurement noise.
-        no_op = sub["note"].fillna("").str.contains("no effect") if "note" in sub else False
-        sub = sub[~no_op | (sub["is_baseline"] == True)]  # noqa: E712
+        inert = sub.apply(lambda r: bool(config_from_record(r.to_dict()).inert_techniques),
+                          axis=1)
+        sub = sub[~inert]
         if budget_bytes is not None:
             sub = sub[sub["peak_memory_bytes"] <= budget_bytes]
         base = sub[sub["is_baseline"] == True]  # noqa: E712
@@ -352,7 +354,6 @@ def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommen
     separately measured cases can differ by machine drift alone. Keeps the recommendation
     only if the interleaved comparison also shows a significant win."""
     from gpubench.claims import ClaimPair, measure_pair
-    from gpubench.config import config_from_record
     from gpubench.standalone import StandaloneBenchmark
 
     rows = df.set_index("case_id")

@@ -84,6 +84,10 @@ def check_world_size(cfg: RunConfig) -> None:
         )
 
 
+class Unsupported(Exception):
+    """This machine cannot run the case; the message says why (benchmarks skip with it)."""
+
+
 def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | None:
     """Why this machine cannot run ``cfg`` (the case is then skipped with it), or None.
     ``check_devices=False`` leaves out the device count (a torchrun job spans machines)."""

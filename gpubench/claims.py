@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gpubench.build import build, resolve_micro_batch, unsupported_reason
+from gpubench.build import Unsupported, build, resolve_micro_batch, unsupported_reason
 from gpubench.checks import check_case
 from gpubench.config import IMAGE_MODELS, LoaderConfig, RunConfig
 from gpubench.memory import SavedActivations
@@ -58,7 +58,7 @@ def measure_pair(benchmark, pair: ClaimPair, rounds: int, warmup_rounds: int) ->
     for cfg in (pair.base, pair.new):
         reason = unsupported_reason(cfg)
         if reason:
-            raise RuntimeError(reason)
+            raise Unsupported(reason)
     cases = [build(pair.base), build(pair.new)]
     try:
         for case in cases:

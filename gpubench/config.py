@@ -196,6 +196,20 @@ class RunConfig:
         )
 
     @property
+    def inert_techniques(self) -> list[str]:
+        """Techniques of this config that do nothing on its device (each with the reason)."""
+        if self.device == "cuda":
+            return []
+        inert = []
+        if self.precision == "tf32":
+            inert.append("tf32 (TF32 exists only on CUDA: identical to fp32)")
+        if self.empty_cache:
+            inert.append("empty_cache (the CPU allocator keeps no cache)")
+        if self.loader.pin_memory or self.loader.non_blocking:
+            inert.append("pin_memory/non_blocking (no accelerator to copy to)")
+        return inert
+
+    @property
     def multiprocess(self) -> bool:
         """True when the case runs one worker process per rank."""
         return self.parallel in MULTIPROCESS_PARALLELS

@@ -18,9 +18,9 @@ import torch
 
 from gpubench.build import Case
 from gpubench.memory import (
-    _status_bytes,
     cpu_peak_supported,
     release_free_memory,
+    status_bytes,
     track_large_allocations,
 )
 
@@ -32,7 +32,7 @@ def memory_in_use(device: torch.device) -> int:
         torch.cuda.synchronize(device)
         return torch.cuda.memory_allocated(device)
     if cpu_peak_supported():
-        return _status_bytes("VmRSS")
+        return status_bytes("VmRSS")
     raise RuntimeError("leak detection on the CPU needs Linux /proc/self/status")
 
 

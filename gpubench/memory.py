@@ -34,7 +34,7 @@ def cpu_peak_supported() -> bool:
     return _STATUS.exists() and _CLEAR_REFS.exists()
 
 
-def _status_bytes(key: str) -> int:
+def status_bytes(key: str) -> int:
     for line in _STATUS.read_text().splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024  # reported in kB
@@ -70,7 +70,7 @@ def reset_peak(device: torch.device) -> int | None:
         return torch.cuda.memory_allocated(device)
     if cpu_peak_supported():
         _CLEAR_REFS.write_text("5")
-        return _status_bytes("VmRSS")
+        return status_bytes("VmRSS")
     return None
 
 
@@ -87,7 +87,7 @@ def read_peak(device: torch.device, start_bytes: int | None) -> dict[str, int | 
         reserved = torch.cuda.max_memory_reserved(device)
         method = "torch.cuda.max_memory_allocated"
     elif cpu_peak_supported():
-        peak, reserved = _status_bytes("VmHWM"), None
+        peak, reserved = status_bytes("VmHWM"), None
         method = "process VmHWM (resident high-water mark)"
     else:
         peak = reserved = None

@@ -52,13 +52,6 @@ class Precision:
             torch.set_float32_matmul_precision(saved[0])
             torch.backends.cudnn.allow_tf32 = saved[1]
 
-    @property
-    def note(self) -> str:
-        """What this policy means on this device, for the results."""
-        if self.name == "tf32" and self.device_type != "cuda":
-            return "tf32 has no effect off CUDA (identical to fp32)"
-        return ""
-
 
 def unsupported_reason(name: str, device_type: str) -> str | None:
     """Why ``name`` cannot run on this device, or None when it can."""

@@ -15,7 +15,14 @@ import time
 
 import torch
 
-from gpubench.build import Case, build, check_world_size, resolve_micro_batch, unsupported_reason
+from gpubench.build import (
+    Case,
+    Unsupported,
+    build,
+    check_world_size,
+    resolve_micro_batch,
+    unsupported_reason,
+)
 from gpubench.checks import check_case
 from gpubench.config import RunConfig
 from gpubench.data import measure_loader
@@ -24,13 +31,7 @@ from gpubench.flops import count_flops, step_peak_flops
 from gpubench.machine import device_name
 from gpubench.memory import SavedActivations, read_peak, reset_peak, state_breakdown
 from gpubench.models import input_shape
-from gpubench.precision import Precision
 from gpubench.workers import DEFAULT_TIMEOUT_S, WorkerGroup
-
-
-class Unsupported(Exception):
-    """This machine cannot run the case; the message says why (benchmarks skip with it)."""
-
 
 LOADER_PROBE_BATCHES = 10
 """Batches the loader-only measurement reads after its first one."""
@@ -196,11 +197,7 @@ def _device(cfg: RunConfig) -> torch.device:
 
 
 def _note(cfg: RunConfig) -> str:
-    notes = [Precision(cfg.precision, cfg.device).note]
-    if cfg.device == "cpu" and (cfg.loader.pin_memory or cfg.loader.non_blocking):
-        notes.append("pin_memory/non_blocking have no effect without an accelerator")
-    if cfg.device == "cpu" and cfg.empty_cache:
-        notes.append("empty_cache has no effect without CUDA (no caching allocator)")
+    notes = [f"no effect here: {t}" for t in cfg.inert_techniques]
     if cfg.device == "cpu" and cfg.parallel != "single":
         notes.append(f"{cfg.parallel} on the CPU: all ranks/stages share this machine's cores")
     return "; ".join(n for n in notes if n)

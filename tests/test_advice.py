@@ -13,8 +13,8 @@ RNG = np.random.default_rng(0)
 def _row(case_id, median, *, rounds=20, noise=0.01, global_batch=8, **extra):
     data = list(median * np.exp(RNG.normal(0, noise, rounds)))
     row = {
-        "run": "r", "model": "m", "profile": "cpu", "device": "cpu", "case_id": case_id,
-        "is_baseline": case_id == "m-fp32", "step_time_s": float(np.median(data)),
+        "run": "r", "model": "bert", "profile": "cpu", "device": "cpu", "case_id": case_id,
+        "is_baseline": case_id == "bert-fp32", "step_time_s": float(np.median(data)),
         "rounds_s": data, "global_batch": global_batch, "micro_batch": global_batch,
         "samples_per_s": global_batch / float(np.median(data)), "parallel": "single",
         "world_size": 1, "precision": "fp32", "accum_steps": 1, "dataset": "synthetic",
@@ -32,11 +32,11 @@ def _verdicts(rows):
 
 
 def test_compare_speed_decisions():
-    base = pd.Series(_row("m-fp32", 1.0))
-    faster = pd.Series(_row("m-x", 0.7))
-    slower = pd.Series(_row("m-y", 1.3))
-    same = pd.Series(_row("m-z", 1.0, noise=0.005))
-    noisy = pd.Series({**_row("m-w", 0.9), "rounds_s": [0.5, 1.4, 0.9, 0.7, 1.2]})
+    base = pd.Series(_row("bert-fp32", 1.0))
+    faster = pd.Series(_row("bert-x", 0.7))
+    slower = pd.Series(_row("bert-y", 1.3))
+    same = pd.Series(_row("bert-z", 1.0, noise=0.005))
+    noisy = pd.Series({**_row("bert-w", 0.9), "rounds_s": [0.5, 1.4, 0.9, 0.7, 1.2]})
     assert compare_speed(base, faster).decide() == "holds"
     assert compare_speed(base, slower).decide() == "does not hold"
     assert compare_speed(base, same).decide() == "does not hold"  # equivalent: no effect
@@ -44,9 +44,9 @@ def test_compare_speed_decisions():
 
 
 def test_amp_claim_holds_or_not_with_a_reason():
-    rows = [_row("m-fp32", 1.0),
-            _row("m-bf16", 0.6, precision="bf16", activation_bytes=250),
-            _row("m-fp16", 20.0, precision="fp16")]
+    rows = [_row("bert-fp32", 1.0),
+            _row("bert-bf16", 0.6, precision="bf16", activation_bytes=250),
+            _row("bert-fp16", 20.0, precision="fp16")]
     verdicts = {v.claim: v for v in advise(pd.DataFrame(rows))}
     bf16 = verdicts["AMP cuts training time ~30% and memory ~50% (bf16)"]
     fp16 = verdicts["AMP cuts training time ~30% and memory ~50% (fp16)"]
@@ -55,28 +55,28 @@ def test_amp_claim_holds_or_not_with_a_reason():
 
 
 def test_hardware_claims_are_not_guessed_on_the_cpu():
-    rows = [_row("m-fp32", 1.0), _row("m-fp32-emptycache", 1.0),
-            _row("m-fp32-ddp2", 1.5, parallel="ddp", world_size=2, global_batch=16,
-                 single_case_id="m-fp32")]
+    rows = [_row("bert-fp32", 1.0), _row("bert-fp32-emptycache", 1.0),
+            _row("bert-fp32-ddp2", 1.5, parallel="ddp", world_size=2, global_batch=16,
+                 single_case_id="bert-fp32")]
     verdicts = dict(_verdicts(rows))
     assert verdicts["DDP cuts training time to ~1/N"] == "not testable here"
     assert verdicts["torch.cuda.empty_cache() after every step helps"] == "not testable here"
 
 
 def test_missing_cases_are_inconclusive_not_errors():
-    verdicts = dict(_verdicts([_row("m-fp32", 1.0)]))
+    verdicts = dict(_verdicts([_row("bert-fp32", 1.0)]))
     assert verdicts["caching decoded samples removes the loading cost"] == "inconclusive"
     assert verdicts["AdamW is faster than Adam"] == "inconclusive"
 
 
 def test_accumulation_and_no_sync_claims():
     rows = [
-        _row("m-fp32", 1.0),
-        _row("m-fp32-accum4-mb2", 1.6, accum_steps=4, micro_batch=2, group="accumulation",
+        _row("bert-fp32", 1.0),
+        _row("bert-fp32-accum4-mb2", 1.6, accum_steps=4, micro_batch=2, group="accumulation",
              activation_bytes=125),
-        _row("m-fp32-accum2-ddp2", 2.0, parallel="ddp", world_size=2, accum_steps=4,
+        _row("bert-fp32-accum2-ddp2", 2.0, parallel="ddp", world_size=2, accum_steps=4,
              global_batch=64),
-        _row("m-fp32-accum2-ddp2-nosync", 1.5, parallel="ddp", world_size=2, accum_steps=4,
+        _row("bert-fp32-accum2-ddp2-nosync", 1.5, parallel="ddp", world_size=2, accum_steps=4,
              global_batch=64, ddp_no_sync=True),
     ]
     verdicts = dict(_verdicts(rows))
@@ -85,21 +85,22 @@ def test_accumulation_and_no_sync_claims():
 
 
 def test_recommendation_needs_a_significant_win_and_respects_the_budget():
-    rows = [_row("m-fp32", 1.0), _row("m-bf16", 0.8, precision="bf16", peak_memory_bytes=3000),
-            _row("m-fp32-ckpt", 0.99)]
+    rows = [_row("bert-fp32", 1.0),
+            _row("bert-bf16", 0.8, precision="bf16", peak_memory_bytes=3000),
+            _row("bert-fp32-ckpt", 0.99)]
     (rec,) = recommend(pd.DataFrame(rows))
-    assert rec.case_id == "m-bf16" and rec.speedup > 1.2
+    assert rec.case_id == "bert-bf16" and rec.speedup > 1.2
     (within,) = recommend(pd.DataFrame(rows), budget_bytes=2000)
-    assert within.case_id == "m-fp32"  # nothing else within the budget beats the baseline
+    assert within.case_id == "bert-fp32"  # nothing else within the budget beats the baseline
 
 
 def test_interleaved_pair_takes_precedence_over_separate_cases():
     # Separately measured, bf16 looks 40% faster (machine drift between the two cases)...
-    rows = [_row("m-fp32", 1.0), _row("m-bf16", 0.6, precision="bf16")]
+    rows = [_row("bert-fp32", 1.0), _row("bert-bf16", 0.6, precision="bf16")]
     # ...but in alternating rounds the two are the same speed.
     same = list(1.0 + 0.005 * RNG.standard_normal(20))
-    rows.append({"run": "r", "model": "m", "kind": "claim", "claim": "amp-bf16",
-                 "case_id": "claim-amp-bf16-m", "rounds_base_s": same,
+    rows.append({"run": "r", "model": "bert", "kind": "claim", "claim": "amp-bf16",
+                 "case_id": "claim-amp-bf16-bert", "rounds_base_s": same,
                  "rounds_new_s": list(np.array(same) * 1.001), "global_batch_base": 8,
                  "global_batch_new": 8, "step_time_s": None})
     verdicts = {v.claim: v for v in advise(pd.DataFrame(rows))}
@@ -108,10 +109,10 @@ def test_interleaved_pair_takes_precedence_over_separate_cases():
 
 
 def test_accumulation_pair_reports_its_own_k_and_exact_memory():
-    rows = [_row("m-fp32", 1.0, activation_bytes=800)]
+    rows = [_row("bert-fp32", 1.0, activation_bytes=800)]
     rounds = list(1.0 + 0.005 * RNG.standard_normal(20))
-    rows.append({"run": "r", "model": "m", "kind": "claim", "claim": "accumulation",
-                 "case_id": "claim-accumulation-m", "rounds_base_s": rounds,
+    rows.append({"run": "r", "model": "bert", "kind": "claim", "claim": "accumulation",
+                 "case_id": "claim-accumulation-bert", "rounds_base_s": rounds,
                  "rounds_new_s": list(np.array(rounds) * 1.5), "global_batch_base": 8,
                  "global_batch_new": 8, "accum_steps_new": 4, "activation_bytes_base": 800,
                  "activation_bytes_new": 200, "step_time_s": None})
@@ -119,3 +120,10 @@ def test_accumulation_pair_reports_its_own_k_and_exact_memory():
     # (200 + 200) / (800 + 200): gradients and optimizer state do not shrink.
     assert v.verdict == "holds" and "k=4: memory x0.40" in v.measured
     assert "interleaved rounds" in v.why
+
+
+def test_recommendation_ignores_techniques_that_do_nothing_on_this_device():
+    # On the CPU empty_cache is a no-op: a faster measurement of it can only be noise.
+    rows = [_row("bert-fp32", 1.0), _row("bert-fp32-emptycache", 0.7, empty_cache=True)]
+    (rec,) = recommend(pd.DataFrame(rows))
+    assert rec.case_id == "bert-fp32"

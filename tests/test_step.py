@@ -81,7 +81,8 @@ def test_precision_policy_off_forms_are_no_ops():
     with p.autocast():
         out = torch.ones(2, 2) @ torch.ones(2, 2)
     assert out.dtype == torch.float32
-    assert Precision("tf32", "cpu").note
+    assert RunConfig(model="bert", precision="tf32").inert_techniques
+    assert not RunConfig(model="bert", precision="tf32", device="cuda").inert_techniques
     with Precision("bf16", "cpu").autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
 
