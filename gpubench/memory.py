@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -100,32 +101,137 @@ def read_peak(device: torch.device, start_bytes: int | None) -> dict[str, int | 
     }
 
 
+class _Saved:
+    """What the pack hook hands autograd in place of a saved tensor: the tensor itself, and a
+    note to the counter when autograd drops it (after the backward that used it)."""
+
+    __slots__ = ("tensor", "key", "owner")
+
+    def __init__(self, tensor: torch.Tensor, key: int, owner: SavedActivations):
+        self.tensor, self.key, self.owner = tensor, key, owner
+
+    def __del__(self) -> None:
+        try:
+            self.owner._release(self.key)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to count
+            pass
+
+
 class SavedActivations:
     """Counts the bytes autograd saves for backward (activations), exactly and on any device,
-    through ``torch.autograd.graph.saved_tensors_hooks``; each storage counts once, and the
-    model's own parameters (saved by reference, not copied) not at all."""
+    through ``torch.autograd.graph.saved_tensors_hooks``.
 
-    def __init__(self, model: nn.Module):
-        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.storages: dict[int, int] = {}
+    A storage counts once per micro-batch however many ops save it (or views of it), and the
+    model's own parameters (saved by reference, not copied) not at all. Storages are told apart
+    by identity, not by address: the counter holds a weak reference to each storage it has seen,
+    so a storage freed by one micro-batch's backward and an other allocated at the same address
+    by the next micro-batch are two storages.
+
+    A *micro-batch* is one forward and its backward: it starts with the first tensor saved and
+    ends when autograd has released everything saved (backward without ``retain_graph`` frees
+    each saved tensor once used), so ``with SavedActivations(model) as saved: step()`` around a
+    step of k accumulated micro-batches sees k micro-batches, with no help from the step. Call
+    ``new_micro_batch()`` to mark a boundary yourself (``auto_split=False``: only there). A
+    pipeline schedule with several chunks in flight at once (GPipe) is one span until they are
+    all released, which is what it holds.
+
+    Figures:
+
+    - ``per_micro_batch_bytes``: the largest micro-batch's saved bytes (the largest, since the
+      memory a step needs is set by its largest micro-batch; equal micro-batches give the same);
+    - ``micro_batch_bytes``: each micro-batch's, in order;
+    - ``total_bytes``: their sum, what the whole window saved (k times the above for k equal
+      micro-batches; no longer a figure to divide by k, but it still gives the same answer);
+    - ``peak_bytes``: the most saved bytes held at any one time (memory autograd kept alive).
+    """
+
+    def __init__(self, model: nn.Module, auto_split: bool = True):
+        self.model = model
+        self.auto_split = auto_split
+        self.micro_batch_bytes: list[int] = []
+        self.peak_bytes = 0
+        self._params: dict[int, StorageWeakRef] = {}
+        self._live: dict[int, list[int]] = {}  # storage key -> [nbytes, live handles]
+        self._live_bytes = 0
+        self._handles = 0
+        self._seen: dict[int, StorageWeakRef] = {}  # storages of the current micro-batch
+        self._current = 0
+        self._open = False
 
     def __enter__(self) -> SavedActivations:
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in self.params:
-                self.storages[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._params = {}
+        for p in self.model.parameters():
+            storage = p.untyped_storage()
+            self._params[storage._cdata] = StorageWeakRef(storage)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
 
+    def _pack(self, t: torch.Tensor):
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no plain storage (e.g. a wrapper subclass)
+            self._begin()
+            self._current += t.numel() * t.element_size()
+            return t
+        key = storage._cdata
+        nbytes = storage.nbytes()
+        if key in self._params or nbytes == 0:
+            return t
+        self._begin()
+        if key not in self._seen:
+            self._seen[key] = StorageWeakRef(storage)
+            self._current += nbytes
+        entry = self._live.get(key)
+        if entry is None:
+            self._live[key] = [nbytes, 1]
+            self._live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self._live_bytes)
+        else:
+            entry[1] += 1
+        self._handles += 1
+        return _Saved(t, key, self)
+
+    @staticmethod
+    def _unpack(packed):
+        return packed.tensor if isinstance(packed, _Saved) else packed
+
+    def _begin(self) -> None:
+        self._open = True
+
+    def _release(self, key: int) -> None:
+        entry = self._live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._live[key]
+            self._live_bytes -= entry[0]
+        self._handles -= 1
+        if self._handles == 0 and self.auto_split:
+            self.new_micro_batch()
+
+    def new_micro_batch(self) -> None:
+        """End the current micro-batch (if anything was saved in it); the next save starts one."""
+        if self._open:
+            self.micro_batch_bytes.append(self._current)
+        self._seen, self._current, self._open = {}, 0, False
+
+    def _all(self) -> list[int]:
+        return self.micro_batch_bytes + ([self._current] if self._open else [])
+
+    @property
+    def micro_batches(self) -> int:
+        return len(self._all())
+
+    @property
+    def per_micro_batch_bytes(self) -> int:
+        return max(self._all(), default=0)
+
     @property
     def total_bytes(self) -> int:
-        return sum(self.storages.values())
+        return sum(self._all())
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -3,7 +3,13 @@ import torch
 
 from gpubench.build import build
 from gpubench.config import RunConfig
-from gpubench.memory import cpu_peak_supported, read_peak, reset_peak, state_breakdown
+from gpubench.memory import (
+    SavedActivations,
+    cpu_peak_supported,
+    read_peak,
+    reset_peak,
+    state_breakdown,
+)
 
 
 def _step_memory(micro_batch: int) -> dict:
@@ -35,3 +41,77 @@ def test_state_breakdown_is_exact():
     assert sizes["grad_bytes"] == 44 * 4
     # exp_avg and exp_avg_sq per parameter, plus one scalar step counter per parameter tensor.
     assert sizes["optimizer_state_bytes"] == 2 * 44 * 4 + 2 * 4
+
+
+WIDTH, BATCH, LAYERS = 64, 8, 3
+
+
+def _relu_chain() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(WIDTH, WIDTH, bias=False), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def _accumulated_step(model: torch.nn.Module, k: int) -> None:
+    for _ in range(k):
+        x = torch.randn(BATCH, WIDTH)  # a fresh micro-batch, as a loader gives
+        (model(x).sum() / k).backward()
+
+
+# Each bias-free Linear saves its input (for the weight's gradient; the weight is a parameter,
+# saved by reference) and each ReLU its output, which is also the next Linear's input: the
+# network input plus one ReLU output per layer, float32.
+ANALYTIC_BYTES = (1 + LAYERS) * BATCH * WIDTH * 4
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_saved_activations_exact_per_micro_batch_with_accumulation(k):
+    model = _relu_chain()
+    figures = []
+    for _ in range(3):  # repeated runs: the same number every time
+        with SavedActivations(model) as saved:
+            _accumulated_step(model, k)
+        assert saved.micro_batches == k
+        assert saved.micro_batch_bytes == [ANALYTIC_BYTES] * k
+        assert saved.per_micro_batch_bytes == ANALYTIC_BYTES
+        assert saved.total_bytes == k * ANALYTIC_BYTES
+        assert saved.peak_bytes == ANALYTIC_BYTES  # each backward frees its micro-batch
+        figures.append(saved.per_micro_batch_bytes)
+    assert figures == [ANALYTIC_BYTES] * 3
+
+
+def test_saved_activations_storage_saved_twice_counts_once():
+    x = torch.randn(BATCH, WIDTH, requires_grad=True)
+    model = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+    with SavedActivations(model) as saved:
+        y = x * 2  # saves nothing (multiplication by a constant)
+        (y * y).sum().backward()  # saves y twice (both operands): one storage
+    assert saved.micro_batch_bytes == [BATCH * WIDTH * 4]
+
+
+def test_saved_activations_manual_split_and_peak_with_micro_batches_in_flight():
+    model = _relu_chain()
+    with SavedActivations(model, auto_split=False) as saved:
+        losses = []
+        for _ in range(2):  # both forwards first, as a GPipe schedule runs them
+            losses.append(model(torch.randn(BATCH, WIDTH)).sum())
+            saved.new_micro_batch()
+        torch.stack(losses).sum().backward()
+    assert saved.micro_batch_bytes == [ANALYTIC_BYTES] * 2
+    assert saved.peak_bytes == 2 * ANALYTIC_BYTES  # both held until the backward
+
+
+def test_saved_activations_of_built_model_same_with_and_without_accumulation():
+    figures = {}
+    for k in (1, 4):
+        case = build(RunConfig(model="resnet18", profile="smoke", accum_steps=k, micro_batch=2))
+        try:
+            with SavedActivations(case.model) as saved:
+                case.step()
+        finally:
+            case.close()
+        assert saved.micro_batches == k
+        figures[k] = saved.per_micro_batch_bytes
+    assert figures[1] == figures[4] > 0
