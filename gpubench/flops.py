@@ -1,5 +1,14 @@
 """FLOPs of a step (counted, not estimated) and the device's measured matmul peak per precision.
 
+FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add, forward,
+backward and recompute), with formulas added for ops it has none for but that do heavy work in
+the built-in workloads: the CPU attention kernel
+``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward, counted as torch counts
+the GPU attention kernels (``sdpa_flop_count``, ``sdpa_backward_flop_count``: the full score
+matrix even for causal attention, and the backward with its recompute of the scores).
+``count_flops_detailed`` also names the heavy ops that ran and were counted as zero, so that a
+count that misses work says so.
+
 MFU here is achieved FLOP/s divided by the *measured* throughput of a large matmul at the step's
 precision on this very device, not a datasheet figure: it says how close the step comes to what
 this machine's matmul path actually delivers.
@@ -8,21 +17,124 @@ this machine's matmul path actually delivers.
 from __future__ import annotations
 
 import functools
+import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpubench.precision import Precision
 
+aten = torch.ops.aten
 
-def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs of the matmuls and convolutions ``fn`` runs (forward, backward and recompute)."""
-    counter = FlopCounterMode(display=False)
+
+def _cpu_attention_flop(query_shape, key_shape, value_shape, *args, out_shape=None,
+                        **kwargs) -> int:
+    """``_scaled_dot_product_flash_attention_for_cpu(query, key, value, ...)``."""
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_attention_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                                 out_shape=None, **kwargs) -> int:
+    """``_scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value,
+    ...)``."""
+    return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape,
+                                                 value_shape)
+
+
+def _extra_formulas() -> dict:
+    """Formulas for ops torch's flop registry lacks (those this torch has are left to torch)."""
+    wanted = {
+        "_scaled_dot_product_flash_attention_for_cpu": _cpu_attention_flop,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_attention_backward_flop,
+    }
+    out = {}
+    for name, formula in wanted.items():
+        op = getattr(aten, name, None)
+        if op is not None and op not in flop_counter.flop_registry:
+            out[op] = formula
+    return out
+
+
+EXTRA_FLOP_FORMULAS = _extra_formulas()
+"""The formulas gpubench adds to ``FlopCounterMode``'s (``custom_mapping``)."""
+
+_HEAVY_TOKENS = {
+    "mm", "bmm", "matmul", "mv", "dot", "vdot", "ger", "outer", "addr", "addmm", "addbmm",
+    "baddbmm", "addmv", "einsum", "tensordot", "linear", "bilinear", "cdist", "lstm", "gru",
+    "rnn", "attention", "attn", "sdpa", "fft", "ifft", "rfft", "irfft", "hfft",
+}
+
+
+def is_heavy_op(name: str) -> bool:
+    """Whether an op (``"aten.mm"``, ``"mkldnn._convolution_pointwise"``) is heavy work by its
+    name: a matrix product, a convolution, attention, einsum, a recurrent layer, an FFT.
+    Interpolation (``upsample_bilinear2d``) and conversions (``_convert_...``) are not."""
+    base = name.rsplit(".", 1)[-1].lower()
+    if "upsample" in base or "interp" in base:
+        return False
+    tokens = [t for t in base.split("_") if t]
+    for token in tokens:
+        stripped = re.sub(r"\d+[a-z]?$", "", token)  # conv2d -> conv, int8pack -> int, fft2
+        if token in _HEAVY_TOKENS or stripped in _HEAVY_TOKENS:
+            return True
+        if token.startswith("conv") and not token.startswith("convert"):
+            return True
+        if token.endswith("mm") or "attention" in token:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """What ``count_flops_detailed`` counted.
+
+    ``uncounted_ops``: the ops that ran (after ``FlopCounterMode``'s decompositions, e.g.
+    ``aten.linear`` into ``aten.mm``), have no FLOP formula and are heavy by name
+    (``is_heavy_op``): work the total misses. Elementwise ops, norms, softmax, embedding and
+    losses are not counted by design (as in every FLOP/MFU convention) and are not listed.
+    ``no_formula_ops`` lists every op that ran without a formula, heavy or not."""
+
+    total: int
+    by_op: dict[str, int] = field(default_factory=dict)
+    uncounted_ops: list[str] = field(default_factory=list)
+    no_formula_ops: list[str] = field(default_factory=list)
+
+
+class _Counter(FlopCounterMode):
+    """``FlopCounterMode`` with gpubench's formulas, noting the ops it has no formula for."""
+
+    def __init__(self, custom_mapping: dict | None = None):
+        super().__init__(display=False, custom_mapping=custom_mapping)
+        self.no_formula: set[str] = set()
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        if func_packet not in self.flop_registry:
+            self.no_formula.add(str(func_packet))
+        return super()._count_flops(func_packet, out, args, kwargs)
+
+
+def count_flops_detailed(fn: Callable[[], object],
+                         custom_mapping: dict | None = None) -> FlopCount:
+    """FLOPs of what ``fn`` runs (forward, backward and recompute), per op, and the heavy ops
+    counted as zero. ``custom_mapping`` replaces gpubench's extra formulas (``{}``: torch's
+    registry alone)."""
+    counter = _Counter(EXTRA_FLOP_FORMULAS if custom_mapping is None else custom_mapping)
     with counter:
         fn()
-    return counter.get_total_flops()
+    by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    no_formula = sorted(counter.no_formula)
+    return FlopCount(int(counter.get_total_flops()), by_op,
+                     [op for op in no_formula if is_heavy_op(op)], no_formula)
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of the matmuls, convolutions and attention ``fn`` runs (forward, backward and
+    recompute); ``count_flops_detailed`` says also which heavy ops went uncounted."""
+    return count_flops_detailed(fn).total
 
 
 def _sync(device: torch.device) -> None:

@@ -1,6 +1,15 @@
+import pytest
 import torch
 
-from gpubench.flops import count_flops, matmul_peak_flops
+from gpubench.flops import (
+    FlopCount,
+    count_flops,
+    count_flops_detailed,
+    is_heavy_op,
+    matmul_peak_flops,
+)
+
+BATCH, HIDDEN, LAYERS, HEADS, VOCAB, CLASSES = 2, 64, 2, 4, 512, 3
 
 
 def test_count_flops_of_linear_forward_and_backward():
@@ -12,6 +21,124 @@ def test_count_flops_of_linear_forward_and_backward():
 
     # forward 2*16*64*32; backward: grad wrt input and wrt weight, each as large.
     assert count_flops(step) == 3 * 2 * 16 * 64 * 32
+
+
+def _transformer_step_flops(seq: int, *, inner: int, head_tokens: int, head_out: int,
+                            pooler: bool) -> int:
+    """Analytic FLOPs (2 per multiply-add) of one forward and backward of a transformer
+    encoder/decoder stack plus its output head, every parameter trained.
+
+    Per layer and token, forward: QKV projections 3 * 2*H*H, output projection 2*H*H, MLP
+    2 * 2*H*inner; attention: scores Q K^T 2*seq*H and the weighted sum of V 2*seq*H (the
+    full seq x seq matrix, causal or not, as torch counts attention). Backward: twice the
+    forward of every matmul (gradient of the input and of the weight; the embeddings feed the
+    first layer and train, so every input gradient is needed), and for attention four products
+    (grad of V, of the probabilities, of Q, of K) plus the recompute of the scores that the
+    flash kernels do instead of saving them: 5/2 of the attention forward.
+    """
+    tokens = BATCH * seq
+    dense = tokens * (3 * 2 * HIDDEN * HIDDEN + 2 * HIDDEN * HIDDEN + 2 * 2 * HIDDEN * inner)
+    attention = 2 * (2 * BATCH * seq * seq * HIDDEN)
+    head = 2 * head_tokens * HIDDEN * head_out + (2 * BATCH * HIDDEN * HIDDEN if pooler else 0)
+    return LAYERS * (3 * dense + attention + attention * 5 // 2) + 3 * head
+
+
+def _bert(seq: int):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                     num_attention_heads=HEADS, intermediate_size=4 * HIDDEN,
+                     max_position_embeddings=seq, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, num_labels=CLASSES)
+    model = BertForSequenceClassification(cfg)
+    ids = torch.randint(0, VOCAB, (BATCH, seq))
+    labels = torch.randint(0, CLASSES, (BATCH,))
+    expected = _transformer_step_flops(seq, inner=4 * HIDDEN, head_tokens=BATCH,
+                                       head_out=CLASSES, pooler=True)
+    return (lambda: model(input_ids=ids, labels=labels).loss.backward()), expected
+
+
+def _gpt2(seq: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
+                     n_positions=seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, VOCAB, (BATCH, seq))
+    # The LM head (tied to the token embedding) produces logits at every position.
+    expected = _transformer_step_flops(seq, inner=4 * HIDDEN, head_tokens=BATCH * seq,
+                                       head_out=VOCAB, pooler=False)
+    return (lambda: model(input_ids=ids, labels=ids).loss.backward()), expected
+
+
+@pytest.mark.parametrize("build", [_bert, _gpt2], ids=["bert", "gpt2"])
+@pytest.mark.parametrize("seq", [16, 256])
+def test_transformer_step_flops_match_analytic_count(build, seq):
+    step, expected = build(seq)
+    counted = count_flops_detailed(step)
+    assert isinstance(counted, FlopCount)
+    assert counted.uncounted_ops == []
+    assert abs(counted.total / expected - 1) < 0.02, (counted.total, expected, counted.by_op)
+
+
+def test_cpu_attention_is_counted():
+    step, _ = _gpt2(64)
+    default = count_flops_detailed(step, custom_mapping={})  # torch's registry alone
+    ours = count_flops_detailed(step)
+    cpu_ops = {"aten._scaled_dot_product_flash_attention_for_cpu",
+               "aten._scaled_dot_product_flash_attention_for_cpu_backward"}
+    if not cpu_ops & set(ours.by_op) and not cpu_ops & set(default.no_formula_ops):
+        pytest.skip("this torch does not run the CPU flash attention kernel here")
+    assert cpu_ops <= set(default.uncounted_ops)  # torch alone counts it as zero and says so
+    assert ours.total > default.total
+    # forward: 2 products of 2*B*S*S*H; backward: 5 of them.
+    attention = LAYERS * 7 * 2 * BATCH * 64 * 64 * HIDDEN
+    assert ours.total - default.total == attention
+    assert cpu_ops <= set(ours.by_op)
+    assert count_flops(step) == ours.total
+
+
+def _resnet18_analytic(batch: int, classes: int) -> int:
+    """ResNet-18 on 32 px images: conv1 7x7/2 -> 16x16, max-pool -> 8x8, then four stages of
+    two basic blocks (64@8x8, 128@4x4, 256@2x2, 512@1x1), the first block of stages 2-4 with
+    a stride-2 3x3 conv and a 1x1 stride-2 projection; then the 512 -> classes linear layer."""
+    def conv(cin, cout, k, side):  # multiply-adds per image
+        return cout * side * side * cin * k * k
+
+    stem = conv(3, 64, 7, 16)
+    macs = stem + 4 * conv(64, 64, 3, 8)
+    for cin, cout, side in ((64, 128, 4), (128, 256, 2), (256, 512, 1)):
+        macs += conv(cin, cout, 3, side) + conv(cout, cout, 3, side) + conv(cin, cout, 1, side)
+        macs += 2 * conv(cout, cout, 3, side)
+    macs += 512 * classes
+    # Backward: gradient of the input and of the weight, except the stem's input (the images).
+    return batch * 2 * (3 * macs - stem)
+
+
+def test_resnet18_step_flops_match_conv_and_linear_count():
+    from torchvision.models import resnet18
+
+    torch.manual_seed(0)
+    model = resnet18(num_classes=10)
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    counted = count_flops_detailed(
+        lambda: torch.nn.functional.cross_entropy(model(x), y).backward())
+    assert counted.uncounted_ops == []
+    assert counted.total == _resnet18_analytic(4, 10)
+
+
+def test_heavy_op_names():
+    for name in ("aten.mm", "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+                 "aten.convolution_backward", "aten.conv2d", "aten.einsum", "aten._int_mm",
+                 "mkldnn._convolution_pointwise", "aten.mkldnn_rnn_layer", "aten._fft_r2c",
+                 "aten.addmv", "aten.linear"):
+        assert is_heavy_op(name), name
+    for name in ("aten.add", "aten.upsample_bilinear2d", "aten.gelu", "aten.native_layer_norm",
+                 "aten._log_softmax", "aten.embedding_dense_backward", "aten.t",
+                 "aten._convert_indices_from_coo_to_csr", "aten.sum", "aten.mul"):
+        assert not is_heavy_op(name), name
 
 
 def test_measured_matmul_peak_is_positive_and_cached():
