@@ -1,8 +1,11 @@
 """The advice check: each common speed-up claim, tested on this machine's measured cases.
 
 A verdict is "holds", "does not hold", "inconclusive" or "not testable here", with its
-statistical basis: a two-sided Mann-Whitney U test on the raw per-round times (per sample, so
-cases with different batches compare fairly) and a bootstrap 95% interval of the speed ratio.
+statistical basis (``gpubench.stats``), on the raw per-round times per sample (so cases with
+different batches compare fairly): for two separately measured cases, a two-sided Mann-Whitney U
+test and a bootstrap 95% interval of the ratio of medians; for a claim's pair measured in
+alternating rounds, the median per-round ratio, its bootstrap 95% interval over the rounds and a
+Wilcoxon signed-rank test (drift between rounds cancels in each round's ratio).
 A claim holds when the difference is significant, in the claimed direction and at least
 ``MIN_EFFECT``; it does not hold when it is significant the other way, or when the whole
 interval lies within +-``MIN_EFFECT`` (no effect of the claimed size); otherwise inconclusive.
@@ -14,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.stats import mannwhitneyu
 
 from gpubench.config import config_from_record
 from gpubench.results import with_baseline_ratios
+from gpubench.stats import compare_independent, compare_paired
 
 ALPHA = 0.05
 MIN_EFFECT = 0.05
@@ -37,12 +40,14 @@ class Verdict:
 
 @dataclass(frozen=True)
 class SpeedComparison:
-    """``new`` against ``base``: speed ratio (>1: new is faster per sample), p-value, CI."""
+    """``new`` against ``base``: speed ratio (>1: new is faster per sample), p-value of
+    ``test``, 95% CI."""
 
     ratio: float
     p_value: float
     low: float
     high: float
+    test: str = "Mann-Whitney"
 
     def decide(self, min_effect: float = MIN_EFFECT) -> str:
         if self.p_value < ALPHA and self.ratio >= 1 + min_effect:
@@ -55,7 +60,7 @@ class SpeedComparison:
 
     def describe(self) -> str:
         return (f"{self.ratio:.2f}x speed (95% CI {self.low:.2f}-{self.high:.2f}, "
-                f"Mann-Whitney p={self.p_value:.3g})")
+                f"{self.test} p={self.p_value:.3g})")
 
 
 def _per_sample_rounds(row: pd.Series) -> np.ndarray:
@@ -70,16 +75,19 @@ def compare_speed(base: pd.Series, new: pd.Series) -> SpeedComparison:
 
 def compare_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
                    seed: int = 0) -> SpeedComparison:
-    """Per-sample round times of a baseline ``a`` and a technique ``b``."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    ratio = float(np.median(a) / np.median(b))
-    p = float(mannwhitneyu(a, b, alternative="two-sided").pvalue) if min(a.size, b.size) > 1 \
-        else 1.0
-    rng = np.random.default_rng(seed)
-    boot = (np.median(rng.choice(a, (n_boot, a.size)), axis=1)
-            / np.median(rng.choice(b, (n_boot, b.size)), axis=1))
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return SpeedComparison(ratio, p, float(low), float(high))
+    """Per-sample round times of a baseline ``a`` and a technique ``b``, measured separately:
+    ratio of medians, Mann-Whitney, bootstrap interval (``stats.compare_independent``)."""
+    est = compare_independent(a, b, n_resamples=n_boot, seed=seed)
+    return SpeedComparison(est.ratio, est.p_value, est.low, est.high, est.test)
+
+
+def compare_paired_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
+                          seed: int = 0) -> SpeedComparison:
+    """Per-sample round times of a baseline ``a`` and a technique ``b`` measured in
+    alternation (round ``i`` of each side next to the other's): median per-round ratio,
+    Wilcoxon signed-rank, bootstrap interval over the rounds (``stats.compare_paired``)."""
+    est = compare_paired(a, b, n_resamples=n_boot, seed=seed)
+    return SpeedComparison(est.ratio, est.p_value, est.low, est.high, est.test)
 
 
 def _memory(row: pd.Series) -> float:
@@ -109,7 +117,7 @@ class _Cases:
         if pair is not None:
             a = np.asarray(pair["rounds_base_s"]) / pair["global_batch_base"]
             b = np.asarray(pair["rounds_new_s"]) / pair["global_batch_new"]
-            return compare_rounds(a, b), "interleaved rounds"
+            return compare_paired_rounds(a, b), "interleaved rounds"
         return compare_speed(base, new), "separate cases"
 
 
@@ -365,8 +373,8 @@ def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommen
         return rec
     bench = StandaloneBenchmark(f"confirm-{rec.case_id}")
     info = measure_pair(bench, ClaimPair("recommendation", base, new), rounds, 1)
-    speed = compare_rounds(np.asarray(info["rounds_base_s"]) / info["global_batch_base"],
-                           np.asarray(info["rounds_new_s"]) / info["global_batch_new"])
+    speed = compare_paired_rounds(np.asarray(info["rounds_base_s"]) / info["global_batch_base"],
+                                  np.asarray(info["rounds_new_s"]) / info["global_batch_new"])
     if speed.p_value < ALPHA and speed.ratio >= 1 + MIN_EFFECT:
         return Recommendation(rec.model, rec.case_id, speed.ratio, speed.low, speed.high,
                               rec.peak_memory_bytes, rec.budget_bytes, confirmed=True)
