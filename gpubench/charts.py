@@ -1,5 +1,15 @@
-"""Comparative seaborn charts. Each ``plot_*`` takes the tidy results and returns a figure, or
-raises ``CannotPlot`` saying why the data does not allow it (the report then notes it)."""
+"""Comparative charts. Each ``plot_*`` takes the tidy results and returns a figure, or raises
+``CannotPlot`` saying why the data does not allow it (the report then notes it).
+
+Conventions every chart follows, so that a chart never contradicts the tables beside it:
+
+- memory is the *training memory* of ``results.training_memory`` (CUDA: the allocator's peak;
+  CPU: the exact parameters + gradients + optimizer state + saved activations, per device or
+  rank), never the CPU process high-water mark, which is mostly the Python/PyTorch runtime;
+- throughput and memory axes start at 0, so that a 7% difference looks like 7%;
+- legends sit outside the data, and a run label appears only when several runs are drawn;
+- technique groups keep one colour everywhere (``GROUP_COLORS``).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +23,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
-from gpubench.results import with_baseline_ratios  # noqa: E402
+from gpubench.results import training_memory, with_baseline_ratios  # noqa: E402
 
 MIB = 2**20
+
+GROUPS = ("precision", "accumulation", "optimizer", "memory", "layout", "parallel", "loader",
+          "compile")
+"""The technique groups of the cases (the record field ``group``), in legend order."""
+
+GROUP_COLORS = dict(zip(GROUPS, sns.color_palette("tab10", len(GROUPS)).as_hex(), strict=True))
+OTHER_COLOR = "#7f7f7f"
+PRECISION_MARKERS = {"fp32": "o", "tf32": "s", "fp16": "^", "bf16": "D"}
+BASELINE_COLOR = "black"
 
 
 class CannotPlot(Exception):
@@ -24,10 +45,54 @@ class CannotPlot(Exception):
 
 
 def _measured(df: pd.DataFrame) -> pd.DataFrame:
+    if "kind" in df:
+        df = df[df["kind"].isna() | (df["kind"] == "step")]
     df = df[df["step_time_s"].notna()]
     if df.empty:
         raise CannotPlot("no measured cases")
     return df
+
+
+def _runs(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["run"]))
+
+
+def _short(case_id: str, model: str) -> str:
+    """The case id without the model prefix its panel already names."""
+    return case_id.removeprefix(f"{model}-") if case_id != model else case_id
+
+
+def group_color(group: object) -> str:
+    return GROUP_COLORS.get(group, OTHER_COLOR) if isinstance(group, str) else OTHER_COLOR
+
+
+def memory_measure(df: pd.DataFrame) -> tuple[pd.Series, str]:
+    """(bytes, label): the training memory of each record and what it is for these devices."""
+    devices = set(df["device"].dropna())
+    if devices == {"cuda"}:
+        label = "peak memory, CUDA allocator, per device"
+    elif "cuda" not in devices:
+        label = "training memory (params + grads + optimizer state + saved activations), per rank"
+    else:
+        label = "training memory (CUDA: allocator peak; CPU: exact params + grads + state + " \
+                "activations), per device"
+    return training_memory(df), label
+
+
+def _process_peak_note(df: pd.DataFrame) -> str:
+    """Where the CPU process high-water mark was left out, say so with its range."""
+    cpu = df[df["device"] != "cuda"]["peak_memory_bytes"].astype(float).dropna()
+    if cpu.empty:
+        return ""
+    return (f"CPU process high-water mark (not shown: mostly the Python/PyTorch runtime): "
+            f"{cpu.min() / MIB:,.0f}-{cpu.max() / MIB:,.0f} MiB")
+
+
+def _legend_above(fig: plt.Figure, handles: list, ncol: int | None = None,
+                  title: str | None = None) -> None:
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+               ncol=ncol or min(len(handles), 5), frameon=False, fontsize="small",
+               title=title, title_fontsize="small")
 
 
 def speedup_interval(
@@ -63,70 +128,115 @@ def _with_intervals(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_speedup(df: pd.DataFrame) -> plt.Figure:
-    """Speedup of every case over its FP32 baseline, with 95% bootstrap intervals."""
+    """Speedup (throughput ratio) of every case over its FP32 baseline, with 95% bootstrap
+    intervals; bars coloured by technique group (one run) or by run (several runs, the case
+    labels then take the group colour)."""
     df = _with_intervals(_measured(df)).dropna(subset=["speedup"])
     if df.empty:
         raise CannotPlot("no case has a measured FP32 baseline to compare with")
+    runs = _runs(df)
+    run_colors = dict(zip(runs, sns.color_palette("colorblind", len(runs)).as_hex(), strict=True))
     models = list(dict.fromkeys(df["model"]))
-    heights = [max(2.0, 0.28 * df[df["model"] == m]["case_id"].nunique() + 1) for m in models]
-    fig, axes = plt.subplots(
-        len(models), 1, figsize=(9, sum(heights)), squeeze=False,
-        gridspec_kw={"height_ratios": heights},
-    )
+    n_cases = [df[df["model"] == m]["case_id"].nunique() for m in models]
+    bar_h = 0.8 / len(runs)
+    heights = [max(1.6, (0.2 + 0.08 * (len(runs) - 1)) * n + 0.9) for n in n_cases]
+    fig, axes = plt.subplots(len(models), 1, figsize=(9, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    xmax = float(np.nanmax(df[["speedup", "speedup_hi"]].to_numpy(float)))
     for ax, model in zip(axes[:, 0], models, strict=True):
-        sub = df[df["model"] == model].sort_values("speedup", ascending=False)
-        order = list(dict.fromkeys(sub["case_id"]))
-        sns.barplot(data=sub, y="case_id", x="speedup", hue="run", order=order, ax=ax,
-                    errorbar=None, orient="h")
-        if sub["run"].nunique() == 1:
-            pos = {c: i for i, c in enumerate(order)}
-            y = sub["case_id"].map(pos)
-            err = np.vstack(
-                [sub["speedup"] - sub["speedup_lo"], sub["speedup_hi"] - sub["speedup"]]
-            )
-            ax.errorbar(sub["speedup"], y, xerr=np.nan_to_num(err.clip(min=0)), fmt="none",
-                        ecolor="black", capsize=2, lw=0.8)
-            if ax.get_legend():
-                ax.get_legend().remove()
-        ax.axvline(1.0, color="crimson", ls="--", lw=1, label="fp32 baseline")
-        ax.set_title(f"{model}: speedup over the FP32 baseline (higher is faster; 95% CI)")
-        ax.set_xlabel("speedup (case samples/s / baseline samples/s, from median step times)")
-        ax.set_ylabel("")
+        sub = df[df["model"] == model]
+        order = sub.groupby("case_id")["speedup"].mean().sort_values(ascending=False).index
+        pos = {c: i for i, c in enumerate(order)}
+        groups = sub.drop_duplicates("case_id").set_index("case_id")["group"] \
+            if "group" in sub else pd.Series(dtype=object)
+        for j, run in enumerate(runs):
+            r = sub[sub["run"] == run]
+            if r.empty:
+                continue
+            y = r["case_id"].map(pos).to_numpy(float) + (j - (len(runs) - 1) / 2) * bar_h
+            colors = ([group_color(g) for g in r.get("group", [None] * len(r))]
+                      if len(runs) == 1 else run_colors[run])
+            ax.barh(y, r["speedup"], height=bar_h * 0.9, color=colors)
+            err = np.vstack([r["speedup"] - r["speedup_lo"], r["speedup_hi"] - r["speedup"]])
+            ax.errorbar(r["speedup"], y, xerr=np.nan_to_num(err.clip(min=0)), fmt="none",
+                        ecolor="black", capsize=2, lw=0.7)
+            if len(runs) == 1:
+                for yy, s, hi in zip(y, r["speedup"], r["speedup_hi"], strict=True):
+                    end = hi if np.isfinite(hi) else s
+                    ax.text(end + 0.01 * xmax, yy, f"{s:.2f}x", va="center", fontsize=6.5)
+        ax.set_yticks(range(len(order)), [_short(c, model) for c in order], fontsize=7.5)
+        if len(runs) > 1:
+            for label, case in zip(ax.get_yticklabels(), order, strict=True):
+                label.set_color(group_color(groups.get(case)))
+        ax.set_ylim(len(order) - 0.5, -0.5)
+        ax.set_xlim(0, xmax * 1.12)
+        ax.axvline(1.0, color=BASELINE_COLOR, ls="--", lw=1)
+        ax.set_title(f"{model}: speedup over the FP32 baseline (higher is faster)", loc="left",
+                     fontsize="medium")
+        ax.set_xlabel("speedup = case samples/s ÷ FP32 baseline samples/s  "
+                      "(whiskers: 95% bootstrap interval)", fontsize="small")
+        ax.grid(axis="x", alpha=0.3)
+    present = [g for g in GROUPS if "group" in df and (df["group"] == g).any()]
+    handles = ([Patch(color=run_colors[r], label=f"run {r}") for r in runs] if len(runs) > 1
+               else [Patch(color=GROUP_COLORS[g], label=g) for g in present])
+    handles.append(Line2D([], [], color=BASELINE_COLOR, ls="--", label="FP32 baseline (1.0)"))
     fig.tight_layout()
+    _legend_above(fig, handles, title="technique group" if len(runs) == 1 else
+                  "run (case labels coloured by technique group)")
     return fig
 
 
 def plot_memory(df: pd.DataFrame) -> plt.Figure:
-    """Peak memory per case, split into parameters, gradients, optimizer state and the rest."""
-    df = _measured(df).dropna(subset=["peak_memory_bytes"])
-    if df.empty:
-        raise CannotPlot("no case recorded peak memory")
+    """Training memory per case, split into parameters, gradients, optimizer state, saved
+    activations and (CUDA) the allocator's other peak use; first run only."""
+    df = _measured(df)
     df = df[df["run"] == df["run"].iloc[0]]
-    models = list(dict.fromkeys(df["model"]))
-    fig, axes = plt.subplots(len(models), 1, figsize=(9, 0.3 * len(df) + 1.5 * len(models)),
-                             squeeze=False)
+    mem, label = memory_measure(df)
+    df = df.assign(_mem=mem).dropna(subset=["_mem"])
+    if df.empty:
+        raise CannotPlot("no case recorded its training memory (CUDA peak, or on the CPU "
+                         "parameters, gradients, optimizer state and activations)")
     parts = {"param_bytes": "parameters", "grad_bytes": "gradients",
-             "optimizer_state_bytes": "optimizer state"}
+             "optimizer_state_bytes": "optimizer state",
+             "activation_bytes": "saved activations (one micro-batch)"}
+    colors = dict(zip(parts, ["#4c72b0", "#dd8452", "#55a868", "#c44e52"], strict=True))
+    models = list(dict.fromkeys(df["model"]))
+    sizes = [int((df["model"] == m).sum()) for m in models]
+    heights = [0.19 * n + 0.9 for n in sizes]
+    fig, axes = plt.subplots(len(models), 1, figsize=(9, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    has_other = False
     for ax, model in zip(axes[:, 0], models, strict=True):
-        sub = df[df["model"] == model].sort_values("peak_memory_bytes")
+        sub = df[df["model"] == model].sort_values("_mem")
+        y = np.arange(len(sub))
         left = np.zeros(len(sub))
-        for col, label in parts.items():
-            vals = sub.get(col, pd.Series(0, index=sub.index)).fillna(0).to_numpy() / MIB
-            ax.barh(sub["case_id"], vals, left=left, label=label)
+        for col, name in parts.items():
+            vals = (sub[col].astype(float).fillna(0).to_numpy() if col in sub
+                    else np.zeros(len(sub))) / MIB
+            ax.barh(y, vals, left=left, color=colors[col], height=0.8, label=name)
             left += vals
-        peak = sub["peak_memory_bytes"].to_numpy(float) / MIB
-        step = sub.get("step_memory_bytes", pd.Series(0, index=sub.index)).fillna(0)
-        step = np.minimum(step.to_numpy(float) / MIB, peak)
-        held = np.clip(peak - step - left, 0, None)
-        ax.barh(sub["case_id"], held, left=left, color="0.85",
-                label="other memory held before the step (process, buffers)")
-        ax.barh(sub["case_id"], step, left=left + held, color="tab:red", alpha=0.7,
-                label="added by the step (activations, temporaries)")
-        method = sub["peak_memory_method"].iloc[0] if "peak_memory_method" in sub else ""
-        ax.set_title(f"{model}: peak memory per case ({method})")
-        ax.set_xlabel("MiB")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+        total = sub["_mem"].to_numpy(float) / MIB
+        other = np.clip(total - left, 0, None)
+        if other.any():
+            has_other = True
+            ax.barh(y, other, left=left, color="0.8", height=0.8)
+        for yy, t in zip(y, total, strict=True):
+            ax.text(t, yy, f" {t:,.1f}", va="center", fontsize=6.5)
+        ax.set_yticks(y, [_short(c, model) for c in sub["case_id"]], fontsize=7.5)
+        ax.set_ylim(len(sub) - 0.5, -0.5)
+        ax.set_xlim(0, total.max() * 1.12)
+        ax.set_title(f"{model}: training memory per case (smallest first)", loc="left",
+                     fontsize="medium")
+        ax.set_xlabel(f"MiB: {label}", fontsize="small")
+        ax.grid(axis="x", alpha=0.3)
+    handles = [Patch(color=colors[c], label=n) for c, n in parts.items()]
+    if has_other:
+        handles.append(Patch(color="0.8", label="rest of the allocator peak (temporaries)"))
+    note = _process_peak_note(df)
+    if note:
+        fig.text(0.01, 0.0, note, fontsize="small", color="0.35", va="top")
     fig.tight_layout()
+    _legend_above(fig, handles, ncol=3)
     return fig
 
 
@@ -141,65 +251,127 @@ def pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return pts.loc[keep]
 
 
+def spread_labels(wanted: list[float], gap: float, lo: float = 0.0,
+                  hi: float = 1.0) -> list[float]:
+    """Positions as close as possible to ``wanted`` (ascending), at least ``gap`` apart, within
+    [lo, hi]: where a label column goes, so that labels never overlap."""
+    if not wanted:
+        return []
+    gap = min(gap, (hi - lo) / max(len(wanted) - 1, 1))
+    pos = list(wanted)
+    for i in range(len(pos)):
+        pos[i] = max(pos[i], lo + i * gap, pos[i - 1] + gap if i else lo)
+    for i in range(len(pos) - 1, -1, -1):
+        pos[i] = min(pos[i], hi - (len(pos) - 1 - i) * gap,
+                     pos[i + 1] - gap if i < len(pos) - 1 else hi)
+    return [min(max(p, lo), hi) for p in pos]
+
+
 def plot_pareto(df: pd.DataFrame) -> plt.Figure:
-    """Throughput against peak memory; the line joins the configurations nothing beats on both."""
-    df = _measured(df).dropna(subset=["peak_memory_bytes", "samples_per_s"])
+    """Throughput against training memory; the line joins the configurations nothing beats on
+    both, named in a column beside each panel."""
+    df = _measured(df).dropna(subset=["samples_per_s"])
+    mem, label = memory_measure(df)
+    df = df.assign(mem_mib=mem.astype(float) / MIB).dropna(subset=["mem_mib"])
     if df.empty:
-        raise CannotPlot("no case has both throughput and peak memory")
-    df = df.assign(peak_mib=df["peak_memory_bytes"].astype(float) / MIB)
-    g = sns.relplot(data=df, x="peak_mib", y="samples_per_s", hue="precision", style="run",
-                    col="model", col_wrap=min(3, df["model"].nunique()), kind="scatter",
-                    facet_kws={"sharex": False, "sharey": False}, height=3.5)
-    for model, ax in g.axes_dict.items():
-        sub = df[df["model"] == model]
-        front = pareto_front(sub, "peak_mib", "samples_per_s")
-        ax.plot(front["peak_mib"], front["samples_per_s"], color="black", lw=1,
-                label="Pareto front")
-        for _, r in front.iterrows():
-            ax.annotate(r["case_id"].removeprefix(f"{model}-"), (r["peak_mib"], r["samples_per_s"]),
-                        fontsize=6)
-        ax.set_xlabel("peak memory (MiB)")
+        raise CannotPlot("no case has both throughput and training memory")
+    models, runs = list(dict.fromkeys(df["model"])), _runs(df)
+    fig, axes = plt.subplots(len(models), len(runs), squeeze=False,
+                             figsize=(9.5 * len(runs), 3.6 * len(models)))
+    for (i, model), (j, run) in ((m, r) for m in enumerate(models) for r in enumerate(runs)):
+        ax = axes[i, j]
+        sub = df[(df["model"] == model) & (df["run"] == run)]
+        if sub.empty:
+            ax.set_visible(False)
+            continue
+        for _, r in sub.iterrows():
+            ax.scatter(r["mem_mib"], r["samples_per_s"], s=28, color=group_color(r.get("group")),
+                       marker=PRECISION_MARKERS.get(r["precision"], "X"), alpha=0.85,
+                       edgecolor="white", linewidth=0.4, zorder=3)
+        front = pareto_front(sub, "mem_mib", "samples_per_s")
+        ax.plot(front["mem_mib"], front["samples_per_s"], color="black", lw=1, zorder=2)
+        ax.set_xlim(0, sub["mem_mib"].max() * 1.08)
+        ax.set_ylim(0, sub["samples_per_s"].max() * 1.1)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel(f"MiB: {label}", fontsize="small")
         ax.set_ylabel("samples/s")
-    g.figure.suptitle("Throughput vs peak memory (up and left is better)", y=1.02)
-    return g.figure
+        title = f"{model}" + (f" ({run})" if len(runs) > 1 else "")
+        ax.set_title(f"{title}: throughput vs memory (up and left is better)", loc="left",
+                     fontsize="medium")
+        # The front's names in a column to the right of the axes, joined by thin lines.
+        ymax = ax.get_ylim()[1]
+        order = front.sort_values("samples_per_s")
+        wanted = (order["samples_per_s"] / ymax).tolist()
+        for (_, r), yl in zip(order.iterrows(), spread_labels(wanted, 0.085), strict=True):
+            ax.annotate(_short(r["case_id"], model), xy=(r["mem_mib"], r["samples_per_s"]),
+                        xycoords="data", xytext=(1.03, yl), textcoords="axes fraction",
+                        va="center", fontsize=7,
+                        arrowprops={"arrowstyle": "-", "color": "0.7", "lw": 0.5, "ls": ":"})
+    present = [g for g in GROUPS if "group" in df and (df["group"] == g).any()]
+    handles = [Patch(color=GROUP_COLORS[g], label=g) for g in present]
+    handles += [Line2D([], [], ls="", marker=m, color="0.3", label=p)
+                for p, m in PRECISION_MARKERS.items() if (df["precision"] == p).any()]
+    handles.append(Line2D([], [], color="black", lw=1, label="Pareto front (named at right)"))
+    fig.tight_layout(w_pad=12)
+    _legend_above(fig, handles, ncol=7, title="colour: technique group; marker: precision")
+    note = _process_peak_note(df)
+    if note:
+        fig.text(0.01, 0.0, note, fontsize="small", color="0.35", va="top")
+    return fig
 
 
 def plot_accumulation(df: pd.DataFrame) -> plt.Figure:
-    """Peak memory and throughput against accumulation steps k, at fixed effective batch and at
-    fixed micro-batch."""
+    """Training memory and throughput against accumulation steps k, at fixed effective batch
+    and at fixed micro-batch."""
     df = _measured(df)
     if "group" not in df:
         raise CannotPlot("results carry no case groups")
     picked = (df["group"] == "accumulation") | (df["is_baseline"] == True)  # noqa: E712
-    df = df[picked & (df["precision"] == "fp32")]
+    df = df[picked & (df["precision"] == "fp32") & (df["parallel"] == "single")]
     if df["accum_steps"].nunique() < 2:
         raise CannotPlot("no gradient-accumulation cases (need at least two values of k)")
-    base = df[df["is_baseline"] == True].groupby("model")  # noqa: E712
-    same_global = df["global_batch"] == df["model"].map(base["global_batch"].first())
-    same_micro = df["micro_batch"] == df["model"].map(base["micro_batch"].first())
+    mem, label = memory_measure(df)
+    df = df.assign(mem_mib=mem.astype(float) / MIB)
+    base = df[df["is_baseline"] == True].groupby(["run", "model"])  # noqa: E712
+    key = pd.MultiIndex.from_frame(df[["run", "model"]])
+    same_global = df["global_batch"].to_numpy() == base["global_batch"].first().reindex(key)
+    same_micro = df["micro_batch"].to_numpy() == base["micro_batch"].first().reindex(key)
     # The k=1 baseline belongs to both lines.
     data = pd.concat([
-        df[same_global].assign(mode="constant effective batch"),
-        df[same_micro].assign(mode="constant micro-batch"),
+        df[same_global.to_numpy()].assign(mode="constant effective batch (smaller micro-batches)"),
+        df[same_micro.to_numpy()].assign(mode="constant micro-batch (larger effective batch)"),
     ])
-    # Older results lack the step's own memory; fall back to the peak.
-    mem = "step_memory_bytes" if data.get("step_memory_bytes") is not None else "peak_memory_bytes"
-    data["step_mib"] = data[mem].astype(float) / MIB
-    long = data.melt(id_vars=["model", "accum_steps", "mode", "run"],
-                     value_vars=["step_mib", "samples_per_s"], var_name="metric")
-    g = sns.relplot(data=long, x="accum_steps", y="value", hue="mode", style="run", row="metric",
-                    col="model", kind="line", marker="o",
-                    facet_kws={"sharey": False, "sharex": True}, height=2.8)
-    g.set_axis_labels("accumulation steps k", "")
-    for (metric, model), ax in g.axes_dict.items():
-        unit = "step memory (MiB)" if metric == "step_mib" else "samples/s (global batch)"
-        ax.set_title(model, fontsize="medium")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_ylabel(unit)
-    g.figure.suptitle(
-        "Gradient accumulation vs k: memory the step adds above its resting state (top), "
-        "throughput (bottom)", y=1.03)
-    return g.figure
+    runs, models = _runs(data), list(dict.fromkeys(data["model"]))
+    modes = list(dict.fromkeys(data["mode"]))
+    colors = dict(zip(modes, ["#4c72b0", "#dd8452"], strict=False))
+    styles = dict(zip(runs, ["-", "--", ":", "-."] * 4, strict=False))
+    metrics = [("mem_mib", f"MiB: {label}"), ("samples_per_s", "samples/s (global batch)")]
+    fig, axes = plt.subplots(2, len(models), squeeze=False, sharex=True,
+                             figsize=(3.6 * len(models) + 0.5, 6))
+    for col, model in enumerate(models):
+        for row, (metric, ylabel) in enumerate(metrics):
+            ax = axes[row, col]
+            for (mode, run), sub in data[data["model"] == model].groupby(["mode", "run"],
+                                                                          sort=False):
+                sub = sub.sort_values("accum_steps")
+                ax.plot(sub["accum_steps"], sub[metric], marker="o", color=colors[mode],
+                        ls=styles[run])
+            ax.set_ylim(0, max(data.loc[data["model"] == model, metric].max() * 1.15, 1e-9))
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{model}: " + ("training memory" if row == 0 else "throughput"),
+                         loc="left", fontsize="medium")
+            if col == 0:
+                ax.set_ylabel(ylabel if row else "MiB", fontsize="small")
+            if row == 1:
+                ax.set_xlabel("accumulation steps k")
+            ax.xaxis.get_major_locator().set_params(integer=True)
+    handles = [Line2D([], [], color=colors[m], marker="o", label=m) for m in modes]
+    if len(runs) > 1:
+        handles += [Line2D([], [], color="0.3", ls=styles[r], label=f"run {r}") for r in runs]
+    fig.tight_layout()
+    _legend_above(fig, handles, ncol=2)
+    fig.text(0.01, 0.0, f"memory: {label}", fontsize="small", color="0.35", va="top")
+    return fig
 
 
 def plot_scaling(df: pd.DataFrame) -> plt.Figure:
@@ -221,23 +393,41 @@ def plot_scaling(df: pd.DataFrame) -> plt.Figure:
         if key in singles.index:
             rows.append(singles.loc[[key]].reset_index().assign(line=p["line"], world_size=1))
     data = pd.concat(rows, ignore_index=True)
-    fig, axes = plt.subplots(2, data["model"].nunique(), squeeze=False,
-                             figsize=(5 * data["model"].nunique(), 7))
-    for col, model in enumerate(dict.fromkeys(data["model"])):
+    models, runs = list(dict.fromkeys(data["model"])), _runs(data)
+    lines = list(dict.fromkeys(data["line"]))
+    colors = dict(zip(lines, sns.color_palette("tab10", max(len(lines), 1)).as_hex() * 3,
+                      strict=False))
+    styles = dict(zip(runs, ["-", "--", ":", "-."] * 4, strict=False))
+    fig, axes = plt.subplots(2, len(models), squeeze=False, figsize=(4.6 * len(models) + 0.5, 7))
+    for col, model in enumerate(models):
         sub = data[data["model"] == model]
         for row, (metric, label) in enumerate([("samples_per_s", "samples/s (global batch)"),
                                                ("scaling_efficiency", "scaling efficiency")]):
             ax = axes[row, col]
-            sns.lineplot(data=sub, x="world_size", y=metric, hue="line", style="run",
-                         marker="o", ax=ax, errorbar=None)
-            ax.set_title(f"{model}: {label}")
+            for (line, run), s in sub.groupby(["line", "run"], sort=False):
+                s = s.sort_values("world_size")
+                ax.plot(s["world_size"], s[metric], marker="o", color=colors[line],
+                        ls=styles[run])
+            ax.set_title(f"{model}: {label}", loc="left", fontsize="medium")
             ax.set_xlabel("world size (devices or processes)")
-            ax.set_ylabel(label)
+            ax.set_ylabel(label, fontsize="small")
             ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.grid(alpha=0.3)
             if metric == "scaling_efficiency":
-                ax.axhline(1.0, color="crimson", ls="--", lw=1)
-    fig.suptitle("Parallel scaling vs the single-device case with the same per-device batch")
-    fig.tight_layout()
+                ax.axhline(1.0, color=BASELINE_COLOR, ls="--", lw=1)
+                ax.set_ylim(0, max(1.1, sub[metric].max() * 1.1))
+                ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+            else:
+                ax.set_ylim(0, sub[metric].max() * 1.1)
+    handles = [Line2D([], [], color=colors[n], marker="o", label=n) for n in lines]
+    handles.append(Line2D([], [], color=BASELINE_COLOR, ls="--", label="perfect scaling"))
+    if len(runs) > 1:
+        handles += [Line2D([], [], color="0.3", ls=styles[r], label=f"run {r}") for r in runs]
+    fig.suptitle("Parallel scaling vs the single-device case with the same per-device batch",
+                 x=0.02, ha="left", fontsize="medium")
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.79, 0.5), frameon=False,
+               fontsize="small", title="configuration", title_fontsize="small")
     return fig
 
 
@@ -255,27 +445,47 @@ def plot_loader(df: pd.DataFrame) -> plt.Figure:
               & (df["non_blocking"] != True)]  # noqa: E712
     if grid["num_workers"].nunique() < 2:
         raise CannotPlot("no data-loader cases varying num_workers on on-disk data")
-    resident = df[df["dataset"] == "device-resident"].set_index(["run", "model"])["samples_per_s"]
-    long = grid.melt(id_vars=["model", "num_workers", "pin_memory", "run", "dataset"],
-                     value_vars=["samples_per_s", "loader_samples_per_s", "loader_stall_fraction"],
-                     var_name="metric")
-    g = sns.relplot(data=long, x="num_workers", y="value", hue="pin_memory", style="run",
-                    row="metric", col="model", kind="line", marker="o",
-                    facet_kws={"sharey": False}, height=2.8, aspect=1.3)
-    labels = {"samples_per_s": "training samples/s",
-              "loader_samples_per_s": "loader-only samples/s",
-              "loader_stall_fraction": "share of step time waiting for data"}
-    for (metric, model), ax in g.axes_dict.items():
-        ax.set_title(f"{model}: {labels[metric]}", fontsize="medium")
-        ax.set_ylabel(labels[metric])
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        if metric == "samples_per_s":
-            for (_run, m), value in resident.items():
-                if m == model:
-                    ax.axhline(value, color="crimson", ls="--", lw=1)
-    g.set_xlabels("DataLoader num_workers")
-    g.figure.suptitle("Data loader on on-disk data (dashed: data already on the device)", y=1.02)
-    return g.figure
+    resident = df[df["dataset"] == "device-resident"]
+    models, runs = list(dict.fromkeys(grid["model"])), _runs(grid)
+    colors = {False: "#4c72b0", True: "#dd8452"}
+    styles = dict(zip(runs, ["-", "--", ":", "-."] * 4, strict=False))
+    metrics = {"samples_per_s": "training samples/s",
+               "loader_samples_per_s": "loader alone, samples/s",
+               "loader_stall_fraction": "share of step time waiting for data"}
+    fig, axes = plt.subplots(len(metrics), len(models), squeeze=False, sharex="col",
+                             figsize=(4.2 * len(models) + 0.5, 2.6 * len(metrics)))
+    for col, model in enumerate(models):
+        sub = grid[grid["model"] == model]
+        for row, (metric, label) in enumerate(metrics.items()):
+            ax = axes[row, col]
+            for (pin, run), s in sub.groupby(["pin_memory", "run"], sort=False):
+                s = s.sort_values("num_workers")
+                ax.plot(s["num_workers"], s[metric], marker="o", color=colors[bool(pin)],
+                        ls=styles[run])
+            top = sub[metric].max()
+            if metric == "samples_per_s":
+                res = resident[resident["model"] == model]["samples_per_s"]
+                for value in res:
+                    ax.axhline(value, color=BASELINE_COLOR, ls="--", lw=1)
+                top = max(top, res.max() if not res.empty else 0)
+            if metric == "loader_stall_fraction":
+                ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+            ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{model}: {label}", loc="left", fontsize="medium")
+            if row == len(metrics) - 1:
+                ax.set_xlabel("DataLoader num_workers")
+            ax.xaxis.get_major_locator().set_params(integer=True)
+    pins = sorted({bool(p) for p in grid["pin_memory"].dropna()})
+    handles = [Line2D([], [], color=colors[p], marker="o",
+                      label="pinned memory" if p else "not pinned") for p in pins]
+    handles.append(Line2D([], [], color=BASELINE_COLOR, ls="--",
+                          label="data already on the device (no loading)"))
+    if len(runs) > 1:
+        handles += [Line2D([], [], color="0.3", ls=styles[r], label=f"run {r}") for r in runs]
+    fig.tight_layout()
+    _legend_above(fig, handles, ncol=3, title="Data loader on on-disk data")
+    return fig
 
 
 CHARTS = {

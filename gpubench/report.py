@@ -1,15 +1,20 @@
-"""The report: every chart the results allow (PNG and SVG), plus Markdown and HTML pages with the
-summary tables. Charts the results cannot support are listed with the reason, never a crash."""
+"""The report: every chart the results allow (PNG and SVG), plus a Markdown page and a
+self-contained HTML page (rendered with Python-Markdown: real tables, coloured verdicts, a table
+of contents, the charts embedded). Charts the results cannot support are listed with the reason,
+never a crash."""
 
 from __future__ import annotations
 
 import base64
-import html
 import io
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+import markdown as md_lib
 import matplotlib.pyplot as plt
+import pandas as pd
 
 from gpubench import atomic
 from gpubench.advice import advice_markdown
@@ -18,17 +23,126 @@ from gpubench.results import load_results
 from gpubench.summary import summary_markdown
 
 READING_GUIDE = """\
-How to read these charts: *speedup* is the FP32 baseline's median step time divided by the
-case's (above 1 is faster; the whisker is a 95% bootstrap interval from the raw rounds).
-*Peak memory* is the high-water mark during the timed steps (CUDA: allocated tensors; CPU: the
-whole process's resident memory), split into parameters, gradients and optimizer state where those
-are known exactly. The *Pareto* chart marks configurations no other beats on both throughput and
-memory."""
+- **Speedup** is the ratio of throughputs: the case's samples/s divided by the samples/s of the
+  FP32 baseline of the same model, profile and device (above 1 is faster). For a case with the
+  baseline's global batch this equals baseline median step time ÷ case median step time; it
+  stays fair for cases that process more samples per step (accumulation at constant
+  micro-batch, DDP). Whiskers are 95% bootstrap intervals from the raw rounds.
+- **Training memory** is what the techniques change: on CUDA the allocator's peak; on the CPU
+  the exact sum of parameters, gradients, optimizer state and the activations autograd saves
+  for one micro-batch, per device or rank. The CPU process high-water mark (the summary's
+  *peak mem* column) is mostly the Python/PyTorch runtime and is not charted.
+- The **Pareto** chart joins the configurations that no other beats on both throughput and
+  training memory.
+- Throughput and memory axes start at 0; bar colours are technique groups."""
+
+CHART_TITLES = {
+    "speedup": "speedup: throughput over the FP32 baseline",
+    "memory": "memory: training memory per case",
+    "pareto": "pareto: throughput vs training memory",
+    "accumulation": "accumulation: memory and throughput vs accumulation steps",
+    "scaling": "scaling: throughput and efficiency vs world size",
+    "loader": "loader: data loading on on-disk data",
+}
+
+VERDICT_CLASSES = {
+    "holds": "good",
+    "does not hold": "bad",
+    "inconclusive": "unsure",
+    "not testable here": "na",
+    "improvement": "good",
+    "regression": "bad",
+    "unchanged": "neutral",
+    "too few rounds to decide": "unsure",
+}
+"""Bold verdict words of the advice (and compare) tables -> CSS class of their colour."""
+
+STYLE = """
+:root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --zebra: #f6f8fa; --accent: #0969da; }
+* { box-sizing: border-box; }
+body { font: 15px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: var(--fg);
+       max-width: 1180px; margin: 0 auto; padding: 24px 32px 64px; }
+h1 { font-size: 1.8em; border-bottom: 1px solid var(--line); padding-bottom: .3em; }
+h2 { font-size: 1.4em; margin-top: 2em; border-bottom: 1px solid var(--line);
+     padding-bottom: .2em; }
+h3 { font-size: 1.1em; margin-top: 1.5em; }
+a { color: var(--accent); text-decoration: none; }
+a:hover { text-decoration: underline; }
+code { font: 0.88em ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+       background: var(--zebra); padding: .1em .3em; border-radius: 4px; }
+.toc { background: var(--zebra); border: 1px solid var(--line); border-radius: 6px;
+       padding: 8px 16px; display: inline-block; min-width: 50%; }
+.toc ul { margin: 0; padding-left: 1.2em; }
+.toc > ul { columns: 2; column-gap: 32px; }
+.toc li { break-inside: avoid; }
+.scroll { overflow-x: auto; margin: 12px 0; }
+table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
+th, td { border: 1px solid var(--line); padding: 4px 8px; vertical-align: top; }
+th { background: var(--zebra); position: sticky; top: 0; }
+tbody tr:nth-child(even) { background: #fbfcfd; }
+tbody tr:hover { background: #eef4ff; }
+img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px;
+      padding: 8px; background: white; }
+.verdict { display: inline-block; white-space: nowrap; padding: 0 .5em; border-radius: 1em;
+           font-weight: 600; }
+.verdict.good { background: #dafbe1; color: #116329; }
+.verdict.bad { background: #ffebe9; color: #a40e26; }
+.verdict.unsure { background: #fff8c5; color: #7d4e00; }
+.verdict.na { background: #eaeef2; color: #424a53; }
+.verdict.neutral { color: var(--muted); font-weight: 400; }
+"""
+
+
+@dataclass(frozen=True)
+class Section:
+    anchor: str
+    title: str
+    body: str
 
 
 def _save(fig: plt.Figure, dest: Path) -> None:
     with atomic.atomic_path(dest) as tmp:
         fig.savefig(tmp, format=dest.suffix.lstrip("."), dpi=110, bbox_inches="tight")
+
+
+def _first(values: pd.Series) -> str:
+    values = values.dropna()
+    return str(values.iloc[0]) if not values.empty else "-"
+
+
+def runs_markdown(df: pd.DataFrame) -> str:
+    """One line per run: where and with what it was measured."""
+    rows = []
+    for run, g in df.groupby("run", sort=False):
+        steps = g[g["kind"].isna() | (g["kind"] == "step")] if "kind" in g else g
+        device_name = g.get("device_name", pd.Series(dtype=object))
+        rows.append({
+            "run": run,
+            "profile": ", ".join(map(str, dict.fromkeys(steps["profile"].dropna()))) or "-",
+            "device": ", ".join(map(str, dict.fromkeys(steps["device"].dropna()))) or "-",
+            "hardware": _first(device_name) if (steps["device"] == "cuda").any()
+            else _first(g["machine_cpu"]),
+            "torch": _first(g["torch_version"]),
+            "date": _first(g["datetime"])[:19].replace("T", " "),
+            "cases": str(int(steps["step_time_s"].notna().sum())),
+        })
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(r.values()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str]) -> list[Section]:
+    sections = [Section("runs", "Runs", runs_markdown(df) + "\n"),
+                Section("reading-guide", "How to read this report", READING_GUIDE + "\n")]
+    for name in charts:
+        sections.append(Section(name, CHART_TITLES.get(name, name), f"![{name}]({name}.png)\n"))
+    if skipped:
+        sections.append(Section("charts-not-drawn", "Charts not drawn", "\n".join(skipped) + "\n"))
+    if df["run"].nunique() == 1:
+        sections.append(Section("advice", "Advice: the common speed-up claims, on these "
+                                "measurements", advice_markdown(df)))
+    sections.append(Section("summary", "Summary", summary_markdown(df)))
+    return sections
 
 
 def write_report(
@@ -37,7 +151,7 @@ def write_report(
     """Draw every chart into ``out`` and write ``report.md`` and ``report.html``; return paths."""
     out = Path(out)
     df = load_results(files, labels)
-    written, sections, skipped, pngs = [], [], [], {}
+    written, drawn, skipped, pngs = [], [], [], {}
     for name, plot in CHARTS.items():
         try:
             fig = plot(df)
@@ -48,39 +162,48 @@ def write_report(
             _save(fig, out / f"{name}.{ext}")
             written.append(out / f"{name}.{ext}")
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
         pngs[name] = base64.b64encode(buf.getvalue()).decode()
         plt.close(fig)
-        sections.append(f"## {name}\n\n![{name}]({name}.png)\n")
+        drawn.append(name)
     runs = ", ".join(dict.fromkeys(df["run"]))
-    md = [f"# gpubench report: {runs}\n", READING_GUIDE + "\n", *sections]
-    if skipped:
-        md.append("## Charts not drawn\n\n" + "\n".join(skipped) + "\n")
-    if df["run"].nunique() == 1:
-        md.append("## Advice: the common speed-up claims, on these measurements\n\n"
-                  + advice_markdown(df))
-    md.append("## Summary\n\n" + summary_markdown(df))
-    markdown = "\n".join(md)
+    title = f"gpubench report: {runs}"
+    sections = report_sections(df, drawn, skipped)
+    markdown = f"# {title}\n\n" + "\n".join(f"## {s.title}\n\n{s.body}" for s in sections)
     atomic.write_text(out / "report.md", markdown)
     written.append(out / "report.md")
-    atomic.write_text(out / "report.html", _html(markdown, pngs))
+    atomic.write_text(out / "report.html", render_html(title, sections, pngs))
     written.append(out / "report.html")
     return written
 
 
-def _html(markdown: str, pngs: dict[str, str]) -> str:
-    """A self-contained page: the Markdown as preformatted text with the charts embedded."""
-    body = []
-    for block in markdown.split("\n## "):
-        title, _, rest = block.partition("\n")
-        name = title.strip().lstrip("# ")
-        body.append(f"<h2>{html.escape(name)}</h2>")
-        if name in pngs:
-            body.append(f'<img alt="{name}" src="data:image/png;base64,{pngs[name]}">')
-        else:
-            body.append(f"<pre>{html.escape(rest)}</pre>")
+def render_html(title: str, sections: list[Section], pngs: dict[str, str]) -> str:
+    """A self-contained page: the sections' Markdown rendered with Python-Markdown (tables,
+    table of contents, anchors), verdicts coloured, charts embedded as base64 PNG."""
+    # Result files are data: no raw HTML from them reaches the page.
+    text = "\n".join(
+        f"## {s.title} {{#{s.anchor}}}\n\n{s.body.replace('<', '&lt;')}" for s in sections
+    )
+    body = md_lib.markdown(
+        "**Contents**\n\n[TOC]\n\n" + text,
+        extensions=["tables", "toc", "attr_list", "sane_lists"],
+        extension_configs={"toc": {"toc_depth": "2-3"}},
+        output_format="html",
+    )
+    for name, data in pngs.items():
+        body = body.replace(f'src="{name}.png"', f'src="data:image/png;base64,{data}"')
+        # Links to a chart (the advice's "chart" column) jump to it within the page.
+        body = body.replace(f'href="{name}.png"', f'href="#{name}"')
+    body = re.sub(
+        r"<strong>(" + "|".join(map(re.escape, VERDICT_CLASSES)) + r")</strong>",
+        lambda m: f'<strong class="verdict {VERDICT_CLASSES[m.group(1)]}">{m.group(1)}</strong>',
+        body,
+    )
+    body = body.replace("<table>", '<div class="scroll"><table>').replace(
+        "</table>", "</table></div>")
     return (
-        "<!doctype html><meta charset='utf-8'><title>gpubench report</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
-        "img{max-width:100%}pre{white-space:pre-wrap}</style>" + "\n".join(body)
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{title.replace('<', '&lt;')}</title>\n<style>{STYLE}</style>\n</head>\n"
+        f"<body>\n<h1>{title.replace('<', '&lt;')}</h1>\n{body}\n</body>\n</html>\n"
     )
