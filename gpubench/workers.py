@@ -1,9 +1,15 @@
 """Worker processes for multi-process cases: one per rank, driven by commands over pipes.
 
-The parent hosts the rendezvous store on a port the OS picks (``TCPStore`` on port 0), so two
-suites started at once never collide. A rank that raises reports its traceback and the whole
-group fails at once; a rank that does not answer within the timeout fails the group too. Either
-way, and on normal exit, no worker process outlives the group.
+The parent hosts the rendezvous store on a port the OS picks, so two suites started at once
+never collide. The store listens on the loopback address only (a socket bound to 127.0.0.1
+whose descriptor the store takes over), and the ranks pin gloo and NCCL to the loopback
+interface: a single-host case opens no port to the network. (Multi-node jobs under
+``torchrun``, ``gpubench dist``, use the interfaces the user configures.)
+
+A rank that raises reports its traceback and the whole group fails at once; a rank that does
+not answer within the timeout fails the group too; a rank that dies is reported with its exit
+status or signal. Ranks die with their parent (parent-death signal plus a watchdog, armed
+before the rank imports torch), so no worker process outlives the group, whatever kills it.
 """
 
 from __future__ import annotations
@@ -11,6 +17,9 @@ from __future__ import annotations
 import datetime
 import multiprocessing.connection as mpc
 import os
+import pickle
+import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -19,11 +28,22 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gpubench.signals import describe_exit, guarded_call
+
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds a command may take on every rank before the group is declared hung."""
 
 START_TIMEOUT_S = 180.0
 """Seconds for workers to start (import torch, build the model, join the process group)."""
+
+LOOPBACK = "127.0.0.1"
+
+STAGES = {
+    "spawning": "starting (Python, importing torch and the rank program)",
+    "joining": "joining the process group",
+    "building": "building its program (model, data, optimizer)",
+}
+"""Start-up stages a rank reports, in order, with what it is doing in each."""
 
 
 class WorkerError(RuntimeError):
@@ -34,13 +54,52 @@ class WorkerTimeout(WorkerError):
     """A rank did not answer in time."""
 
 
-def _worker_main(rank: int, world_size: int, port: int, backend: str,
-                 factory: Callable[..., Any], args: tuple, conn, timeout_s: float) -> None:
+def loopback_interface() -> str:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return next((n for n in names if n.startswith("lo")), "lo")
+
+
+def pin_to_loopback() -> None:
+    """Make gloo and NCCL in this process use the loopback interface only (single host)."""
+    iface = loopback_interface()
+    os.environ["GLOO_SOCKET_IFNAME"] = iface
+    os.environ["NCCL_SOCKET_IFNAME"] = iface
+
+
+def loopback_store(timeout_s: float) -> dist.TCPStore:
+    """A master ``TCPStore`` on a free port that listens on 127.0.0.1 only (``TCPStore`` on
+    its own binds every interface)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        store = dist.TCPStore("127.0.0.1", port, is_master=False,
+        sock.bind((LOOPBACK, 0))
+        sock.listen(128)
+        store = dist.TCPStore(LOOPBACK, sock.getsockname()[1], is_master=True,
+                              wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s),
+                              master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns and closes the descriptor now
+    return store
+
+
+def _rank_main(conn, payload: bytes) -> None:
+    """A rank, once ``guarded_call`` has armed its parent-death watch: join the process group,
+    build ``factory(rank, world_size, *args)``, then run commands until "stop"."""
+    try:
+        rank, world_size, port, backend, factory, args, timeout_s = pickle.loads(payload)
+        pin_to_loopback()
+        conn.send(("stage", "joining"))
+        store = dist.TCPStore(LOOPBACK, port, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        conn.send(("stage", "building"))
         handler = factory(rank, world_size, *args)
         conn.send(("ok", None))
         while True:
@@ -59,7 +118,9 @@ def _worker_main(rank: int, world_size: int, port: int, backend: str,
 
 class WorkerGroup:
     """``world_size`` processes, each running ``factory(rank, world_size, *args)``, the object
-    whose methods ``call`` invokes on every rank."""
+    whose methods ``call`` invokes on every rank.
+
+    ``factory`` and ``args`` must pickle (the ranks are spawned, not forked)."""
 
     def __init__(self, world_size: int, factory: Callable[..., Any], args: tuple = (), *,
                  backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -68,33 +129,57 @@ class WorkerGroup:
             raise ValueError(f"world_size must be a positive integer; got {world_size!r}")
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=timeout_s))
-        ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
+        self.stages: list[str] = []
+        self.store = loopback_store(timeout_s)
+        ctx = mp.get_context("spawn")
+        # The kernel's parent-death signal follows the thread that starts the child: only
+        # use it when that thread lives as long as the process.
+        main_thread = threading.current_thread() is threading.main_thread()
         try:
             for rank in range(world_size):
                 parent, child = ctx.Pipe()
+                payload = pickle.dumps((rank, world_size, self.store.port, backend, factory,
+                                        args, timeout_s))
                 proc = ctx.Process(
-                    target=_worker_main,
-                    args=(rank, world_size, self.store.port, backend, factory, args, child,
-                          timeout_s),
+                    target=guarded_call,
+                    args=(os.getpid(), main_thread, f"{__name__}:_rank_main", child, payload),
                     name=f"gpubench-rank{rank}",
                 )
                 proc.start()
                 child.close()
                 self.conns.append(parent)
                 self.procs.append(proc)
+                self.stages.append("spawning")
             self._collect("start", start_timeout_s)
         except BaseException:
-            self.close()
+            self.close(graceful=False)
             raise
 
     def call(self, command: str, *payload: Any, timeout_s: float | None = None) -> list[Any]:
         """Run ``command`` on every rank; return the results in rank order."""
-        for conn in self.conns:
-            conn.send((command, payload))
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send((command, payload))
+            except (BrokenPipeError, OSError):
+                self._fail_dead_rank(rank, command)
         return self._collect(command, self.timeout_s if timeout_s is None else timeout_s)
+
+    def _exit_status(self, rank: int) -> str:
+        proc = self.procs[rank]
+        proc.join(5)  # the pipe closes a moment before the exit status is known
+        return describe_exit(proc.exitcode)
+
+    def _fail_dead_rank(self, rank: int, command: str):
+        status = self._exit_status(rank)
+        self.close(graceful=False)
+        raise WorkerError(f"rank {rank} {status} during {command!r} without a report") from None
+
+    def _start_culprits(self, pending: dict) -> list[int]:
+        """The pending ranks at the earliest start-up stage: those the others wait for."""
+        order = list(STAGES)
+        earliest = min(order.index(self.stages[r]) for r in pending)
+        return [r for r in sorted(pending) if order.index(self.stages[r]) == earliest]
 
     def _collect(self, command: str, timeout_s: float) -> list[Any]:
         results: dict[int, Any] = {}
@@ -104,28 +189,51 @@ class WorkerGroup:
             remaining = deadline - time.monotonic()
             ready = mpc.wait(list(pending.values()), timeout=max(0.0, remaining))
             if not ready:
-                self.close(graceful=False)
-                raise WorkerTimeout(
-                    f"rank(s) {', '.join(map(str, sorted(pending)))} did not finish "
-                    f"{command!r} within {timeout_s:g} s (hung?); all workers stopped"
-                )
+                raise self._timeout(command, timeout_s, pending)
             for rank, conn in list(pending.items()):
                 if conn not in ready:
                     continue
                 try:
                     status, value = conn.recv()
-                except EOFError:
-                    code = self.procs[rank].exitcode
-                    self.close(graceful=False)
-                    raise WorkerError(
-                        f"rank {rank} exited (code {code}) during {command!r} without a report"
-                    ) from None
+                except (EOFError, OSError):
+                    self._fail_dead_rank(rank, command)
+                if status == "stage":
+                    self.stages[rank] = value
+                    continue
                 if status == "error":
-                    self.close(graceful=False)
-                    raise WorkerError(f"rank {rank} failed during {command!r}:\n{value}")
+                    raise self._failure(command, rank, value, pending)
                 results[rank] = value
                 del pending[rank]
         return [results[r] for r in range(self.world_size)]
+
+    def _timeout(self, command: str, timeout_s: float, pending: dict) -> WorkerTimeout:
+        self.close(graceful=False)
+        if command != "start":
+            return WorkerTimeout(
+                f"rank(s) {', '.join(map(str, sorted(pending)))} did not finish "
+                f"{command!r} within {timeout_s:g} s (hung?); all workers stopped"
+            )
+        culprits = self._start_culprits(pending)
+        waiting = [r for r in sorted(pending) if r not in culprits]
+        stage = STAGES[self.stages[culprits[0]]] if culprits else "?"
+        msg = (f"rank(s) {', '.join(map(str, culprits))} did not start within {timeout_s:g} s "
+               f"(stuck {stage}; hung?)")
+        if waiting:
+            msg += f"; rank(s) {', '.join(map(str, waiting))} waited for it"
+        return WorkerTimeout(msg + "; all workers stopped")
+
+    def _failure(self, command: str, rank: int, tb: str, pending: dict) -> WorkerError:
+        culprits = self._start_culprits(pending) if command == "start" else []
+        self.close(graceful=False)
+        if command == "start" and self.stages[rank] == "joining" and rank not in culprits:
+            # A healthy rank gave up waiting in the process group for one that never came.
+            lagging = ", ".join(map(str, culprits))
+            last = tb.strip().splitlines()[-1] if tb.strip() else ""
+            return WorkerTimeout(
+                f"rank(s) {lagging} did not start (stuck {STAGES[self.stages[culprits[0]]]}); "
+                f"rank {rank} gave up waiting for it to join the process group: {last}"
+            )
+        return WorkerError(f"rank {rank} failed during {command!r}:\n{tb}")
 
     def close(self, graceful: bool = True) -> None:
         """Stop every worker: ask politely (``graceful``), then terminate, then kill."""
@@ -152,8 +260,8 @@ class WorkerGroup:
     def __enter__(self) -> WorkerGroup:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(graceful=exc_type is None)
 
     @property
     def pids(self) -> list[int]:

@@ -1,0 +1,173 @@
+"""Process lifetimes: children that die with their parent, and signals forwarded to a child.
+
+Light on purpose (no torch, no pandas): a rank imports this module first thing after it is
+spawned, so that it follows its parent's death even while it is still importing torch.
+
+- ``die_with_parent`` makes the calling process exit soon after ``parent_pid`` exits: the
+  kernel's parent-death signal (Linux ``prctl(PR_SET_PDEATHSIG)``) plus a watchdog thread that
+  polls ``os.getppid()`` (other systems, and a second line of defence).
+- ``run_forwarding_signals`` runs a command in its own process group, forwards SIGINT and
+  SIGTERM to it, waits for it and kills whatever is left of its group.
+- As a pytest plugin (``pytest -p gpubench.signals``, which ``gpubench run`` passes together with
+  ``GPUBENCH_PARENT_PID``), it turns SIGTERM into ``KeyboardInterrupt`` so that pytest stops
+  like on Ctrl-C (pytest-benchmark still writes the cases that finished) and makes pytest
+  follow ``gpubench run``'s death.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+PR_SET_PDEATHSIG = 1
+PARENT_PID_ENV = "GPUBENCH_PARENT_PID"
+"""Set by ``gpubench run`` for its pytest child: the pid whose death ends the pytest run."""
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; ``exit_code`` is the shell convention 128 + signal number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_exit(code: int | None) -> str:
+    """A process exit code (``Popen.returncode``/``Process.exitcode``) in words."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        return f"was killed by {signal_name(-code)}"
+    return f"exited with status {code}"
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, poll_s: float = 0.25,
+                    use_pdeathsig: bool = True, grace_s: float = 10.0) -> None:
+    """Make this process receive ``sig`` as soon as ``parent_pid`` (its parent) dies.
+
+    Call it first thing in the child. The kernel signal (Linux) fires even while the child is
+    busy in C code; note that it follows the parent *thread* that started the child, so pass
+    ``use_pdeathsig=False`` when that thread may end before the parent process. The watchdog
+    thread notices a re-parenting within ``poll_s``; if ``sig`` was caught and the process
+    is still alive ``grace_s`` later, it is killed outright."""
+    if use_pdeathsig:
+        _set_pdeathsig(sig)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os.kill(os.getpid(), sig)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), sig)
+        time.sleep(grace_s)
+        os._exit(128 + int(sig))
+
+    threading.Thread(target=watch, name="gpubench-parent-watchdog", daemon=True).start()
+
+
+def guarded_call(parent_pid: int, use_pdeathsig: bool, target: str, *args) -> None:
+    """Spawned-process entry point: ``die_with_parent(parent_pid)`` (SIGKILL), then import
+    ``target`` ("module:function") and call it with ``args``. Passing this function as a
+    ``multiprocessing`` target keeps heavy imports after the parent-death watch is armed."""
+    die_with_parent(parent_pid, signal.SIGKILL, use_pdeathsig=use_pdeathsig)
+    module, _, name = target.partition(":")
+    getattr(importlib.import_module(module), name)(*args)
+
+
+def run_forwarding_signals(cmd: Sequence[str], *, env: dict | None = None,
+                           grace_s: float = 30.0) -> tuple[int, int | None]:
+    """Run ``cmd`` in its own process group and wait for it; return ``(returncode, signum)``.
+
+    The first SIGINT or SIGTERM received meanwhile goes to the child (only the child: it stops
+    its own children); ``signum`` is that signal, else None. A second signal, or the child
+    still running ``grace_s`` after the first, kills the whole group. When the child has exited,
+    anything left in its group (orphaned grandchildren) is killed."""
+    received: list[int] = []
+    proc = subprocess.Popen(cmd, env=env, process_group=0)
+
+    def kill_group() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def handler(signum, frame) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            try:
+                os.kill(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+        else:
+            kill_group()
+
+    previous = {sig: signal.signal(sig, handler) for sig in FORWARDED}
+    try:
+        _wait_unreaped(proc.pid, lambda: bool(received), grace_s, kill_group)
+        kill_group()  # leftovers; the unreaped child keeps its group id from being reused
+        returncode = proc.wait()
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return returncode, (received[0] if received else None)
+
+
+def _wait_unreaped(pid: int, interrupted, grace_s: float, kill_group) -> None:
+    """Wait until ``pid`` exits without reaping it; kill its group ``grace_s`` after
+    ``interrupted()`` first turns true."""
+    deadline = None
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except ChildProcessError:
+            return
+        if info is not None:
+            return
+        if interrupted():
+            deadline = deadline or time.monotonic() + grace_s
+            if time.monotonic() > deadline:
+                kill_group()
+        time.sleep(0.05)
+
+
+# -- pytest plugin ---------------------------------------------------------------------------
+
+def _terminate_as_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"gpubench: {signal_name(signum)}")
+
+
+def pytest_configure(config) -> None:
+    """Under ``gpubench run``: SIGTERM stops pytest like Ctrl-C, and pytest follows the death
+    of ``gpubench run``."""
+    parent = os.environ.get(PARENT_PID_ENV, "")
+    if not parent.isdigit() or threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    die_with_parent(int(parent), signal.SIGTERM)

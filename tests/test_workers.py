@@ -1,0 +1,231 @@
+"""Worker groups under faults: loopback-only sockets, ranks that die with their parent, and
+messages that name the rank at fault with its real exit status."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from gpubench.signals import describe_exit
+from gpubench.workers import WorkerError, WorkerGroup, WorkerTimeout
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+class Program:
+    def __init__(self, rank, world_size):
+        self.rank = rank
+
+    def allreduce(self):
+        t = torch.ones(3)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def hang(self):
+        time.sleep(60)
+
+
+# -- helpers reading /proc ------------------------------------------------------------------
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
+def _address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return ipaddress.IPv4Address(raw[::-1])  # /proc/net/tcp: host byte order
+    words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
+    addr = ipaddress.IPv6Address(b"".join(words))
+    return addr.ipv4_mapped or addr
+
+
+def listening_sockets(pids) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state that one of ``pids`` holds."""
+    inodes = set().union(*(_socket_inodes(p) for p in pids))
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:
+                addr, port = local.split(":")
+                found.append((str(_address(addr)), int(port, 16)))
+    return found
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def wait_gone(sid: int, within_s: float) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while (left := session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _alive(pids):
+    return [p for p in pids if os.path.exists(f"/proc/{p}") and
+            Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+
+
+# -- sockets ----------------------------------------------------------------------------------
+
+def test_store_and_gloo_listen_on_loopback_only():
+    with WorkerGroup(2, Program) as group:
+        assert group.call("allreduce") == [[2.0] * 3] * 2
+        sockets = listening_sockets([os.getpid(), *group.pids])
+    assert any(port == group.store.port for _, port in sockets), sockets  # the store was seen
+    exposed = [(a, p) for a, p in sockets if not ipaddress.ip_address(a).is_loopback]
+    assert not exposed, f"listening beyond the loopback interface: {exposed}"
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+def test_describe_exit():
+    assert describe_exit(-9) == "was killed by SIGKILL"
+    assert describe_exit(3) == "exited with status 3"
+    assert describe_exit(None) == "is still running"
+
+
+def test_killed_rank_reports_its_signal_not_code_none():
+    group = WorkerGroup(2, Program)
+    pids = group.pids
+    threading.Timer(0.5, os.kill, (pids[1], signal.SIGKILL)).start()
+    with pytest.raises(WorkerError, match=r"rank 1 was killed by SIGKILL during 'hang'"):
+        group.call("hang")
+    assert not _alive(pids)
+
+
+def test_rank_killed_while_starting_is_named_with_its_signal(monkeypatch):
+    ctx = mp.get_context("spawn")
+    start = ctx.Process.start
+
+    def start_and_kill_rank1(self):
+        start(self)
+        if self.name == "gpubench-rank1":
+            os.kill(self.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(ctx.Process, "start", start_and_kill_rank1)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank 1 was killed by SIGKILL during 'start'"):
+        WorkerGroup(2, Program, timeout_s=30)
+    assert time.monotonic() - t0 < 30
+
+
+def test_start_up_hang_names_the_rank_that_did_not_start(monkeypatch):
+    """Rank 1 stopped before it joins: rank 0 gives up waiting in the process group, and the
+    message blames rank 1, not the healthy rank 0."""
+    ctx = mp.get_context("spawn")
+    start = ctx.Process.start
+    stopped = []
+
+    def start_and_stop_rank1(self):
+        start(self)
+        if self.name == "gpubench-rank1":
+            os.kill(self.pid, signal.SIGSTOP)
+            stopped.append(self.pid)
+
+    monkeypatch.setattr(ctx.Process, "start", start_and_stop_rank1)
+    with pytest.raises(WorkerTimeout) as err:
+        WorkerGroup(2, Program, timeout_s=3, start_timeout_s=120)
+    message = str(err.value)
+    assert message.startswith("rank(s) 1 did not start"), message
+    assert "rank 0 gave up waiting" in message
+    assert not _alive(stopped)
+
+
+# -- parent death -----------------------------------------------------------------------------
+
+HOST = textwrap.dedent("""
+    import time
+
+    class Spin:
+        def __init__(self, rank, world_size):
+            pass
+        def spin(self):
+            while True:
+                time.sleep(0.05)
+
+    if __name__ == "__main__":  # heavy imports here: spawned ranks re-import this module
+        import torch.multiprocessing as mp
+        from gpubench.workers import WorkerGroup
+
+        ctx = mp.get_context("spawn")
+        start = ctx.Process.start
+        def start_and_tell(self):
+            start(self)
+            print("spawned", self.pid, flush=True)
+        ctx.Process.start = start_and_tell
+        with WorkerGroup(2, Spin, timeout_s=120) as group:
+            print("ready", flush=True)
+            group.call("spin")
+""")
+
+
+@pytest.mark.parametrize("phase", ["start-up", pytest.param("mid-case", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_ranks_exit_within_seconds_when_their_host_dies(tmp_path, sig, phase):
+    host = tmp_path / "host.py"
+    host.write_text(HOST)
+    proc = subprocess.Popen([sys.executable, str(host)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        ranks = []
+        for line in proc.stdout:
+            if line.startswith("spawned"):
+                ranks.append(int(line.split()[1]))
+            if (phase == "start-up" and len(ranks) == 2) or line.startswith("ready"):
+                break
+        assert len(ranks) == 2, "the host did not start its ranks"
+        if phase == "mid-case":
+            time.sleep(0.5)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        left = wait_gone(proc.pid, within_s=5)
+        assert not left, f"processes left 5 s after the host died ({sig.name}, {phase}): {left}"
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
