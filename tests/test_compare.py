@@ -1,10 +1,27 @@
-"""The regression decision on synthetic rounds: power and false-alarm rate at the defaults."""
+"""The regression decision on synthetic rounds (power and false-alarm rate at the defaults),
+cases keyed by model, profile, device and id, the CI gate, and the github-action-benchmark
+export."""
+
+import argparse
+import json
+import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from gpubench.compare import Thresholds, compare_runs, time_verdict
+from gpubench.compare import (
+    Thresholds,
+    add_compare_arguments,
+    compare_main,
+    compare_runs,
+    environment_warnings,
+    github_benchmark_json,
+    time_verdict,
+    write_github_json,
+)
+from gpubench.results import REQUIRED_FIELDS, ResultsError, load_results
 
 ROUNDS = 10  # the cpu profile's default rounds per case
 NOISE = 0.03  # relative spread of round times, typical of a quiet machine
@@ -73,3 +90,193 @@ def test_normalized_compare_survives_a_slower_machine():
     norm = compare_runs(base, slower, normalized=True).set_index("case_id")
     assert raw.loc["a", "status"] == "regression"
     assert norm.loc["a", "status"] == "unchanged"
+
+
+# --- cases keyed by (model, profile, device, case id); thresholds; several bases; the CI gate ---
+
+MACHINE = {
+    "node": "host", "machine": "x86_64", "python_version": "3.11.7",
+    "cpu": {"brand_raw": "AMD EPYC", "flags": ["avx2", "fma", "avx512f", "avx512bw"]},
+    "gpubench": {"torch": "2.14.1", "cpu": "AMD EPYC", "cpu_capability": "AVX512",
+                 "device_name": "AMD EPYC", "transformers": "5.24.0"},
+}
+
+
+def _record(case, rounds, *, model="m", profile="cpu", device="cpu", memory=1000,
+            baseline=False, mfu=0.1):
+    median = float(np.median(rounds))
+    extra = {f: None for f in REQUIRED_FIELDS}
+    extra.update({
+        "kind": "step", "case_id": case, "model": model, "profile": profile, "device": device,
+        "is_baseline": baseline, "step_time_s": median, "step_time_iqr_s": 0.01,
+        "samples_per_s": 8 / median, "peak_memory_bytes": 900 * 2**20, "param_bytes": memory,
+        "grad_bytes": memory, "optimizer_state_bytes": 0, "activation_bytes": memory,
+        "mfu": mfu, "global_batch": 8, "precision": "fp32",
+    })
+    return {"name": f"test_step[{case}]", "group": model, "extra_info": extra,
+            "stats": {"data": list(map(float, rounds)), "median": median,
+                      "rounds": len(rounds)}}
+
+
+def _write(path, records, machine=MACHINE):
+    path.write_text(json.dumps({"benchmarks": records, "machine_info": machine,
+                                "version": "5.1.0", "datetime": "2026-01-01T00:00:00"}))
+    return path
+
+
+def _rounds(seed, median, n=ROUNDS):
+    return list(_sample(np.random.default_rng(seed), median, n))
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    add_compare_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_cases_of_different_profiles_are_never_matched():
+    base = _frame({"base": 1.0, "a": 1.0})
+    smoke = _frame({"base": 1.0, "a": 1.0}, memory=40).assign(profile="smoke")
+    table = compare_runs(base, smoke)
+    assert set(table["status"]) == {"added", "removed"}
+    assert len(table) == 4
+    # The same case ids in the same profile on another device: not matched either.
+    cuda = _frame({"base": 1.0}).assign(device="cuda")
+    assert set(compare_runs(_frame({"base": 1.0}), cuda)["status"]) == {"added", "removed"}
+
+
+def test_too_few_rounds_is_not_unchanged():
+    rng = np.random.default_rng(4)
+    three, slower = _sample(rng, 1.0, 3), _sample(rng, 2.0, 3)
+    verdict, change, _ = time_verdict(three, slower, Thresholds())
+    assert verdict == "too few rounds to decide" and change > 0.5  # 2x slower, yet no test
+    assert time_verdict(three, slower, Thresholds(alpha=0.2))[0] == "regression"
+    assert time_verdict([1.0], [1.0], Thresholds())[0] == "too few rounds to decide"
+    # Four rounds each can reach p = 0.029 < 0.05.
+    assert time_verdict(_sample(rng, 1.0, 4), _sample(rng, 2.0, 4), Thresholds())[0] \
+        == "regression"
+
+
+@pytest.mark.parametrize("kwargs", [{"alpha": 0}, {"alpha": 1}, {"alpha": math.nan},
+                                    {"time": -0.1}, {"memory": math.inf}, {"time": math.nan}])
+def test_thresholds_are_validated(kwargs):
+    with pytest.raises(ValueError):
+        Thresholds(**kwargs)
+
+
+@pytest.mark.parametrize("option", ["--alpha=nan", "--alpha=0", "--alpha=1.5", "--alpha=x",
+                                    "--time-threshold=-1", "--time-threshold=inf",
+                                    "--memory-threshold=nan"])
+def test_bad_thresholds_are_one_line_argparse_errors(option, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _args(option, "a.json", "b.json")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "error" in err[-1] and option.split("=")[0] in err[-1]
+
+
+def test_new_run_without_comparable_case_fails(tmp_path, capsys):
+    base = _write(tmp_path / "base.json", [_record("base", _rounds(1, 1.0), baseline=True)])
+    crashed = _write(tmp_path / "crashed.json", [])
+    other = _write(tmp_path / "smoke.json",
+                   [_record("base", _rounds(2, 1.0), profile="smoke", baseline=True)])
+    for new in (crashed, other):
+        assert compare_main(_args(str(base), str(new), "--report-only")) == 2
+        out, err = capsys.readouterr()
+        assert "compared 0 case(s)" in out
+        assert len([line for line in err.splitlines() if "no case comparable" in line]) == 1
+    assert "profile differs: cpu vs smoke" in "\n".join(environment_warnings(base, other))
+
+
+def test_compare_prints_the_count_and_gates_on_regressions(tmp_path, capsys):
+    base = _write(tmp_path / "base.json", [_record("base", _rounds(1, 1.0), baseline=True),
+                                           _record("a", _rounds(2, 1.0))])
+    new = _write(tmp_path / "new.json", [_record("base", _rounds(3, 1.0), baseline=True),
+                                         _record("a", _rounds(4, 1.5))])
+    assert compare_main(_args(str(base), str(new))) == 1
+    assert "compared 2 case(s): 1 regression, 1 unchanged" in capsys.readouterr().out
+    assert compare_main(_args(str(base), str(new), "--report-only")) == 0
+
+
+def test_several_base_files_pool_their_rounds(tmp_path, capsys):
+    """Three 3-round bases against a 3-round run: alone too few rounds, pooled decisive."""
+    bases = [_write(tmp_path / f"base{i}.json", [_record("a", _rounds(i, 1.0, 3))])
+             for i in range(3)]
+    new = _write(tmp_path / "new.json", [_record("a", _rounds(9, 1.5, 3))])
+    assert compare_main(_args(str(bases[0]), str(new))) == 0
+    assert "too few rounds to decide" in capsys.readouterr().out
+    assert compare_main(_args(*map(str, bases), str(new))) == 1
+    assert "1 regression" in capsys.readouterr().out
+    repeated = [arg for b in bases for arg in ("--base", str(b))]
+    assert compare_main(_args(*repeated, str(new))) == 1
+    table = compare_runs(load_results(bases), load_results([new]))
+    assert table.loc[0, "base_rounds"] == 9 and table.loc[0, "new_rounds"] == 3
+
+
+def test_environment_warnings_name_cpu_capability_gpu_and_versions(tmp_path):
+    base = _write(tmp_path / "base.json", [_record("a", _rounds(1, 1.0))])
+    other = json.loads(json.dumps(MACHINE))
+    other["cpu"]["flags"] = ["avx2", "fma"]
+    other["gpubench"].update(cpu_capability="AVX2", torch="2.15.0", device_name="NVIDIA H100")
+    new = _write(tmp_path / "new.json", [_record("a", _rounds(2, 1.0))], machine=other)
+    text = "\n".join(environment_warnings(base, new))
+    assert "only the base has avx512bw, avx512f" in text
+    assert "'AVX512' vs 'AVX2'" in text
+    assert "NVIDIA H100" in text and "2.15.0" in text
+    assert environment_warnings(base, base) == []
+
+
+def _valid_series(entries):
+    """github-action-benchmark's custom format: a list of objects with name (str), unit (str),
+    value (number), optional range (str) and extra (str)."""
+    assert isinstance(entries, list) and entries
+    for e in entries:
+        assert isinstance(e, dict)
+        assert set(e) <= {"name", "unit", "value", "range", "extra"}
+        assert isinstance(e["name"], str) and e["name"]
+        assert isinstance(e["unit"], str) and e["unit"]
+        assert isinstance(e["value"], int | float) and not isinstance(e["value"], bool)
+        assert math.isfinite(e["value"])
+        for opt in ("range", "extra"):
+            assert opt not in e or isinstance(e[opt], str)
+    names = [e["name"] for e in entries]
+    assert len(names) == len(set(names))  # one series per name
+
+
+def test_github_json_matches_the_action_format(tmp_path):
+    src = _write(tmp_path / "run.json", [
+        _record("resnet18-fp32", _rounds(1, 1.0), model="resnet18", baseline=True),
+        _record("resnet18-fp32", _rounds(2, 1.0), model="resnet18", profile="smoke",
+                baseline=True)])
+    written = write_github_json(load_results([src]), tmp_path / "gh")
+    assert [p.name for p in written] == ["smaller_is_better.json", "bigger_is_better.json"]
+    smaller, bigger = (json.loads(p.read_text()) for p in written)
+    _valid_series(smaller)
+    _valid_series(bigger)
+    names = [e["name"] for e in smaller]
+    assert "resnet18-fp32 [cpu profile, cpu] median step time" in names
+    assert "resnet18-fp32 [smoke profile, cpu] median step time" in names  # never mixed
+    memory = [e for e in smaller if e["name"].endswith("training memory")]
+    assert memory and all(e["unit"] == "MiB" and e["value"] == 3000 / 2**20 for e in memory)
+    assert not [e for e in smaller if e["value"] == 900]  # never the CPU process peak
+    assert any(e["name"].endswith("throughput") for e in bigger)
+
+
+def test_github_json_of_committed_results_is_valid():
+    committed = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
+    payload = github_benchmark_json(load_results([committed]))
+    for series in payload.values():
+        _valid_series(series)
+
+
+def test_export_without_gpubench_records_raises(tmp_path):
+    empty = _write(tmp_path / "empty.json", [])
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"benchmarks": [
+        {"name": "test_sum", "stats": {"data": [1.0, 1.1], "median": 1.05}}]}))
+    for path in (empty, foreign):
+        with pytest.warns(UserWarning):
+            df = load_results([path])
+        with pytest.raises(ResultsError, match="no measured gpubench case"):
+            write_github_json(df, tmp_path / "gh")
+    assert not (tmp_path / "gh").exists()
