@@ -27,6 +27,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from gpubench.results import training_memory, with_baseline_ratios  # noqa: E402
+from gpubench.stats import bootstrap_ratio_ci  # noqa: E402
 
 MIB = 2**20
 
@@ -99,16 +100,13 @@ def speedup_interval(
     rounds: list[float], base_rounds: list[float], *, samples_ratio: float = 1.0,
     n_boot: int = 1000, seed: int = 0,
 ) -> tuple[float, float]:
-    """95% bootstrap interval of the speedup from raw rounds: (median baseline time / median case
-    time) x (case global batch / baseline global batch)."""
-    if not rounds or not base_rounds:
+    """95% bootstrap interval of the speedup from raw rounds (``stats.bootstrap_ratio_ci``, each
+    sample resampled on its own): (median baseline time / median case time) x (case global
+    batch / baseline global batch)."""
+    if not len(rounds) or not len(base_rounds):
         return (np.nan, np.nan)
-    rng = np.random.default_rng(seed)
-    a, b = np.asarray(rounds), np.asarray(base_rounds)
-    ratios = np.median(rng.choice(b, (n_boot, b.size)), axis=1) / np.median(
-        rng.choice(a, (n_boot, a.size)), axis=1
-    )
-    return tuple(samples_ratio * np.percentile(ratios, [2.5, 97.5]))
+    low, high = bootstrap_ratio_ci(base_rounds, rounds, n_resamples=n_boot, seed=seed)
+    return samples_ratio * low, samples_ratio * high
 
 
 def _with_intervals(df: pd.DataFrame) -> pd.DataFrame:
@@ -163,7 +161,9 @@ def plot_speedup(df: pd.DataFrame) -> plt.Figure:
             if len(runs) == 1:
                 for yy, s, hi in zip(y, r["speedup"], r["speedup_hi"], strict=True):
                     end = hi if np.isfinite(hi) else s
-                    ax.text(end + 0.01 * xmax, yy, f"{s:.2f}x", va="center", fontsize=6.5)
+                    ax.text(end + 0.01 * xmax, yy, f"{s:.2f}x", va="center", fontsize=6.5,
+                            bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3,
+                                  "alpha": 0.8})
         ax.set_yticks(range(len(order)), [_short(c, model) for c in order], fontsize=7.5)
         if len(runs) > 1:
             for label, case in zip(ax.get_yticklabels(), order, strict=True):
@@ -425,6 +425,10 @@ def plot_scaling(df: pd.DataFrame) -> plt.Figure:
         handles += [Line2D([], [], color="0.3", ls=styles[r], label=f"run {r}") for r in runs]
     fig.suptitle("Parallel scaling vs the single-device case with the same per-device batch",
                  x=0.02, ha="left", fontsize="medium")
+    if (data["device"] == "cpu").all():
+        fig.text(0.02, 0.0, "CPU: the ranks share the same cores, so no speedup is possible; "
+                 "these lines show the cost of communication and coordination only.",
+                 fontsize="small", color="0.35", va="top")
     fig.tight_layout(rect=(0, 0, 0.78, 1))
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.79, 0.5), frameon=False,
                fontsize="small", title="configuration", title_fontsize="small")
