@@ -6,7 +6,6 @@ never a crash."""
 from __future__ import annotations
 
 import base64
-import io
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -161,9 +160,8 @@ def write_report(
         for ext in ("png", "svg"):
             _save(fig, out / f"{name}.{ext}")
             written.append(out / f"{name}.{ext}")
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-        pngs[name] = base64.b64encode(buf.getvalue()).decode()
+        # The page embeds the same PNG as the file beside it.
+        pngs[name] = base64.b64encode((out / f"{name}.png").read_bytes()).decode()
         plt.close(fig)
         drawn.append(name)
     runs = ", ".join(dict.fromkeys(df["run"]))
