@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -60,35 +59,185 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
     return cmd
 
 
+def _folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a folder gpubench writes into, or None: it is a writable folder,
+    or it can be created (the nearest existing folder above it is writable). Creates nothing."""
+    import os
+
+    probe = path
+    while not probe.is_dir():
+        if probe.exists() or probe.is_symlink():
+            if probe == path:
+                return "is a file, not a folder" if probe.is_file() else "is not a folder"
+            return f"lies under {probe}, which is not a folder"
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".gpubench-probe.", dir=probe))
+    except OSError as err:
+        where = "" if probe == path else f" (cannot create it in {probe})"
+        return f"is not writable{where}: {err.strerror or err}"
+    return None
+
+
+def _ours_only(folder: Path) -> bool:
+    """Whether ``folder`` holds only files of the kinds a run writes (results, tables, charts,
+    report), so that replacing it as a whole loses nothing of the user's."""
+    import os
+
+    try:
+        return all(e.is_file(follow_symlinks=False)
+                   and e.name.endswith((".json", ".md", ".html", ".png", ".svg", ".csv"))
+                   for e in os.scandir(folder))
+    except OSError:
+        return False
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two folders (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import os
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b),
+                          rename_exchange) == 0
+
+
+def _publish_folder(staging: Path, out: Path) -> None:
+    """Make the finished ``staging`` folder the results folder ``out``: the whole folder at once
+    where ``out`` holds only an earlier run's files, otherwise file by file (other files kept)."""
+    import os
+    import shutil
+
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp made it owner-only
+    if not out.exists():
+        os.rename(staging, out)
+    elif _ours_only(out) and _exchange(staging, out):
+        shutil.rmtree(staging, ignore_errors=True)  # now the previous results
+    else:
+        names = sorted(p.name for p in staging.iterdir())
+        for name in sorted(names, key=lambda n: n == "benchmark.json"):  # the results last
+            os.replace(staging / name, out / name)
+
+
+def _keep_finished_cases(json_path: Path, dest: Path) -> int:
+    """Save the cases of an interrupted run that had finished (records with gpubench's
+    ``extra_info``) to ``dest``; return how many."""
+    import json
+
+    try:
+        data = json.loads(json_path.read_text())
+        finished = [b for b in data["benchmarks"] if isinstance(b, dict) and b.get("extra_info")]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    if finished:
+        atomic.write_text(dest, json.dumps({**data, "benchmarks": finished}, indent=4))
+    return len(finished)
+
+
+def _raise_interrupted(signum, frame):  # a signal handler
+    from gpubench.signals import Interrupted
+
+    raise Interrupted(signum)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run the cases in a pytest child, then write results, summary, advice and charts into a
+    hidden staging folder beside ``--out`` and publish it as a whole. SIGINT/SIGTERM go to
+    the child; the run then ends with one line and 130/143, the previous results unchanged
+    and the finished cases kept in ``<out>-interrupted/benchmark.json``."""
+    import os
+    import shutil
+    import signal
+
+    from gpubench.datasets import default_data_dir, remove_stale_partials
+    from gpubench.signals import PARENT_PID_ENV, Interrupted, run_forwarding_signals
+
     device, profile = _resolve(args.device, args.profile)
     out = Path(args.out or f"results/{profile}")
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    data_option = "--data-dir" if args.data_dir else "the data folder"
+    for option, folder in (("--out", out), (data_option, data_dir)):
+        problem = _folder_problem(folder)
+        if problem:
+            print(f"gpubench: {option} {folder} {problem}; nothing was run", file=sys.stderr)
+            return 2
+    if out.resolve().parent == out.resolve():
+        print(f"gpubench: --out {out} cannot be a filesystem root", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # What killed runs left: staging folders beside out, temporary files in it, partial data.
+    atomic.remove_stale_temporaries(out.parent, lambda n: n.startswith(f".{out.name}."))
+    atomic.remove_stale_temporaries(out)
+    remove_stale_partials(data_dir)
+
     print(f"gpubench: profile {profile} on {device}; results go to {out}/", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        json_tmp = Path(tmp) / "benchmark.json"
-        code = subprocess.call(pytest_command(args, json_tmp))
-        if not json_tmp.exists():
+    staging = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(out.name), suffix=".tmp",
+                                    dir=out.parent))
+    stage, kept, code, text = "running the cases", 0, 0, ""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, _raise_interrupted) for s in signals}
+    try:
+        json_path = staging / "benchmark.json"
+        cmd = [*pytest_command(args, json_path), "-p", "gpubench.pytest_signals"]
+        # SIGINT too is forwarded as SIGTERM, which the plugin turns into an orderly stop.
+        code, signum = run_forwarding_signals(
+            cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid())}, forward_as=signal.SIGTERM)
+        if signum is not None:
+            kept = _keep_finished_cases(json_path, Path(f"{out}-interrupted") / "benchmark.json")
+            raise Interrupted(signum)
+        if not json_path.exists():
             print(f"gpubench: the benchmark run wrote no results (pytest exit code {code}); "
                   f"{out}/ is unchanged", file=sys.stderr)
             return code or 1
-        # Only a complete run replaces the previous results, and then atomically.
-        atomic.move_into_place(json_tmp, out / "benchmark.json")
-    df = load_results([out / "benchmark.json"], labels=[profile])
-    text = summary_markdown(df)
-    atomic.write_text(out / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
-    print("\n" + text)
-    from gpubench.advice import advice_markdown
+        stage = "writing the summary and charts"
+        df = load_results([json_path], labels=[profile])
+        text = summary_markdown(df)
+        atomic.write_text(staging / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
+        from gpubench.advice import advice_markdown
 
-    atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + advice_markdown(df))
-    print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
-    if not args.no_charts:
-        from gpubench.report import write_report
+        atomic.write_text(staging / "advice.md", "# gpubench advice\n\n" + advice_markdown(df))
+        if not args.no_charts:
+            from gpubench.report import write_report
 
-        write_report([out / "benchmark.json"], out, labels=[profile])
-        print(f"gpubench: charts and report in {out}/")
-    if code != 0:
-        print(f"gpubench: some cases failed (pytest exit code {code})", file=sys.stderr)
-    return code
+            write_report([json_path], staging, labels=[profile])
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # publish whole or not at all
+        try:
+            _publish_folder(staging, out)
+        finally:
+            stage = "after the results were written"
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        print("\n" + text)
+        print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
+        if not args.no_charts:
+            print(f"gpubench: charts and report in {out}/")
+        if code != 0:
+            print(f"gpubench: some cases failed (pytest exit code {code})", file=sys.stderr)
+        return code
+    except Interrupted as sig:
+        if stage == "after the results were written":
+            print(f"gpubench: interrupted ({sig}) {stage} to {out}/", file=sys.stderr)
+        elif stage == "running the cases":
+            saved = (f"; {kept} finished case(s) kept in {out}-interrupted/benchmark.json"
+                     if kept else "; no case had finished")
+            print(f"gpubench: interrupted ({sig}) while {stage}; {out}/ unchanged{saved}",
+                  file=sys.stderr)
+        else:
+            print(f"gpubench: interrupted ({sig}) while {stage}; {out}/ unchanged",
+                  file=sys.stderr)
+        return sig.exit_code
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -3,14 +3,17 @@ cache folder, plus a bounded cache of decoded samples.
 
 Generation writes into a private temporary folder and renames it into place, and a manifest
 written last marks a folder complete, so two runs generating at once cannot corrupt it and an
-interrupted generation is detected and redone. Loading costs what it costs in training: each
-image is a file read, a JPEG/PNG decode (PIL) and torchvision augmentations.
+interrupted generation is detected and redone; the hidden partial folder a killed generation leaves
+is removed by the next generation in the same folder (or ``gpubench run``'s start). Loading costs
+what it costs in training: each image is a file read, a JPEG/PNG decode (PIL) and torchvision
+augmentations.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections import OrderedDict
@@ -21,6 +24,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
+
+from gpubench import atomic
 
 MANIFEST = "manifest.json"
 IMAGE_FORMATS = {"images-jpeg": ("JPEG", ".jpg"), "images-png": ("PNG", ".png")}
@@ -45,6 +50,17 @@ def ensure_writable_dir(path: Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise DataError(f"the data cache folder {path} is not writable")
     return path
+
+
+_PARTIAL = re.compile(r"^\.(?:images-|tokens-).+\.[a-z0-9_]{8}$")
+"""Hidden temporary dataset folders: ``.<final name>.[<pid>-<host>.]<random>``."""
+
+
+def remove_stale_partials(root: str | os.PathLike) -> list[Path]:
+    """Remove the partial dataset folders that killed generations left in ``root``: those
+    whose owner process is gone (same host) or, when that cannot be checked, unchanged for
+    ``atomic.STALE_AFTER_S``. A concurrent generation's folder is kept."""
+    return atomic.remove_stale_temporaries(root, lambda name: bool(_PARTIAL.match(name)))
 
 
 def _read_manifest(folder: Path) -> dict | None:
@@ -99,7 +115,8 @@ def ensure_image_folder(root: Path, fmt: str, count: int, size: int, num_classes
     final = ensure_writable_dir(root) / f"{fmt}-{size}px-{count}-c{num_classes}-s{seed}"
     if _read_manifest(final) is not None:
         return final
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    remove_stale_partials(root)
+    tmp = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(final.name), dir=root))
     rng = np.random.default_rng(seed)
     files, labels = {}, {}
     for i in range(count):
@@ -159,7 +176,8 @@ def ensure_token_file(root: Path, count: int, seq_len: int, vocab_size: int,
     final_dir = ensure_writable_dir(root) / f"tokens-{count}x{seq_len}-v{vocab_size}-s{seed}"
     if _read_manifest(final_dir) is not None:
         return final_dir
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
+    remove_stale_partials(root)
+    tmp = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(final_dir.name), dir=root))
     rng = np.random.default_rng(seed)
     # Zipf-like ids, as in text: a few tokens are frequent.
     ids = np.minimum(rng.zipf(1.2, count * seq_len + 1) - 1, vocab_size - 1).astype(dtype)

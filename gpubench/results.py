@@ -1,8 +1,15 @@
-"""Load pytest-benchmark JSON files into one tidy DataFrame: one row per case and run."""
+"""Load pytest-benchmark JSON files into one tidy DataFrame: one row per case and run.
+
+``read_benchmark_json`` is the one reader of result files: it checks the parts gpubench uses
+against a schema (pytest-benchmark's layout: ``benchmarks``, each with ``name``, ``stats`` and
+``extra_info``; ``machine_info``) and turns every malformed file into a one-line
+``ResultsError`` that names the file and the first bad field.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,23 +25,251 @@ REQUIRED_FIELDS = (
 
 STAT_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds")
 
+INT64_MAX = 2**63 - 1
+
+# -- schema of the parts gpubench uses --------------------------------------------------------
+# Each known ``extra_info`` field: (type, constraint). Types: "str", "int", "bool", "float",
+# "ints" / "floats" (lists). Constraints: ">0", ">=0", ">=1", "any" (finite), "loss" (any number,
+# NaN allowed: a diverged loss is a measurement).
+_STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl", "parallel",
+        "case_id", "kind", "group", "note", "dataset", "schedule", "claim", "peak_memory_method",
+        "device_name", "single_case_id", "case_id_base", "case_id_new", "workload")
+_BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
+         "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
+         "zero_grad_set_to_none")
+_COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
+           "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
+_SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
+          "activation_bytes", "activation_bytes_base", "activation_bytes_new",
+          "step_memory_bytes", "peak_reserved_bytes", "flops_per_step", "num_workers",
+          "check_skipped_steps", "cache_items", "dataset_size")
+_POSITIVE = ("step_time_s", "samples_per_s")
+_NON_NEGATIVE = ("tflops", "mfu", "peak_tflops", "allreduce_time_s", "comm_time_s",
+                 "comm_fraction", "loader_samples_per_s", "loader_stall_fraction",
+                 "loader_wait_s", "epoch_restart_s", "time_to_first_batch_s",
+                 "process_overhead_s", "step_time_iqr_s", "gpubench_step_time_s",
+                 "handwritten_step_time_s")
+_LOSSES = ("loss_first", "last_loss", "loss_reference", "loss_rtol")
+EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
+    **{f: ("str", "any") for f in _STR},
+    **{f: ("bool", "any") for f in _BOOL},
+    **{f: ("int", ">=1") for f in _COUNTS},
+    "seed": ("int", "any"),
+    **{f: ("int", ">=0") for f in _SIZES},
+    **{f: ("float", ">0") for f in _POSITIVE},
+    **{f: ("float", ">=0") for f in _NON_NEGATIVE},
+    "harness_overhead": ("float", "any"),
+    **{f: ("float", "loss") for f in _LOSSES},
+    "input_shape": ("ints", ">=0"),
+    "check_losses": ("floats", "loss"),
+    "rank_step_time_s": ("floats", ">0"),
+    "rank_flops_per_step": ("ints", ">=0"),
+    "rank_peak_memory_bytes": ("ints", ">=0"),
+    "rank_step_memory_bytes": ("ints", ">=0"),
+    "rounds_base_s": ("floats", ">0"),
+    "rounds_new_s": ("floats", ">0"),
+}
+"""Known ``extra_info`` fields: (type, constraint). Any may be null except the REQUIRED_FIELDS
+and ``kind``; unknown fields pass through (integers must fit in 64 bits)."""
+
+STATS_SCHEMA: dict[str, tuple[str, str]] = {
+    **{f: ("float", ">0") for f in ("min", "max", "mean", "median", "q1", "q3")},
+    **{f: ("float", ">=0") for f in ("stddev", "iqr")},
+    "rounds": ("int", ">=1"),
+    "data": ("floats", ">0"),
+}
+"""pytest-benchmark's ``stats`` as gpubench reads them (times in seconds); ``median`` is
+required, the others are checked where present."""
+
+KINDS = ("step", "claim", "overhead")
+
 
 class ResultsError(ValueError):
-    """A file that is not pytest-benchmark JSON."""
+    """A result file that gpubench cannot use; the message (one line) names the file and the
+    first bad field."""
+
+
+def _describe(value) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        text = f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number_ok(value, constraint: str) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int) and abs(value) > INT64_MAX:
+        return False
+    if constraint == "loss":
+        return True
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    if not math.isfinite(number):
+        return False
+    return {">0": number > 0, ">=0": number >= 0, ">=1": number >= 1}.get(constraint, True)
+
+
+_BOUND = {">0": "positive ", ">=0": "non-negative ", ">=1": "positive ", "any": "finite ",
+          "loss": ""}
+
+
+def _expectation(kind: str, constraint: str) -> str:
+    if kind == "str":
+        return "a string"
+    if kind == "bool":
+        return "true or false"
+    bound = _BOUND[constraint]
+    if kind == "int":
+        return f"a {bound}integer" if bound not in ("", "finite ") else "an integer"
+    if kind == "float":
+        return f"a {bound}number"
+    return f"a list of {bound}{'integers' if kind == 'ints' else 'numbers'}"
+
+
+def _check(value, kind: str, constraint: str) -> str | None:
+    """Why ``value`` is not of ``kind`` under ``constraint``, or None."""
+    expect = _expectation(kind, constraint)
+    bad = f"expected {expect}, got {_describe(value)}"
+    if kind == "str":
+        return None if isinstance(value, str) else bad
+    if kind == "bool":
+        return None if isinstance(value, bool) else bad
+    if kind == "int":
+        return None if isinstance(value, int) and _number_ok(value, constraint) else bad
+    if kind == "float":
+        return None if _number_ok(value, constraint) else bad
+    if not isinstance(value, list):
+        return bad
+    item_kind = "int" if kind == "ints" else "float"
+    for i, item in enumerate(value):
+        if _check(item, item_kind, constraint) is not None:
+            return (f"item {i}: expected {_expectation(item_kind, constraint)}, "
+                    f"got {_describe(item)}")
+    return None
+
+
+def _huge_int(value) -> bool:
+    """Whether ``value`` holds, at any depth, an integer beyond 64 bits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) > INT64_MAX
+    if isinstance(value, dict):
+        return any(_huge_int(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_huge_int(v) for v in value)
+    return False
+
+
+def _validate_mapping(mapping: dict, schema: dict, where: str, non_null: Iterable[str]) -> None:
+    non_null = set(non_null)
+    for key, value in mapping.items():
+        spec = schema.get(key)
+        if spec is None:
+            if _huge_int(value):
+                raise _Bad(f"{where}.{key}", "holds an integer beyond 64 bits")
+            continue
+        if value is None:
+            if key in non_null:
+                raise _Bad(f"{where}.{key}", "is null")
+            continue
+        problem = _check(value, *spec)
+        if problem:
+            raise _Bad(f"{where}.{key}", problem)
+
+
+class _Bad(Exception):
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"{where}: {problem}")
+
+
+def _validate_bench(bench, where: str) -> None:
+    if not isinstance(bench, dict):
+        raise _Bad(where, f"expected an object, got {_describe(bench)}")
+    name = bench.get("name")
+    if not isinstance(name, str) or not name:
+        raise _Bad(f"{where}.name", f"expected a non-empty string, got {_describe(name)}")
+    if bench.get("group") is not None and not isinstance(bench["group"], str):
+        raise _Bad(f"{where}.group", f"expected a string or null, got {_describe(bench['group'])}")
+    stats = bench.get("stats")
+    if not isinstance(stats, dict):
+        raise _Bad(f"{where}.stats", f"expected an object, got {_describe(stats)}")
+    if "median" not in stats:
+        raise _Bad(f"{where}.stats.median", "missing")
+    _validate_mapping(stats, STATS_SCHEMA, f"{where}.stats", STATS_SCHEMA)
+    if "extra_info" in bench:
+        extra = bench["extra_info"]
+        if not isinstance(extra, dict):
+            raise _Bad(f"{where}.extra_info", f"expected an object, got {_describe(extra)}")
+        _validate_mapping(extra, EXTRA_SCHEMA, f"{where}.extra_info", (*REQUIRED_FIELDS, "kind"))
+        if "kind" in extra and extra["kind"] not in KINDS:
+            raise _Bad(f"{where}.extra_info.kind",
+                       f"expected one of {', '.join(KINDS)}, got {_describe(extra['kind'])}")
+        for key in ("model", "case_id"):
+            if extra.get(key) == "":
+                raise _Bad(f"{where}.extra_info.{key}", "is empty")
+
+
+def _validate(data) -> None:
+    if not isinstance(data, dict):
+        raise _Bad("top level", f"expected an object, got {_describe(data)}")
+    benches = data.get("benchmarks")
+    if not isinstance(benches, list):
+        raise _Bad("benchmarks", f"expected a list, got {_describe(benches)}")
+    if not benches:
+        raise _Bad("benchmarks", "empty (the file holds no cases)")
+    for key in ("datetime", "version"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise _Bad(key, f"expected a string, got {_describe(data[key])}")
+    machine = data.get("machine_info", {})
+    if not isinstance(machine, dict):
+        raise _Bad("machine_info", f"expected an object, got {_describe(machine)}")
+    for key, expect in (("node", str), ("cpu", dict), ("gpubench", dict)):
+        if machine.get(key) is not None and not isinstance(machine[key], expect):
+            raise _Bad(f"machine_info.{key}",
+                       f"expected {'a string' if expect is str else 'an object'}, "
+                       f"got {_describe(machine[key])}")
+    if (machine.get("cpu") or {}).get("brand_raw") is not None and \
+            not isinstance(machine["cpu"]["brand_raw"], str):
+        raise _Bad("machine_info.cpu.brand_raw", "expected a string")
+    for key in ("cpu", "torch"):
+        value = (machine.get("gpubench") or {}).get(key)
+        if value is not None and not isinstance(value, str):
+            raise _Bad(f"machine_info.gpubench.{key}",
+                       f"expected a string, got {_describe(value)}")
+    for i, bench in enumerate(benches):
+        _validate_bench(bench, f"benchmarks[{i}]")
 
 
 def read_benchmark_json(path: str | Path) -> dict:
+    """The parsed result file ``path``, checked against the schema (see the module docstring);
+    ``ResultsError`` (one line: file, first bad field, what is wrong) otherwise."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except IsADirectoryError:
+        raise ResultsError(f"{path}: is a directory, not a result file") from None
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path}: not JSON (not UTF-8 text)") from None
+    except OSError as err:
+        raise ResultsError(f"{path}: cannot read ({err.strerror or err})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
         raise ResultsError(f"{path}: not JSON ({err})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
-        raise ResultsError(
-            f"{path}: not pytest-benchmark JSON (expected an object with a 'benchmarks' list)"
-        )
+    except (ValueError, RecursionError) as err:  # 4300+ digit integers, absurd nesting
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise ResultsError(f"{path}: not usable JSON ({reason.splitlines()[0]})") from None
+    try:
+        _validate(data)
+    except _Bad as bad:
+        raise ResultsError(f"{path}: not a gpubench/pytest-benchmark result file: {bad}") \
+            from None
+    except RecursionError:
+        raise ResultsError(f"{path}: not usable JSON (nested too deeply)") from None
     return data
 
 
@@ -43,7 +278,7 @@ def _row(bench: dict, run: str, path: Path, data: dict) -> dict:
     extra = bench.get("extra_info") or {}
     machine = data.get("machine_info") or {}
     gpubench_machine = machine.get("gpubench") or {}
-    row = {
+    base = {
         "run": run,
         "file": str(path),
         "datetime": data.get("datetime"),
@@ -57,27 +292,64 @@ def _row(bench: dict, run: str, path: Path, data: dict) -> dict:
         "matmul_peak_tflops": gpubench_machine.get("matmul_peak_tflops"),
         "pytest_benchmark_version": data.get("version"),
     }
-    row.update(extra)
+    row = {**extra, **base}  # the reader's columns win over same-named extra_info fields
     row.setdefault("case_id", bench.get("name"))
+    row["kind"] = extra.get("kind") or "step"
     return row
 
 
+def _dtype(column: str) -> str | None:
+    """The frame dtype of a column: nullable ``Int64``/``boolean`` for integer and boolean
+    fields (a record kind lacking one gets <NA>), ``float64`` for numbers."""
+    if column == "time_rounds":
+        return "Int64"
+    if column in {f"time_{k}" for k in STAT_FIELDS}:
+        return "float64"
+    kind, _ = EXTRA_SCHEMA.get(column, (None, None))
+    return {"int": "Int64", "bool": "boolean", "float": "float64"}.get(kind)
+
+
 def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = None) -> pd.DataFrame:
-    """One row per benchmark and file. ``run`` is the label (default: the file's stem, made
-    unique). Records lacking gpubench fields load with a warning naming file and fields."""
+    """Read result files (``read_benchmark_json``: a malformed file is a ``ResultsError``)
+    into one frame, one row per benchmark record and file.
+
+    Columns, besides every ``extra_info`` field of the records:
+
+    - ``run`` (the label: ``labels``, default the file's stem, made unique), ``file``,
+      ``datetime`` (of the run), ``name`` (pytest-benchmark's test name), ``bench_group``;
+    - ``kind``: ``step`` (one training-step case: the timing rows), ``claim`` (a paired A/B
+      check of a speed-up claim: ``claim``, ``case_id_base``/``case_id_new``, per-round
+      ``rounds_base_s``/``rounds_new_s``) or ``overhead`` (gpubench's own cost, e.g.
+      ``process_overhead_s``); records without a kind (older files) are ``step``;
+    - pytest-benchmark's statistics in **seconds**: ``time_min``, ``time_max``, ``time_mean``,
+      ``time_stddev``, ``time_median``, ``time_iqr``, ``time_q1``, ``time_q3``,
+      ``time_rounds`` (a count) and ``rounds_s`` (the list of round times);
+    - the machine: ``machine_node``, ``machine_cpu``, ``torch_version``,
+      ``matmul_peak_tflops`` (per precision), ``pytest_benchmark_version``;
+    - the gpubench fields of ``REQUIRED_FIELDS`` (present as columns even when every record
+      lacks them), with their units in the name: ``step_time_s`` (median seconds per
+      optimizer step), ``samples_per_s`` (global batch / step time), ``peak_memory_bytes``,
+      ``flops_per_step`` (FLOPs), ``tflops`` (achieved 10^12 FLOP/s), ``mfu`` (fraction of the
+      measured matmul peak), ``accum_steps``, ``micro_batch``, ``global_batch``,
+      ``world_size`` (counts), ``is_baseline``; other fields follow the same convention
+      (``_s`` seconds, ``_bytes`` bytes, ``_fraction`` a ratio).
+
+    Integer and boolean fields have pandas' nullable dtypes (``Int64``, ``boolean``): a field
+    that a record kind lacks is ``<NA>``, not a float NaN or ``None``. Step records lacking
+    gpubench fields load with a warning naming the file and the fields."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise ResultsError("no result files given")
     labels = list(labels) if labels is not None else _unique_stems(paths)
+    if len(labels) != len(paths):
+        raise ResultsError(f"{len(labels)} labels for {len(paths)} result files")
     rows = []
     for path, run in zip(paths, labels, strict=True):
         data = read_benchmark_json(path)
-        if not data["benchmarks"]:
-            warnings.warn(f"{path}: holds no benchmarks", stacklevel=2)
         missing = set()
         for bench in data["benchmarks"]:
             row = _row(bench, run, path, data)
-            if row.get("kind", "step") == "step":
+            if row["kind"] == "step":
                 missing.update(f for f in REQUIRED_FIELDS if f not in row)
             rows.append(row)
         if missing:
@@ -91,6 +363,10 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
     for col in REQUIRED_FIELDS:
         if col not in df:
             df[col] = None
+    for col in df.columns:
+        dtype = _dtype(col)
+        if dtype is not None:
+            df[col] = df[col].astype(object).where(df[col].notna(), None).astype(dtype)
     return df
 
 

@@ -8,10 +8,7 @@ spawned, so that it follows its parent's death even while it is still importing 
   polls ``os.getppid()`` (other systems, and a second line of defence).
 - ``run_forwarding_signals`` runs a command in its own process group, forwards SIGINT and
   SIGTERM to it, waits for it and kills whatever is left of its group.
-- As a pytest plugin (``pytest -p gpubench.signals``, which ``gpubench run`` passes together with
-  ``GPUBENCH_PARENT_PID``), it turns SIGTERM into ``KeyboardInterrupt`` so that pytest stops
-  like on Ctrl-C (pytest-benchmark still writes the cases that finished) and makes pytest
-  follow ``gpubench run``'s death.
+- ``gpubench.pytest_signals`` is the pytest side of ``gpubench run``.
 """
 
 from __future__ import annotations
@@ -102,11 +99,15 @@ def guarded_call(parent_pid: int, use_pdeathsig: bool, target: str, *args) -> No
 
 
 def run_forwarding_signals(cmd: Sequence[str], *, env: dict | None = None,
-                           grace_s: float = 30.0) -> tuple[int, int | None]:
+                           grace_s: float = 30.0,
+                           forward_as: int | None = None) -> tuple[int, int | None]:
     """Run ``cmd`` in its own process group and wait for it; return ``(returncode, signum)``.
 
     The first SIGINT or SIGTERM received meanwhile goes to the child (only the child: it stops
-    its own children); ``signum`` is that signal, else None. A second signal, or the child
+    its own children), as ``forward_as`` if given (a child that turns SIGTERM into an orderly
+    stop, and dies silently from it while still starting, prints no traceback for a Ctrl-C
+    that comes while it imports); ``signum`` is the signal received, else None. A second
+    signal, or the child
     still running ``grace_s`` after the first, kills the whole group. When the child has exited,
     anything left in its group (orphaned grandchildren) is killed."""
     received: list[int] = []
@@ -122,7 +123,7 @@ def run_forwarding_signals(cmd: Sequence[str], *, env: dict | None = None,
         received.append(signum)
         if len(received) == 1:
             try:
-                os.kill(proc.pid, signum)
+                os.kill(proc.pid, forward_as or signum)
             except ProcessLookupError:
                 pass
         else:
@@ -155,19 +156,3 @@ def _wait_unreaped(pid: int, interrupted, grace_s: float, kill_group) -> None:
             if time.monotonic() > deadline:
                 kill_group()
         time.sleep(0.05)
-
-
-# -- pytest plugin ---------------------------------------------------------------------------
-
-def _terminate_as_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"gpubench: {signal_name(signum)}")
-
-
-def pytest_configure(config) -> None:
-    """Under ``gpubench run``: SIGTERM stops pytest like Ctrl-C, and pytest follows the death
-    of ``gpubench run``."""
-    parent = os.environ.get(PARENT_PID_ENV, "")
-    if not parent.isdigit() or threading.current_thread() is not threading.main_thread():
-        return
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    die_with_parent(int(parent), signal.SIGTERM)

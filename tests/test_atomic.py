@@ -20,3 +20,67 @@ def test_move_into_place(tmp_path):
     atomic.move_into_place(src, tmp_path / "sub" / "b")
     assert (tmp_path / "sub" / "b").read_text() == "new"
     assert not src.exists()
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporaries_carry_their_owner_and_normal_permissions(tmp_path):
+    import os
+
+    seen = []
+    with atomic.atomic_path(tmp_path / "benchmark.json") as tmp:
+        seen.append(tmp.name)
+        tmp.write_text("{}")
+        mode = tmp.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert seen[0].startswith(f".benchmark.json.{os.getpid()}-{atomic.HOST_ID}.")
+    assert atomic.is_temp_file_name(seen[0])
+    assert mode == 0o666 & ~umask
+    assert (tmp_path / "benchmark.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_stale_temporaries_removed_concurrent_and_foreign_kept(tmp_path):
+    import os
+    import time
+
+    dead, alive = _dead_pid(), os.getppid()
+    names = {
+        "dead owner": f".benchmark.json.{dead}-{atomic.HOST_ID}.abcd1234.tmp.json",
+        "live owner": f".summary.md.{alive}-{atomic.HOST_ID}.abcd1234.tmp.md",
+        "other host, fresh": f".report.md.{dead}-00000000.abcd1234.tmp.md",
+        "other host, old": f".report.html.{dead}-00000000.abcd1234.tmp.html",
+        "older gpubench, old": ".speedup.png.abcd1234.tmp.png",
+        "older gpubench, fresh": ".memory.png.abcd1234.tmp.png",
+        "user's hidden file, old": ".notes.tmp",
+    }
+    for name in names.values():
+        (tmp_path / name).write_text("x")
+    old = time.time() - 2 * atomic.STALE_AFTER_S
+    for what in ("other host, old", "older gpubench, old", "user's hidden file, old"):
+        os.utime(tmp_path / names[what], (old, old))
+    removed = {p.name for p in atomic.remove_stale_temporaries(tmp_path)}
+    assert removed == {names["dead owner"], names["other host, old"],
+                       names["older gpubench, old"]}
+
+
+def test_partial_dataset_folders_of_killed_generations_are_removed(tmp_path):
+    import os
+
+    from gpubench import datasets
+
+    dead = tmp_path / f".tokens-8x16-v100-s0.{_dead_pid()}-{atomic.HOST_ID}.abcd1234"
+    live = tmp_path / f".tokens-8x16-v100-s0.{os.getppid()}-{atomic.HOST_ID}.efgh5678"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "tokens.bin").write_bytes(b"partial")
+    final = datasets.ensure_token_file(tmp_path, count=8, seq_len=16, vocab_size=100)
+    assert not dead.exists() and live.exists()  # a concurrent generation is left alone
+    assert final.is_dir() and not [p for p in tmp_path.iterdir()
+                                   if p.name.startswith(".") and p != live]

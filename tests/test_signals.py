@@ -1,0 +1,272 @@
+"""``gpubench run`` under signals and bad folders: one line, exit 2 / 130 / 143, the previous
+results untouched, the finished cases kept, no process and no temporary left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpubench import atomic, cli
+from gpubench import signals as gsignals
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["run", "--profile", "smoke", "--models", "bert", "-k", "zerofill", "--no-charts"]
+
+
+def _bench(name: str, extra: dict | None = None) -> dict:
+    info = {"kind": "step", "case_id": name, "model": "bert", "profile": "smoke",
+            "device": "cpu", "precision": "fp32", "accum_steps": 1, "micro_batch": 8,
+            "global_batch": 8, "optimizer": "sgd", "parallel": "single", "world_size": 1,
+            "input_shape": [8, 16], "is_baseline": True, "step_time_s": 0.01,
+            "samples_per_s": 800.0, "peak_memory_bytes": 1000, "flops_per_step": 10**9,
+            "tflops": 0.1, "mfu": 0.01}
+    return {"name": f"test_step[{name}]", "group": "bert-smoke-cpu",
+            "stats": {"min": 0.009, "max": 0.012, "mean": 0.01, "stddev": 0.001,
+                      "median": 0.01, "iqr": 0.001, "q1": 0.0095, "q3": 0.0105, "rounds": 3,
+                      "data": [0.009, 0.01, 0.012]},
+            "extra_info": info if extra is None else extra}
+
+
+def _results(*benches) -> str:
+    return json.dumps({"machine_info": {"node": "x"}, "benchmarks": list(benches),
+                       "datetime": "2026-01-01T00:00:00", "version": "5.1.0"})
+
+
+@pytest.fixture
+def previous(tmp_path):
+    """A results folder from an earlier run, and a snapshot of it."""
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "benchmark.json").write_text(_results(_bench("old")))
+    (out / "speedup.png").write_bytes(b"old chart")
+    return out, {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def _snapshot(out: Path) -> dict:
+    return {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+@pytest.fixture
+def fake_pytest(monkeypatch, tmp_path):
+    """Replace the pytest child: ``fake_pytest(json_text, code, signum)`` sets what it writes
+    and returns; light summary and advice so the test exercises cmd_run only."""
+    plan = {}
+
+    def run(cmd, **kwargs):
+        json_path = Path(next(a for a in cmd if a.startswith("--benchmark-json="))
+                         .split("=", 1)[1])
+        if plan.get("json") is not None:
+            json_path.write_text(plan["json"])
+        plan["cmd"] = cmd
+        return plan.get("code", 0), plan.get("signum")
+
+    monkeypatch.setattr(gsignals, "run_forwarding_signals", run)
+    monkeypatch.setattr(cli, "summary_markdown", lambda df: "summary")
+    import gpubench.advice
+
+    monkeypatch.setattr(gpubench.advice, "advice_markdown", lambda df, *a, **k: "advice")
+    monkeypatch.setenv("GPUBENCH_DATA_DIR", str(tmp_path / "data"))
+
+    def configure(json_text=None, code=0, signum=None):
+        plan.update(json=json_text, code=code, signum=signum)
+        return plan
+
+    return configure
+
+
+def _no_hidden_left(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.startswith(".")]
+
+
+# -- folders validated before anything runs ---------------------------------------------------
+
+def _bad_out_cases(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me")
+    unwritable = Path("/proc/gpubench-results") if os.geteuid() == 0 else tmp_path / "ro" / "out"
+    if os.geteuid() != 0:
+        (tmp_path / "ro").mkdir()
+        (tmp_path / "ro").chmod(0o555)
+    return {"is a file": (a_file, "is a file"),
+            "under a file": (a_file / "sub", "lies under"),
+            "not writable": (unwritable, "is not writable")}
+
+
+@pytest.mark.parametrize("case", ["is a file", "under a file", "not writable"])
+def test_unusable_out_is_one_line_exit_2_before_anything_runs(tmp_path, fake_pytest, capsys,
+                                                               case):
+    plan = fake_pytest(_results(_bench("new")))
+    out, expected = _bad_out_cases(tmp_path)[case]
+    assert cli.main([*RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gpubench: --out {out} ") and expected in err, err
+    assert len(err.splitlines()) == 1
+    assert "cmd" not in plan  # pytest never started
+    assert (tmp_path / "a-file").read_text() == "keep me"
+
+
+def test_unusable_data_dir_is_one_line_exit_2(tmp_path, fake_pytest, capsys, previous):
+    out, before = previous
+    plan = fake_pytest(_results(_bench("new")))
+    (tmp_path / "data-file").write_text("")
+    code = cli.main([*RUN, "--out", str(out), "--data-dir", str(tmp_path / "data-file")])
+    assert code == 2
+    assert "gpubench: --data-dir" in capsys.readouterr().err
+    assert "cmd" not in plan and _snapshot(out) == before
+
+
+# -- interrupts -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_keeps_previous_results_and_the_finished_cases(
+        fake_pytest, previous, capsys, sig):
+    out, before = previous
+    unfinished = _bench("half", extra={})  # pytest-benchmark's record of the interrupted case
+    fake_pytest(_results(_bench("done"), unfinished), code=2, signum=sig)
+    assert cli.main([*RUN, "--out", str(out)]) == 128 + sig
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gpubench: interrupted ({sig.name}) while running the cases; {out}/ "
+                   f"unchanged; 1 finished case(s) kept in {out}-interrupted/benchmark.json"]
+    assert _snapshot(out) == before
+    kept = json.loads((out.parent / f"{out.name}-interrupted" / "benchmark.json").read_text())
+    assert [b["name"] for b in kept["benchmarks"]] == ["test_step[done]"]
+    assert not _no_hidden_left(out.parent) and not _no_hidden_left(out)
+
+
+def test_interrupt_while_writing_charts_leaves_previous_results_whole(
+        fake_pytest, previous, capsys, monkeypatch):
+    out, before = previous
+    fake_pytest(_results(_bench("new")))
+    import gpubench.report
+
+    def killed_mid_charts(files, folder, labels=None):
+        (Path(folder) / "speedup.png").write_bytes(b"new chart")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler raises here
+
+    monkeypatch.setattr(gpubench.report, "write_report", killed_mid_charts)
+    args = [a for a in RUN if a != "--no-charts"]
+    assert cli.main([*args, "--out", str(out)]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gpubench: interrupted (SIGTERM) while writing the summary and charts; "
+                   f"{out}/ unchanged"]
+    assert _snapshot(out) == before
+    assert not _no_hidden_left(out.parent)
+
+
+def test_complete_run_replaces_the_folder_as_a_whole(fake_pytest, previous, capsys):
+    out, _ = previous
+    fake_pytest(_results(_bench("new")))
+    assert cli.main([*RUN, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["advice.md", "benchmark.json",
+                                                    "summary.md"]  # no stale chart
+    assert "test_step[new]" in (out / "benchmark.json").read_text()
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in (out, *out.iterdir()):
+        assert path.stat().st_mode & 0o777 & ~umask == (0o777 if path.is_dir() else 0o666) & ~umask
+    assert not _no_hidden_left(out.parent)
+
+
+def test_folder_with_other_files_is_updated_file_by_file(fake_pytest, previous):
+    out, _ = previous
+    (out / "notes").mkdir()
+    fake_pytest(_results(_bench("new")))
+    assert cli.main([*RUN, "--out", str(out)]) == 0
+    assert (out / "notes").is_dir() and (out / "summary.md").read_text().endswith("summary")
+
+
+def test_stale_temporaries_of_killed_runs_are_removed_on_start(fake_pytest, previous):
+    out, _ = previous
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    own = f"{dead.pid}-{atomic.HOST_ID}"
+    stale_staging = out.parent / f".{out.name}.{own}.abcd1234.tmp"
+    stale_staging.mkdir()
+    stale_file = out / f".benchmark.json.{own}.abcd1234.tmp.json"
+    stale_file.write_text("half")
+    alive = out.parent / f".{out.name}.{os.getppid()}-{atomic.HOST_ID}.efgh5678.tmp"
+    alive.mkdir()  # a concurrent run's staging folder: kept
+    fake_pytest(None, code=4)  # pytest wrote nothing
+    assert cli.main([*RUN, "--out", str(out)]) == 4
+    assert not stale_staging.exists() and not stale_file.exists()
+    assert alive.exists()
+
+
+# -- the real thing: signals to `gpubench run` and its pytest child ---------------------------
+
+def _session_processes(sid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(entry))
+    return pids
+
+
+def _run_and_signal(tmp_path, sig, trigger: str, after_s: float, extra=()):
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "benchmark.json").write_text(_results(_bench("old")))
+    before = _snapshot(out)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GPUBENCH_DATA_DIR": str(tmp_path / "data")}
+    cmd = [sys.executable, "-m", "gpubench", "run", "--profile", "smoke", "--models", "bert",
+           "--out", str(out), "--no-charts", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        seen = b""
+        while trigger.encode() not in seen:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, f"gpubench ended before {trigger!r}: {seen[-2000:]!r}"
+            seen += chunk
+        time.sleep(after_s)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while (left := _session_processes(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return proc.returncode, stderr.decode(), left, out, before
+    finally:
+        for pid in _session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["start-up", "mid-case (DDP)"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_gpubench_run_interrupted(tmp_path, sig, phase):
+    if phase == "start-up":
+        trigger, after, extra = "gpubench: profile", 0.5, ["-k", "zerofill"]
+    else:  # the ranks of a DDP case are busy when the signal comes
+        trigger, after, extra = "::test_step[", 3.0, ["-k", "ddp2", "--rounds", "1000"]
+    code, stderr, left, out, before = _run_and_signal(tmp_path, sig, trigger, after, extra)
+    assert code == 128 + sig, stderr
+    ours = [line for line in stderr.splitlines() if line.startswith("gpubench:")]
+    assert len(ours) == 1 and ours[0].startswith(f"gpubench: interrupted ({sig.name})"), stderr
+    assert "Traceback" not in stderr, stderr
+    assert not left, f"processes left 10 s after gpubench exited: {left}"
+    assert _snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_gpubench_killed_mid_case_leaves_no_process(tmp_path):
+    code, _, left, out, before = _run_and_signal(
+        tmp_path, signal.SIGKILL, "::test_step[", 3.0, ["-k", "ddp2", "--rounds", "1000"])
+    assert code == -signal.SIGKILL
+    assert not left, f"pytest or ranks outlived gpubench by 10 s: {left}"
+    assert _snapshot(out) == before
