@@ -146,11 +146,13 @@ class WorkerGroup:
                     args=(os.getpid(), main_thread, f"{__name__}:_rank_main", child, payload),
                     name=f"gpubench-rank{rank}",
                 )
-                proc.start()
-                child.close()
+                # Tracked before it starts: an interrupt right after start() must not leave
+                # an untracked rank for multiprocessing's exit handler to wait on forever.
                 self.conns.append(parent)
                 self.procs.append(proc)
                 self.stages.append("spawning")
+                proc.start()
+                child.close()
             self._collect("start", start_timeout_s)
         except BaseException:
             self.close(graceful=False)
@@ -237,16 +239,19 @@ class WorkerGroup:
 
     def close(self, graceful: bool = True) -> None:
         """Stop every worker: ask politely (``graceful``), then terminate, then kill."""
-        for conn, proc in zip(self.conns, self.procs, strict=False):
+        started = [(c, p) for c, p in zip(self.conns, self.procs, strict=False)
+                   if p.pid is not None]  # an interrupt can come between tracking and start
+        procs = [p for _, p in started]
+        for conn, proc in started:
             if graceful and proc.is_alive():
                 try:
                     conn.send(("stop", ()))
                 except (BrokenPipeError, OSError):
                     pass
         deadline = time.monotonic() + (5 if graceful else 0)
-        for proc in self.procs:
+        for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
+        for proc in procs:
             if proc.is_alive():
                 proc.terminate()
                 proc.join(2)
