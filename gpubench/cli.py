@@ -120,7 +120,7 @@ def _publish_folder(staging: Path, out: Path) -> None:
     staging.chmod(0o777 & ~umask)  # mkdtemp made it owner-only
     if not out.exists():
         os.rename(staging, out)
-    elif _ours_only(out) and _exchange(staging, out):
+    elif not out.is_symlink() and _ours_only(out) and _exchange(staging, out):
         shutil.rmtree(staging, ignore_errors=True)  # now the previous results
     else:
         names = sorted(p.name for p in staging.iterdir())
