@@ -326,11 +326,11 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
       ``time_rounds`` (a count) and ``rounds_s`` (the list of round times);
     - the machine: ``machine_node``, ``machine_cpu``, ``torch_version``,
       ``matmul_peak_tflops`` (per precision), ``pytest_benchmark_version``;
-    - the gpubench fields of ``REQUIRED_FIELDS`` (present as columns even when every record
-      lacks them), with their units in the name: ``step_time_s`` (median seconds per
+    - every field gpubench knows (``EXTRA_SCHEMA``; a column even when no record has it),
+      among them ``REQUIRED_FIELDS``, units in the name: ``step_time_s`` (median seconds per
       optimizer step), ``samples_per_s`` (global batch / step time), ``peak_memory_bytes``,
-      ``flops_per_step`` (FLOPs), ``tflops`` (achieved 10^12 FLOP/s), ``mfu`` (fraction of the
-      measured matmul peak), ``accum_steps``, ``micro_batch``, ``global_batch``,
+      ``flops_per_step`` (FLOPs), ``tflops`` (achieved 10^12 FLOP/s), ``mfu`` (fraction of
+      the measured matmul peak), ``accum_steps``, ``micro_batch``, ``global_batch``,
       ``world_size`` (counts), ``is_baseline``; other fields follow the same convention
       (``_s`` seconds, ``_bytes`` bytes, ``_fraction`` a ratio).
 
@@ -360,7 +360,7 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
                 stacklevel=2,
             )
     df = pd.DataFrame(rows)
-    for col in REQUIRED_FIELDS:
+    for col in (*REQUIRED_FIELDS, *EXTRA_SCHEMA):  # a stable set of columns, whatever the file
         if col not in df:
             df[col] = None
     for col in df.columns:
