@@ -84,3 +84,29 @@ def test_partial_dataset_folders_of_killed_generations_are_removed(tmp_path):
     assert not dead.exists() and live.exists()  # a concurrent generation is left alone
     assert final.is_dir() and not [p for p in tmp_path.iterdir()
                                    if p.name.startswith(".") and p != live]
+
+
+def test_dataset_generation_killed_midway_is_cleaned_by_the_next_generation(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from gpubench import datasets
+
+    code = ("import sys; from pathlib import Path; from gpubench.datasets import "
+            "ensure_image_folder as e; print('go', flush=True); "
+            "e(Path(sys.argv[1]), 'images-png', 100000, 64, 10)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"go"
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".images-png") for p in tmp_path.iterdir()):
+        assert time.monotonic() < deadline, "generation never started"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert len(partial) == 1 and any(partial[0].iterdir())  # what a kill leaves
+    datasets.ensure_image_folder(tmp_path, "images-png", 4, 16, 2)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
