@@ -149,11 +149,43 @@ def _raise_interrupted(signum, frame):  # a signal handler
     raise Interrupted(signum)
 
 
+def _interrupted_message(sig, state: dict) -> str:
+    stage, out, kept = state["stage"], state["out"], state["kept"]
+    if stage == "starting":
+        return f"gpubench: interrupted ({sig}) while starting; nothing was run"
+    if stage == "after the results were written":
+        return f"gpubench: interrupted ({sig}) {stage} to {out}/"
+    saved = ""
+    if stage == "running the cases":
+        saved = (f"; {kept} finished case(s) kept in {out}-interrupted/benchmark.json"
+                 if kept else "; no case had finished")
+    return f"gpubench: interrupted ({sig}) while {stage}; {out}/ unchanged{saved}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the cases in a pytest child, then write results, summary, advice and charts into a
     hidden staging folder beside ``--out`` and publish it as a whole. SIGINT/SIGTERM go to
     the child; the run then ends with one line and 130/143, the previous results unchanged
     and the finished cases kept in ``<out>-interrupted/benchmark.json``."""
+    import signal
+
+    from gpubench.signals import Interrupted
+
+    state = {"stage": "starting", "out": None, "kept": 0}
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run_cases(args, state)
+    except Interrupted as sig:
+        print(_interrupted_message(sig, state), file=sys.stderr)
+        return sig.exit_code
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run_cases(args: argparse.Namespace, state: dict) -> int:
+    """``cmd_run`` with its SIGINT/SIGTERM handlers installed; ``state`` tells it how far the
+    run got."""
     import os
     import shutil
     import signal
@@ -163,6 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     device, profile = _resolve(args.device, args.profile)
     out = Path(args.out or f"results/{profile}")
+    state["out"] = out
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     data_option = "--data-dir" if args.data_dir else "the data folder"
     for option, folder in (("--out", out), (data_option, data_dir)):
@@ -182,9 +215,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"gpubench: profile {profile} on {device}; results go to {out}/", flush=True)
     staging = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(out.name), suffix=".tmp",
                                     dir=out.parent))
-    stage, kept, code, text = "running the cases", 0, 0, ""
+    state["stage"] = "running the cases"
     signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, _raise_interrupted) for s in signals}
     try:
         json_path = staging / "benchmark.json"
         cmd = [*pytest_command(args, json_path), "-p", "gpubench.pytest_signals"]
@@ -192,13 +224,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         code, signum = run_forwarding_signals(
             cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid())}, forward_as=signal.SIGTERM)
         if signum is not None:
-            kept = _keep_finished_cases(json_path, Path(f"{out}-interrupted") / "benchmark.json")
+            state["kept"] = _keep_finished_cases(json_path,
+                                                 Path(f"{out}-interrupted") / "benchmark.json")
             raise Interrupted(signum)
         if not json_path.exists():
             print(f"gpubench: the benchmark run wrote no results (pytest exit code {code}); "
                   f"{out}/ is unchanged", file=sys.stderr)
             return code or 1
-        stage = "writing the summary and charts"
+        state["stage"] = "writing the summary and charts"
         df = load_results([json_path], labels=[profile])
         text = summary_markdown(df)
         atomic.write_text(staging / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
@@ -213,7 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             _publish_folder(staging, out)
         finally:
-            stage = "after the results were written"
+            state["stage"] = "after the results were written"
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
         print("\n" + text)
         print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
@@ -222,21 +255,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if code != 0:
             print(f"gpubench: some cases failed (pytest exit code {code})", file=sys.stderr)
         return code
-    except Interrupted as sig:
-        if stage == "after the results were written":
-            print(f"gpubench: interrupted ({sig}) {stage} to {out}/", file=sys.stderr)
-        elif stage == "running the cases":
-            saved = (f"; {kept} finished case(s) kept in {out}-interrupted/benchmark.json"
-                     if kept else "; no case had finished")
-            print(f"gpubench: interrupted ({sig}) while {stage}; {out}/ unchanged{saved}",
-                  file=sys.stderr)
-        else:
-            print(f"gpubench: interrupted ({sig}) while {stage}; {out}/ unchanged",
-                  file=sys.stderr)
-        return sig.exit_code
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -270,3 +270,20 @@ def test_gpubench_killed_mid_case_leaves_no_process(tmp_path):
     assert code == -signal.SIGKILL
     assert not left, f"pytest or ranks outlived gpubench by 10 s: {left}"
     assert _snapshot(out) == before
+
+
+def test_interrupt_while_starting_is_one_line(fake_pytest, previous, capsys, monkeypatch):
+    out, before = previous
+    plan = fake_pytest(_results(_bench("new")))
+
+    def interrupted_cleanup(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+
+    import gpubench.datasets
+
+    monkeypatch.setattr(gpubench.datasets, "remove_stale_partials", interrupted_cleanup)
+    assert cli.main([*RUN, "--out", str(out)]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gpubench: interrupted (SIGINT) while starting; nothing was run"]
+    assert "cmd" not in plan and _snapshot(out) == before
