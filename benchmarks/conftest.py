@@ -7,11 +7,12 @@ import os
 import pytest
 import torch
 
-from gpubench.cases import PROFILE_MODELS, default_profile, profile_cases
-from gpubench.config import DEVICES, MODELS, PROFILES
+from gpubench.cases import GROUPS, PROFILE_MODELS, default_profile, profile_cases
+from gpubench.config import DEVICES, PROFILES
 from gpubench.machine import default_device
 from gpubench.machine import machine_info as describe_machine
 from gpubench.workers import DEFAULT_TIMEOUT_S
+from gpubench.workload import WorkloadError, builtin_names, resolve, validate
 
 ROUNDS = {"smoke": (3, 1), "cpu": (10, 1), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
@@ -27,7 +28,12 @@ def pytest_addoption(parser):
     group.addoption("--gpubench-device", default="auto",
                     help=f"auto (cuda if available), {', '.join(DEVICES)}")
     group.addoption("--gpubench-models", default="",
-                    help=f"comma-separated subset of {', '.join(MODELS)} (default: the profile's)")
+                    help="comma-separated workloads: built-in names "
+                    f"({', '.join(builtin_names())}), FILE.py:FACTORY, MODULE:FACTORY, "
+                    "torchvision:NAME, transformers:TYPE "
+                    "(default: the profile's built-in models)")
+    group.addoption("--gpubench-groups", default="",
+                    help=f"comma-separated case groups from {', '.join(GROUPS)} (default: all)")
     group.addoption("--gpubench-rounds", type=int, default=0,
                     help="timed rounds per case (default: per profile)")
     group.addoption("--gpubench-warmup", type=int, default=-1,
@@ -42,6 +48,9 @@ def pytest_addoption(parser):
     group.addoption("--gpubench-data-dir", default="",
                     help="folder for generated on-disk datasets (default: $GPUBENCH_DATA_DIR "
                     "or ~/.cache/gpubench/data)")
+    group.addoption("--gpubench-unpaired", action="store_true",
+                    help="time cases without a paired baseline round before each round (faster; "
+                    "speedups then compare cases measured minutes apart)")
     group.addoption("--gpubench-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help="seconds a multi-process case's rank may take per command before the "
                     f"case fails as hung (default {DEFAULT_TIMEOUT_S:g})")
@@ -63,13 +72,21 @@ class Options:
             raise pytest.UsageError(
                 f"--gpubench-profile must be auto or one of {', '.join(PROFILES)}; got {profile!r}"
             )
-        names = tuple(m for m in config.getoption("--gpubench-models").split(",") if m)
-        bad = [m for m in names if m not in MODELS]
-        if bad:
-            raise pytest.UsageError(
-                f"--gpubench-models must name models from {', '.join(MODELS)}; got {', '.join(bad)}"
-            )
+        names = tuple(m.strip() for m in config.getoption("--gpubench-models").split(",")
+                      if m.strip())
         self.models = names or PROFILE_MODELS[self.profile]
+        for spec in self.models:  # a bad spec fails here, before any case runs
+            try:
+                validate(resolve(spec, self.profile))
+            except WorkloadError as err:
+                raise pytest.UsageError(f"--gpubench-models: {err}") from None
+        self.model_names = tuple(resolve(spec, self.profile).name for spec in self.models)
+        self.groups = tuple(g.strip() for g in config.getoption("--gpubench-groups").split(",")
+                            if g.strip())
+        bad = [g for g in self.groups if g not in GROUPS]
+        if bad:
+            raise pytest.UsageError(f"--gpubench-groups must be from {', '.join(GROUPS)}; got "
+                                    f"{', '.join(bad)}")
         rounds, warmup = ROUNDS[self.profile]
         self.rounds = config.getoption("--gpubench-rounds") or rounds
         w = config.getoption("--gpubench-warmup")
@@ -79,6 +96,26 @@ class Options:
         self.slow = config.getoption("--gpubench-slow")
         self.threads = config.getoption("--gpubench-threads")
         self.timeout_s = config.getoption("--gpubench-timeout")
+        self.paired = not config.getoption("--gpubench-unpaired")
+        self._baseline = None
+
+    def paired_baseline(self, cfg):
+        """The running PairedBaseline of ``cfg``'s baseline (one at a time, started on first
+        use), or None when pairing is off."""
+        if not self.paired:
+            return None
+        if self._baseline is not None and not self._baseline.matches(cfg):
+            self.close_baseline()
+        if self._baseline is None:
+            from gpubench.measure import PairedBaseline
+
+            self._baseline = PairedBaseline(cfg, self.timeout_s, max(1, self.warmup))
+        return self._baseline
+
+    def close_baseline(self):
+        if self._baseline is not None:
+            self._baseline.close()
+            self._baseline = None
 
 
 def pytest_configure(config):
@@ -94,18 +131,35 @@ def pytest_configure(config):
 
 
 def pytest_generate_tests(metafunc):
-    if "bench_case" in metafunc.fixturenames:
+    if "case_id" in metafunc.fixturenames:
         opts = metafunc.config.gpubench
-        cases = profile_cases(opts.profile, opts.device, opts.models)
-        params = [
-            pytest.param(
-                c,
-                id=c.id,
-                marks=[pytest.mark.slow] if c.slow else [],
-            )
-            for c in cases
-        ]
-        metafunc.parametrize("bench_case", params)
+        try:
+            cases = profile_cases(opts.profile, opts.device, opts.models, opts.groups or None)
+        except ValueError as err:
+            raise pytest.UsageError(str(err)) from None
+        opts.cases = {c.id: c for c in cases}
+        # Parametrized by the readable id (a string), so the JSON's params serialize.
+        params = [pytest.param(c.id, id=c.id, marks=[pytest.mark.slow] if c.slow else [])
+                  for c in cases]
+        metafunc.parametrize("case_id", params)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Cases first, then the claims pairs and the harness checks (which build their own)."""
+    order = {"test_training_step.py": 0}
+    items.sort(key=lambda item: order.get(item.path.name, 1))
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The paired baseline worker lives while consecutive cases share it."""
+    opts = getattr(item.config, "gpubench", None)
+    if opts is not None and (nextitem is None or "case_id" not in nextitem.fixturenames):
+        opts.close_baseline()
+
+
+@pytest.fixture
+def bench_case(case_id, options):
+    return options.cases[case_id]
 
 
 @pytest.fixture

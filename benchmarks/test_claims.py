@@ -6,27 +6,27 @@ import pytest
 
 from gpubench.build import Unsupported
 from gpubench.claims import claim_pairs, measure_pair
-from gpubench.config import IMAGE_MODELS
 
 CLAIM_MODELS = 2
-"""The profile's first models get claim pairs (an image and a token model); time budget."""
+"""The first two chosen workloads get claim pairs (by default an image and a token model);
+a time budget."""
 
 
 def _pairs(config):
     opts = config.gpubench
-    models = [m for m in opts.models][:CLAIM_MODELS]
-    if not any(m in IMAGE_MODELS for m in models):
-        models = models[:1]
-    return [p for m in models for p in claim_pairs(m, opts.profile, opts.device)]
+    return [p for m in opts.models[:CLAIM_MODELS]
+            for p in claim_pairs(m, opts.profile, opts.device)]
 
 
 def pytest_generate_tests(metafunc):
-    if "pair" in metafunc.fixturenames:
-        pairs = _pairs(metafunc.config)
-        metafunc.parametrize("pair", pairs, ids=[p.id for p in pairs])
+    if "pair_id" in metafunc.fixturenames:
+        pairs = {p.id: p for p in _pairs(metafunc.config)}
+        metafunc.config.gpubench.pairs = pairs
+        metafunc.parametrize("pair_id", list(pairs))  # readable string params in the JSON
 
 
-def test_claim(benchmark, pair, options):
+def test_claim(benchmark, pair_id, options):
+    pair = options.pairs[pair_id]
     benchmark.group = "claims"
     try:
         measure_pair(benchmark, pair, rounds=max(options.rounds, 10),

@@ -12,38 +12,38 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
+from torch.utils._pytree import tree_map
 
 from gpubench.build import build
 from gpubench.cases import baseline
-from gpubench.data import SyntheticDataset, build_loader
-from gpubench.models import model_size
+from gpubench.data import build_loader
+from gpubench.workload import BatchDataset, call_model
 
 
-def handwritten_loop(model: str, profile: str, device: str, seed: int):
-    """The loop a user would write by hand, sharing nothing with gpubench but the data."""
-    torch.manual_seed(seed)
-    wrapped = build(baseline(model, profile, device))  # identical weights and data
-    net = wrapped.reference_model.net
+def handwritten_loop(cfg, seed: int):
+    """The loop a user would write by hand, sharing nothing with gpubench but the model and
+    the data (identical weights and samples)."""
+    case = build(cfg)
+    net = case.reference_model.net
+    workload = case.workload
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    size = model_size(model, profile)
-    dataset = SyntheticDataset(size, wrapped.reference_model.kind, size.micro_batch * 4, seed)
-    loader = build_loader(dataset, wrapped.cfg.loader, size.micro_batch, seed)
-    dev = torch.device(device)
+    batch = cfg.resolved_micro_batch
+    loader = build_loader(BatchDataset(workload, batch * 4, seed), cfg.loader, batch, seed)
+    dev = torch.device(cfg.device)
 
     def batches():
         while True:
             for x, y in loader:
-                yield x.to(dev), y.to(dev)
+                yield tree_map(lambda t: t.to(dev), x), tree_map(lambda t: t.to(dev), y)
 
     it = batches()
 
     def step():
         x, y = next(it)
-        if x.dim() == 4:
-            loss = F.cross_entropy(net(x), y)
+        if workload.loss_fn is None:
+            loss = call_model(net, x, y)
         else:
-            loss = net(input_ids=x, labels=y).loss
+            loss = workload.loss_fn(call_model(net, x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -54,14 +54,20 @@ def handwritten_loop(model: str, profile: str, device: str, seed: int):
     return step
 
 
-@pytest.mark.parametrize("model", ["resnet18", "bert"])
-def test_harness_overhead(benchmark, model, options):
+def pytest_generate_tests(metafunc):
+    if "overhead_model" in metafunc.fixturenames:
+        opts = metafunc.config.gpubench  # honours --gpubench-models
+        metafunc.parametrize("overhead_model", opts.models[:2], ids=opts.model_names[:2])
+
+
+def test_harness_overhead(benchmark, overhead_model, options):
     profile = options.profile
     if options.device == "cpu" and profile.startswith("gpu"):
         pytest.skip("GPU profile on the CPU")
     benchmark.group = "harness-overhead"
-    case = build(baseline(model, profile, options.device))
-    hand = handwritten_loop(model, profile, options.device, seed=0)
+    cfg = baseline(overhead_model, profile, options.device)
+    case = build(cfg)
+    hand = handwritten_loop(cfg, seed=0)
     times = {"gpubench": [], "handwritten": []}
     flip = [False]
 
@@ -76,13 +82,15 @@ def test_harness_overhead(benchmark, model, options):
 
     rounds = max(options.rounds, 20)
     last = benchmark.pedantic(pair, rounds=rounds, warmup_rounds=max(options.warmup, 2))
+    case.close()
     assert torch.isfinite(last).item()
     warm = max(options.warmup, 2)
     med = {k: statistics.median(v[warm:]) for k, v in times.items()}
     benchmark.extra_info.update(
         kind="overhead",
-        case_id=f"overhead-{model}",
-        model=model,
+        case_id=f"overhead-{cfg.name}",
+        model=cfg.name,
+        workload=cfg.model,
         profile=profile,
         device=options.device,
         gpubench_step_time_s=med["gpubench"],

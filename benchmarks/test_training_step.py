@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.build import Unsupported
+from gpubench.build import Unsupported, unsupported_reason
 from gpubench.runner import run_case
 
 
@@ -12,10 +12,14 @@ def test_step(benchmark, bench_case, options):
     if bench_case.slow and not options.slow:
         pytest.skip("slow case (torch.compile): pass --gpubench-slow to run it")
     cfg = bench_case.cfg
-    benchmark.group = f"{cfg.model}-{cfg.profile}-{cfg.device}"
+    benchmark.group = f"{cfg.name}-{cfg.profile}-{cfg.device}"
     benchmark.extra_info["group"] = bench_case.group
+    reason = unsupported_reason(cfg)
+    if reason:
+        pytest.skip(reason)
     try:
         run_case(benchmark, cfg, rounds=options.rounds, warmup_rounds=options.warmup,
-                 timeout_s=options.timeout_s, max_time_s=options.max_time_s)
+                 timeout_s=options.timeout_s, max_time_s=options.max_time_s,
+                 baseline=options.paired_baseline(cfg))
     except Unsupported as why:
         pytest.skip(str(why))

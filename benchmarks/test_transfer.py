@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 
-from gpubench.build import resolve_micro_batch
 from gpubench.cases import baseline
-from gpubench.models import input_shape
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
@@ -16,11 +15,10 @@ from gpubench.models import input_shape
 def test_host_to_device_copy(benchmark, options, pinned, non_blocking):
     if options.device != "cuda" or not torch.cuda.is_available():
         pytest.skip("host-to-device copies need a CUDA device")
-    model = "resnet50" if "resnet50" in options.models else options.models[0]
-    cfg = baseline(model, options.profile, "cuda")
-    shape = input_shape(model, options.profile, resolve_micro_batch(cfg))
-    # Images are float pixels; token batches are int64 ids.
-    host = torch.randn(shape) if len(shape) == 4 else torch.randint(0, 1000, shape)
+    cfg = baseline(options.models[0], options.profile, "cuda")
+    # One micro-batch of the first workload's inputs (its first tensor, with its dtype).
+    inputs, _ = cfg.workload.sample_batch(cfg.resolved_micro_batch)
+    host = tree_flatten(inputs)[0][0].contiguous()
     if pinned:
         host = host.pin_memory()
     device = torch.device("cuda")

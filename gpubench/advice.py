@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gpubench.config import config_from_record
+from gpubench.config import config_from_record, inert_techniques
 from gpubench.results import with_baseline_ratios
 from gpubench.stats import compare_independent, compare_paired
 
@@ -335,7 +335,7 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
         sub = df[(df["model"] == model) & df["step_time_s"].notna()
                  & (df["parallel"] == "single") & (df["dataset"] == "synthetic")]
         # A technique that does nothing on this device can only "win" by measurement noise.
-        inert = sub.apply(lambda r: bool(config_from_record(r.to_dict()).inert_techniques),
+        inert = sub.apply(lambda r: bool(inert_techniques(r.to_dict())),
                           axis=1)
         sub = sub[~inert]
         if budget_bytes is not None:

@@ -12,25 +12,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from gpubench.config import RunConfig
-from gpubench.data import (
-    Batch,
-    Placement,
-    SyntheticDataset,
-    WaitTimer,
-    build_loader,
-    endless,
-    seed_worker,
-)
-from gpubench.datasets import (
-    CachedDataset,
-    ImageFolderDataset,
-    TokenFileDataset,
-    default_data_dir,
-    ensure_image_folder,
-    ensure_token_file,
-)
-from gpubench.models import build_model, input_shape, model_size
+from gpubench.config import GENERATED_DATASETS, RunConfig
+from gpubench.data import Batch, Placement, WaitTimer, build_loader, endless, seed_worker
+from gpubench.datasets import CachedDataset, default_data_dir
 from gpubench.parallel import (
     DataParallel,
     DistributedDataParallel,
@@ -41,6 +25,13 @@ from gpubench.parallel import (
 from gpubench.precision import Precision
 from gpubench.precision import unsupported_reason as precision_reason
 from gpubench.step import train_step
+from gpubench.workload import (
+    BatchDataset,
+    DataRequest,
+    TrainModule,
+    Workload,
+    build_train_module,
+)
 
 LEARNING_RATES = {"sgd": 0.01, "adam": 1e-3, "adamw": 1e-3}
 """Chosen so that every model's loss falls within a few steps on a fixed batch."""
@@ -63,25 +54,31 @@ def build_optimizer(name: str, impl: str, params: list[nn.Parameter]) -> torch.o
 
 
 def resolve_micro_batch(cfg: RunConfig) -> int:
-    return cfg.micro_batch or model_size(cfg.model, cfg.profile).micro_batch
-
-
-def devices_needed(cfg: RunConfig) -> int:
-    """CUDA devices the case needs (DDP with nccl: one per rank)."""
-    if cfg.device != "cuda":
-        return 0
-    return cfg.world_size if cfg.parallel in ("dp", "ddp", "model", "pipeline") else 1
+    return cfg.resolved_micro_batch
 
 
 def check_world_size(cfg: RunConfig) -> None:
     """Raise before any process starts when the machine has too few devices for ``cfg``."""
-    need = devices_needed(cfg)
+    need = cfg.parallelism.devices_needed(cfg.device)
     have = torch.cuda.device_count() if cfg.device == "cuda" else 0
     if need > have:
         raise ValueError(
             f"world_size {cfg.world_size} with parallel {cfg.parallel!r} needs {need} CUDA "
             f"devices; this machine has {have}"
         )
+
+
+@functools.cache
+def _stage_error(spec: str, profile: str, n: int) -> str | None:
+    """Why the workload cannot be split into ``n`` stages (its ``stages`` raised), or None."""
+    from gpubench.workload import resolve
+
+    workload = resolve(spec, profile)
+    try:
+        workload.stages(build_train_module(workload).net, n)
+    except ValueError as err:
+        return f"{workload.name} cannot be split into {n} stages: {err}"
+    return None
 
 
 class Unsupported(Exception):
@@ -100,10 +97,17 @@ def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | N
             check_world_size(cfg)
     except ValueError as err:
         return str(err)
-    if cfg.parallel == "pipeline" and cfg.precision == "fp16":
-        return "fp16 GradScaler is not wired into pipelining schedules; use bf16"
-    if cfg.parallel == "pipeline" and resolve_micro_batch(cfg) % cfg.chunks:
-        return f"micro_batch {resolve_micro_batch(cfg)} does not split into {cfg.chunks} chunks"
+    if cfg.parallel == "pipeline":
+        if cfg.precision == "fp16":
+            return "fp16 GradScaler is not wired into pipelining schedules; use bf16"
+        if not cfg.workload.facts.single_tensor_input:
+            return "pipeline stages take one input tensor; this workload's inputs are not one"
+        if cfg.resolved_micro_batch % cfg.chunks:
+            return f"micro_batch {cfg.resolved_micro_batch} does not split into {cfg.chunks} chunks"
+    if cfg.parallelism.splits_model:
+        reason = _stage_error(cfg.model, cfg.profile, cfg.world_size)
+        if reason:
+            return reason
     reason = precision_reason(cfg.precision, cfg.device)
     if reason:
         return reason
@@ -120,10 +124,15 @@ def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | N
 
 @dataclass
 class Case:
-    """Everything one benchmark case (or one rank of it) runs, built and ready."""
+    """Everything one benchmark case (or one rank of it) runs, built and ready. Use it as a
+    context manager: it enters the precision's math mode and closes the loader on exit."""
 
     cfg: RunConfig
+    workload: Workload
     device: torch.device
+    """This process's (first) device."""
+    devices: list[torch.device]
+    """Every device this process's step runs on (several for dp and model parallelism)."""
     reference_model: nn.Module | None
     """The plain FP32 model the check compares with (None on pipeline ranks without the loss)."""
     model: nn.Module
@@ -137,15 +146,25 @@ class Case:
     after_step: Callable[[], None]
     micro_batch: int
 
+    def __enter__(self) -> Case:
+        self._math = self.precision.math_mode()
+        self._math.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._math.__exit__(*exc)
+        finally:
+            self.close()
+
     @property
     def global_batch(self) -> int:
         """Samples per optimizer step over all ranks (pipeline stages share one batch)."""
-        replicas = self.cfg.world_size if self.cfg.parallel == "ddp" else 1
-        return self.micro_batch * self.cfg.accum_steps * replicas
+        return self.cfg.global_batch
 
     @property
     def input_shape(self) -> list[int]:
-        return input_shape(self.cfg.model, self.cfg.profile, self.micro_batch)
+        return self.workload.input_shape(self.micro_batch)
 
     def step(self, batches: Iterator[Batch] | None = None) -> torch.Tensor | None:
         """One training step on the next batches from the loader (or on ``batches``)."""
@@ -160,19 +179,16 @@ class Case:
             strategy=self.strategy,
         )
 
-    @property
-    def devices(self) -> list[torch.device]:
-        """Every device this process's step runs on (several for dp and model parallelism)."""
-        if self.device.type == "cuda" and self.cfg.parallel in ("dp", "model"):
-            return [torch.device("cuda", i) for i in range(self.cfg.world_size)]
-        return [self.device]
+    def synchronize(self) -> None:
+        """Wait until every device of this process has finished its queued work."""
+        if self.device.type == "cuda":
+            for device in self.devices:
+                torch.cuda.synchronize(device)
 
     def synced_step(self) -> torch.Tensor | None:
         """A step whose device work has finished when it returns: what a timer may measure."""
         loss = self.step()
-        if self.device.type == "cuda":
-            for device in self.devices:  # the step is done when every device is
-                torch.cuda.synchronize(device)
+        self.synchronize()
         return loss
 
     def close(self) -> None:
@@ -193,62 +209,40 @@ def _empty_cache(device: torch.device) -> Callable[[], None]:
     return lambda: None  # the CPU allocator has no cache to release
 
 
-def _device(cfg: RunConfig, local_rank: int) -> torch.device:
-    if cfg.device == "cuda" and cfg.multiprocess:
-        return torch.device("cuda", local_rank)
-    if cfg.device == "cuda":
-        return torch.device("cuda", 0)
-    return torch.device("cpu")
-
-
-def _strategy(cfg: RunConfig, rank: int, device: torch.device, precision: Precision) -> Single:
+def _strategy(cfg: RunConfig, rank: int, devices: list[torch.device],
+              precision: Precision) -> Single:
+    workload = cfg.workload
     match cfg.parallel:
         case "single":
             return Single()
         case "dp":
             return DataParallel(cfg.world_size)
         case "ddp":
-            return DistributedDataParallel(rank, cfg.world_size, device, cfg.ddp_no_sync)
+            return DistributedDataParallel(rank, cfg.world_size, devices[0], cfg.ddp_no_sync)
         case "model":
-            devices = [
-                torch.device("cuda", i) if cfg.device == "cuda" else torch.device("cpu")
-                for i in range(cfg.world_size)
-            ]
-            return ModelParallel(devices)
+            if cfg.device != "cuda":  # the stages share the CPU
+                devices = devices * cfg.world_size
+            return ModelParallel(devices, workload.stages, workload.loss_fn)
         case "pipeline":
-            return Pipeline(rank, cfg.world_size, device, cfg.chunks, cfg.schedule, precision,
-                            cfg.accum_steps)
+            return Pipeline(rank, cfg.world_size, devices[0], cfg.chunks, cfg.schedule,
+                            precision, cfg.accum_steps, workload.stages, workload.loss_fn)
     raise ValueError(f"unknown parallel {cfg.parallel!r}")
 
 
 DATASET_SIZES = {"smoke": 64, "cpu": 512, "gpu-small": 4096, "gpu-full": 8192}
-"""Samples on disk per profile for the on-disk datasets."""
+"""Samples a workload's own dataset is asked for per profile (``LoaderConfig.dataset_size``
+overrides it); at least what the loader cases read."""
 
 
-def stored_image_size(image_size: int) -> int:
-    """Side of the encoded images: larger than the model's input, as photos are, so that
-    decoding and RandomResizedCrop cost what they cost in real training."""
-    return min(384, max(64, 8 * image_size))
-
-
-def build_dataset(cfg: RunConfig, kind: str, length: int, data_dir: Path | None) -> Dataset:
-    """The dataset of ``cfg.loader`` (on-disk ones generated into ``data_dir`` on first use)."""
-    size = model_size(cfg.model, cfg.profile)
+def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset:
+    """The dataset of ``cfg.loader``: ``length`` samples from ``make_batch``, or the
+    workload's own dataset (generated into ``data_dir`` on first use)."""
     loader = cfg.loader
-    count = loader.dataset_size or max(DATASET_SIZES[cfg.profile], length)
-    root = data_dir or default_data_dir()
-    match loader.dataset:
-        case "synthetic" | "device-resident":
-            return SyntheticDataset(size, kind, length, cfg.seed)
-        case "images-jpeg" | "images-png":
-            folder = ensure_image_folder(root, loader.dataset, count,
-                                         stored_image_size(size.image_size), size.num_classes)
-            dataset = ImageFolderDataset(folder, size.image_size)
-        case "tokens-mmap":
-            folder = ensure_token_file(root, count, size.seq_len, size.vocab_size)
-            dataset = TokenFileDataset(folder, causal_lm=kind == "causal-lm")
-        case other:
-            raise ValueError(f"unknown dataset {other!r}")
+    if loader.dataset in GENERATED_DATASETS:
+        return BatchDataset(cfg.workload, length, cfg.seed)
+    size = loader.dataset_size or max(DATASET_SIZES[cfg.profile], length)
+    request = DataRequest(root=data_dir or default_data_dir(), size=size, seed=cfg.seed)
+    dataset = cfg.workload.dataset_factory(loader.dataset)(request)
     if loader.cached:
         return CachedDataset(dataset, loader.cache_items or len(dataset))
     return dataset
@@ -268,12 +262,15 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     ``rank`` of a multi-process case, on the machine's device ``local_rank`` (default: rank);
     its process group must already be initialised). On-disk datasets live in ``data_dir``
     (default ``$GPUBENCH_DATA_DIR`` or ``~/.cache/gpubench/data``)."""
-    device = _device(cfg, rank if local_rank is None else local_rank)
-    micro_batch = resolve_micro_batch(cfg)
+    workload = cfg.workload
+    local = rank if local_rank is None else local_rank
+    devices = [torch.device(d) for d in cfg.parallelism.process_devices(cfg.device, local)]
+    device = devices[0]
+    micro_batch = cfg.resolved_micro_batch
     precision = Precision(cfg.precision, device.type)
-    strategy = _strategy(cfg, rank, device, precision)
+    strategy = _strategy(cfg, rank, devices, precision)
     torch.manual_seed(cfg.seed)  # every rank and case of a model starts from the same weights
-    eager = build_model(cfg.model, cfg.profile, checkpointing=cfg.checkpointing)
+    eager: TrainModule = build_train_module(workload, checkpointing=cfg.checkpointing)
     memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
     eager = eager.to(device=device, memory_format=memory_format).train()
     wrapped = strategy.wrap(eager)
@@ -286,14 +283,13 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
             reference = eager
     model = torch.compile(wrapped) if cfg.compile else wrapped
     optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(wrapped.parameters()))
-    replicas = cfg.world_size if cfg.parallel == "ddp" else 1
-    dataset = build_dataset(
-        cfg, eager.kind, micro_batch * cfg.accum_steps * EPOCH_STEPS * replicas, data_dir
-    )
+    replicas = cfg.parallelism.replicas
+    dataset = build_dataset(cfg, micro_batch * cfg.accum_steps * EPOCH_STEPS * replicas,
+                            data_dir)
     sampler = None
-    if cfg.parallel == "ddp":
-        # Each rank reads its own shard; the seed makes the shuffle agree across ranks.
-        sampler = DistributedSampler(dataset, num_replicas=cfg.world_size, rank=rank,
+    if replicas > 1:
+        # Each replica reads its own shard; the seed makes the shuffle agree across ranks.
+        sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank,
                                      shuffle=True, seed=cfg.seed, drop_last=True)
     loader = build_loader(
         dataset, cfg.loader, micro_batch, cfg.seed, sampler=sampler,
@@ -305,7 +301,9 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     )
     return Case(
         cfg=cfg,
+        workload=workload,
         device=device,
+        devices=devices,
         reference_model=reference,
         model=model,
         optimizer=optimizer,

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from gpubench.config import IMAGE_MODELS, PROFILES, LoaderConfig, RunConfig
-from gpubench.models import model_size
+from gpubench.config import PROFILES, LoaderConfig, RunConfig
 
 PROFILE_MODELS = {
     "smoke": ("resnet18", "bert"),
@@ -26,14 +25,17 @@ class BenchCase:
 
     cfg: RunConfig
     group: str
-    """The question the case answers: precision, accumulation, optimizer, memory, layout,
-    parallel, loader or compile."""
+    """The question the case answers: one of ``GROUPS``."""
     slow: bool = False
 
     @property
     def id(self) -> str:
         return self.cfg.id
 
+
+GROUPS = ("precision", "accumulation", "optimizer", "memory", "layout", "parallel", "loader",
+          "compile")
+"""The case groups, each answering one question against the FP32 baseline."""
 
 PROFILE_SKIPS = {("cpu", "gpt2", group) for group in ("optimizer", "parallel", "loader")}
 """(profile, model, group) left out to keep a profile within its time budget (cpu: under 5
@@ -51,9 +53,10 @@ def precision_cases(base: RunConfig) -> list[RunConfig]:
 def accumulation_cases(base: RunConfig) -> list[RunConfig]:
     """k micro-batches per step at constant effective batch (micro = B/k, the memory-saving use)
     and at constant micro-batch (effective batch k*B, the larger-batch use)."""
-    batch = model_size(base.model, base.profile).micro_batch
+    batch = base.resolved_micro_batch
     same_global = [
-        base.with_(accum_steps=k, micro_batch=batch // k) for k in (2, 4) if batch % k == 0
+        base.with_(accum_steps=k, micro_batch=batch // k) for k in (2, 4)
+        if batch % k == 0 and batch // k >= base.workload.min_batch
     ]
     same_micro = [base.with_(accum_steps=k) for k in (2, 4)]
     return [*same_global, *same_micro, base.with_(precision="bf16", accum_steps=4)]
@@ -78,15 +81,15 @@ def memory_cases(base: RunConfig) -> list[RunConfig]:
 
 
 def layout_cases(base: RunConfig) -> list[RunConfig]:
-    if base.model not in IMAGE_MODELS:
+    if not base.workload.uses_channels_last:
         return []
     return [base.with_(channels_last=True), base.with_(precision="bf16", channels_last=True)]
 
 
 def parallel_cases(base: RunConfig) -> list[RunConfig]:
     """DDP (also with k=2 accumulation, with and without no_sync, and bf16), DataParallel, and for
-    image models model and pipeline parallelism. On CUDA, DDP also at 4 and 8 GPUs: those cases
-    skip with their requirement on a smaller machine."""
+    workloads with ``stages`` model and pipeline parallelism. On CUDA, DDP also at 4 and 8 GPUs:
+    those cases skip with their requirement on a smaller machine."""
     world_sizes = (2, 4, 8) if base.device == "cuda" else (2,)
     ddp = [base.with_(parallel="ddp", world_size=n) for n in world_sizes]
     ddp += [
@@ -96,9 +99,13 @@ def parallel_cases(base: RunConfig) -> list[RunConfig]:
     ]
     dp = [base.with_(parallel="dp", world_size=n) for n in (1, 2)]
     split = []
-    if base.model in IMAGE_MODELS:
-        # Chunks of at least two samples: BatchNorm needs more than one value per channel.
-        chunks = max(2, min(4, model_size(base.model, base.profile).micro_batch // 2))
+    workload = base.workload
+    if workload.stages is not None and workload.loss_fn is not None:
+        # Chunks of at least min_batch samples: BatchNorm needs more than one value per channel.
+        batch = base.resolved_micro_batch
+        chunks = max(2, min(4, batch // workload.min_batch))
+        while batch % chunks:
+            chunks -= 1
         split = [
             base.with_(parallel="model", world_size=2),
             base.with_(parallel="pipeline", world_size=2, chunks=chunks),
@@ -117,25 +124,33 @@ def loader_cases(base: RunConfig) -> list[RunConfig]:
     """The data path: real on-disk data through every DataLoader knob, against the upper bound
     of batches already on the device."""
     resident = base.with_(loader=LoaderConfig(dataset="device-resident"))
-    if base.model not in IMAGE_MODELS:
-        return [resident] + [
-            base.with_(loader=LoaderConfig(dataset="tokens-mmap", num_workers=n))
-            for n in (0, 2)
-        ]
-    jpeg = LoaderConfig(dataset="images-jpeg")
+    workload = base.workload
+    # The workload's own data path, else samples made by make_batch, through the loader.
+    names = workload.dataset_names
+    main = names[0] if names else "synthetic"
+    if workload.dataset is None and names:  # only extra datasets: each with the defaults
+        return [resident] + [base.with_(loader=LoaderConfig(dataset=n)) for n in names]
+    files = LoaderConfig(dataset=main)
     w = min(2, max(worker_counts()))
-    many = LoaderConfig(dataset="images-jpeg", num_workers=w)
-    batch = model_size(base.model, base.profile).micro_batch
+    many = LoaderConfig(dataset=main, num_workers=w)
+    batch = base.resolved_micro_batch
+    if main == "synthetic":
+        return [resident, *(base.with_(loader=LoaderConfig(num_workers=n))
+                             for n in worker_counts() if n)]
+    if not workload.uses_channels_last:
+        # Cheap samples (token windows): workers and the cache, not the full knob sweep.
+        return [resident] + [base.with_(loader=LoaderConfig(dataset=main, num_workers=n))
+                             for n in (0, 2)]
     return [
         resident,
-        *(base.with_(loader=replace(jpeg, num_workers=n)) for n in worker_counts()),
+        *(base.with_(loader=replace(files, num_workers=n)) for n in worker_counts()),
         base.with_(loader=replace(many, pin_memory=True)),
         base.with_(loader=replace(many, pin_memory=True, non_blocking=True)),
         base.with_(loader=replace(many, prefetch_factor=4)),
         base.with_(loader=replace(many, persistent_workers=True)),
-        base.with_(loader=replace(jpeg, cached=True)),
+        base.with_(loader=replace(files, cached=True)),
         base.with_(loader=replace(many, cached=True, persistent_workers=True)),
-        base.with_(loader=LoaderConfig(dataset="images-png")),
+        *(base.with_(loader=LoaderConfig(dataset=n)) for n in workload.extra_datasets),
         base.with_(loader=many, micro_batch=2 * batch),
     ]
 
@@ -145,6 +160,7 @@ def compile_cases(base: RunConfig) -> list[RunConfig]:
 
 
 def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
+    """Every case of one workload (``model`` is its spec) in ``profile`` on ``device``."""
     base = baseline(model, profile, device)
     groups = [
         ("precision", precision_cases(base), False),
@@ -160,28 +176,49 @@ def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
 
 
 def profile_cases(
-    profile: str, device: str, models: tuple[str, ...] | None = None
+    profile: str, device: str, models: tuple[str, ...] | None = None,
+    groups: tuple[str, ...] | None = None,
 ) -> list[BenchCase]:
-    """Every case of ``profile`` for ``models`` (default: the profile's models), ids unique."""
+    """Every case of ``profile`` for ``models`` (workload specs; default: the profile's
+    built-in models) in ``groups`` (default: all), ids unique."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
+    bad = [g for g in groups or () if g not in GROUPS]
+    if bad:
+        raise ValueError(f"groups must be from {', '.join(GROUPS)}; got {', '.join(bad)}")
     chosen = models or PROFILE_MODELS[profile]
     cases = [
         c for m in chosen for c in model_cases(m, profile, device)
-        if (profile, m, c.group) not in PROFILE_SKIPS
+        if (profile, m, c.group) not in PROFILE_SKIPS and (not groups or c.group in groups)
     ]
     if profile == "smoke":
-        cases = [c for c in cases if c.id.removeprefix(c.cfg.model) in SMOKE_VARIANTS]
-    return cases
+        cases = [c for c in cases if smoke_variant(c.cfg) in SMOKE_VARIANTS]
+    seen: dict[str, str] = {}
+    for c in cases:
+        if seen.setdefault(c.id, c.cfg.model) != c.cfg.model:
+            raise ValueError(f"workloads {seen[c.id]!r} and {c.cfg.model!r} share the name "
+                             f"{c.cfg.name!r}; give one of them another Workload.name")
+    return list({c.id: c for c in cases}.values())
+
+
+def smoke_variant(cfg: RunConfig) -> str:
+    """The case id without the workload's name and with its main dataset called ``files``
+    (what ``SMOKE_VARIANTS`` lists)."""
+    variant = cfg.id.removeprefix(cfg.name)
+    names = cfg.workload.dataset_names
+    if names and cfg.loader.dataset == names[0]:
+        variant = variant.replace(names[0], "files", 1)
+    return variant
 
 
 SMOKE_VARIANTS = frozenset({
-    "-fp32", "-bf16", "-fp16", "-fp32-accum2-mb4", "-fp32-accum2-mb2", "-fp32-adamw_fused",
-    "-fp32-zerofill", "-fp32-ckpt", "-fp32-cl", "-fp32-ddp2", "-fp32-dp2",
-    "-fp32-pipeline2-chunks4", "-fp32-model2", "-fp32-device-resident", "-fp32-images-jpeg",
-    "-fp32-images-jpeg-w2", "-fp32-images-jpeg-cached", "-fp32-tokens-mmap-w2",
+    "-fp32", "-bf16", "-fp16", "-fp32-accum2-mb4", "-fp32-accum2-mb2", "-fp32-accum2-mb1",
+    "-fp32-adamw_fused", "-fp32-zerofill", "-fp32-ckpt", "-fp32-cl", "-fp32-ddp2", "-fp32-dp2",
+    "-fp32-pipeline2-chunks4", "-fp32-pipeline2-chunks2", "-fp32-model2",
+    "-fp32-device-resident", "-fp32-files", "-fp32-files-w2", "-fp32-files-cached", "-fp32-w2",
 })
-"""The smoke profile (tests, CI): a few cases per model covering every code path of the step."""
+"""The smoke profile (tests, CI): a few cases per workload covering every code path of the
+step (``smoke_variant`` of each case)."""
 
 
 def default_profile(device: str) -> str:

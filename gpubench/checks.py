@@ -45,7 +45,8 @@ def reference_loss(case: Case, fixed: list) -> float | None:
         per_micro = [
             torch.stack([
                 case.reference_model(x, y).float()
-                for x, y in zip(inputs.chunk(chunks), targets.chunk(chunks), strict=True)
+                for x, y in (zip(inputs.chunk(chunks), targets.chunk(chunks), strict=True)
+                             if chunks > 1 else [(inputs, targets)])
             ]).mean()
             for inputs, targets in fixed
         ]
@@ -75,7 +76,7 @@ def check_case(case: Case, steps: int = CHECK_STEPS) -> CheckResult:
             skipped += 1
             continue
         losses.append(None if loss is None else loss.float().item())
-    rtol = LOSS_RTOL[case.cfg.precision]
+    rtol = case.workload.tolerances.get(case.cfg.precision, LOSS_RTOL[case.cfg.precision])
     cid = case.cfg.id
     if len(losses) < steps:
         raise TrainingCheckError(f"{cid}: GradScaler skipped {skipped} steps (gradients overflow)")

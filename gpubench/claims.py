@@ -9,13 +9,11 @@ rounds. Each pair is one benchmark in the ``claims`` group.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from gpubench.build import Unsupported, build, resolve_micro_batch, unsupported_reason
-from gpubench.checks import check_case
-from gpubench.config import IMAGE_MODELS, LoaderConfig, RunConfig
-from gpubench.memory import SavedActivations
+from gpubench.build import Unsupported, unsupported_reason
+from gpubench.config import LoaderConfig, RunConfig
+from gpubench.measure import InProcess
 
 
 @dataclass(frozen=True)
@@ -27,13 +25,13 @@ class ClaimPair:
 
     @property
     def id(self) -> str:
-        return f"claim-{self.claim}-{self.new.model}"
+        return f"claim-{self.claim}-{self.new.name}"
 
 
 def claim_pairs(model: str, profile: str, device: str) -> list[ClaimPair]:
     base = RunConfig(model=model, profile=profile, device=device)
     # Accumulation at constant effective batch: k=4 micro-batches of a quarter of the batch.
-    quarter = max(1, resolve_micro_batch(base) // 4)
+    quarter = max(base.workload.min_batch, base.resolved_micro_batch // 4)
     pairs = [
         ClaimPair("amp-bf16", base, base.with_(precision="bf16")),
         ClaimPair("accumulation", base, base.with_(accum_steps=4, micro_batch=quarter)),
@@ -44,12 +42,13 @@ def claim_pairs(model: str, profile: str, device: str) -> list[ClaimPair]:
             ClaimPair("amp-fp16", base, base.with_(precision="fp16")),
             ClaimPair("empty-cache", base, base.with_(empty_cache=True)),
         ]
-    if model in IMAGE_MODELS:
+    own = base.workload.dataset_names
+    if own:
         # Not the loader-workers claim: a side with workers keeps prefetching while the other
         # side runs, which would bias alternating rounds; it is judged from the loader cases.
-        jpeg = LoaderConfig(dataset="images-jpeg")
-        pairs.append(ClaimPair("cache", base.with_(loader=jpeg),
-                               base.with_(loader=LoaderConfig(dataset="images-jpeg", cached=True))))
+        files = LoaderConfig(dataset=own[0])
+        pairs.append(ClaimPair("cache", base.with_(loader=files),
+                               base.with_(loader=LoaderConfig(dataset=own[0], cached=True))))
     return pairs
 
 
@@ -59,48 +58,41 @@ def measure_pair(benchmark, pair: ClaimPair, rounds: int, warmup_rounds: int) ->
         reason = unsupported_reason(cfg)
         if reason:
             raise Unsupported(reason)
-    cases = [build(pair.base), build(pair.new)]
+    # The same protocol as every case, in this process: prepare, check, count, then steps.
+    sides = [InProcess(pair.base), InProcess(pair.new)]
     try:
-        for case in cases:
-            if case.cfg.loader.cached:
-                for _ in case.loader:  # fill the cache: its steady state
-                    pass
-        activation = []
-        for case in cases:
-            with case.precision.math_mode():
-                check_case(case)
-                with SavedActivations(case.model) as saved:
-                    case.step()
-            activation.append(saved.total_bytes // case.cfg.accum_steps)
+        activation, global_batch = [], []
+        for side in sides:
+            side.call("prepare")
+            side.call("check")
+            activation.append(side.call("count")[0]["activation_bytes"])
+            global_batch.append(side.program.cfg.global_batch)
         times: list[list[float]] = [[], []]
         order = [0]
 
         def alternate():
             first = order[0]
             order[0] = 1 - first
-            for side in (first, 1 - first):
-                case = cases[side]
-                with case.precision.math_mode():
-                    start = time.perf_counter()
-                    case.synced_step()
-                    times[side].append(time.perf_counter() - start)
+            for i in (first, 1 - first):
+                times[i].append(sides[i].call("step")[0])
 
         benchmark.pedantic(alternate, rounds=rounds, warmup_rounds=warmup_rounds)
     finally:
-        for case in cases:
-            case.close()
+        for side in sides:
+            side.program.close()
     info = {
         "kind": "claim",
         "claim": pair.claim,
         "case_id": pair.id,
-        "model": pair.base.model,
+        "model": pair.base.name,
+        "workload": pair.base.model,
         "profile": pair.base.profile,
         "device": pair.base.device,
         "case_id_base": pair.base.id,
         "case_id_new": pair.new.id,
         "accum_steps_new": pair.new.accum_steps,
-        "global_batch_base": cases[0].global_batch,
-        "global_batch_new": cases[1].global_batch,
+        "global_batch_base": global_batch[0],
+        "global_batch_new": global_batch[1],
         "rounds_base_s": times[0][warmup_rounds:],
         "rounds_new_s": times[1][warmup_rounds:],
         "activation_bytes_base": activation[0],

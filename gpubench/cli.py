@@ -3,17 +3,50 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
 
 from gpubench import atomic
-from gpubench.build import unsupported_reason
-from gpubench.cases import default_profile, profile_cases
-from gpubench.config import DEVICES, MODELS, PROFILES
-from gpubench.machine import default_device
+from gpubench.cases import GROUPS, default_profile, profile_cases
+from gpubench.config import DEVICES, PROFILES
 from gpubench.results import ResultsError, load_results
 from gpubench.summary import summary_frame, summary_markdown
+
+BUILTIN_MODELS = ("resnet18", "resnet50", "bert", "gpt2")
+SPEC_HELP = ("workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY, "
+             "MODULE:FACTORY, torchvision:NAME or transformers:TYPE[?key=value&...]")
+
+
+def default_device() -> str:
+    from gpubench.machine import default_device as detect
+
+    return detect()
+
+
+def model_specs(args: argparse.Namespace) -> tuple[str, ...]:
+    """The workload specs of ``--models a,b`` and repeated ``--model SPEC``, in order."""
+    specs = [m.strip() for m in (getattr(args, "models", "") or "").split(",") if m.strip()]
+    specs += list(getattr(args, "model_list", None) or [])
+    return tuple(dict.fromkeys(specs))
+
+
+def check_specs(specs: tuple[str, ...], profile: str) -> tuple[str, ...]:
+    """Resolve and validate every spec before anything runs: a bad one is a one-line error."""
+    from gpubench.workload import resolve, validate
+
+    for spec in specs:
+        validate(resolve(spec, profile))
+    return specs
+
+
+def group_list(text: str) -> tuple[str, ...]:
+    groups = tuple(g.strip() for g in (text or "").split(",") if g.strip())
+    bad = [g for g in groups if g not in GROUPS]
+    if bad:
+        raise ValueError(f"--groups must be from {', '.join(GROUPS)}; got {', '.join(bad)}")
+    return groups
 
 
 def find_benchmarks_dir() -> Path:
@@ -44,10 +77,19 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
         f"--gpubench-profile={profile}",
         f"--gpubench-device={device}",
     ]
-    if args.models:
-        cmd.append(f"--gpubench-models={args.models}")
+    specs = model_specs(args)
+    if specs:
+        cmd.append(f"--gpubench-models={','.join(specs)}")
+    if args.groups:
+        cmd.append(f"--gpubench-groups={args.groups}")
     if args.rounds:
         cmd.append(f"--gpubench-rounds={args.rounds}")
+    if args.warmup is not None:
+        cmd.append(f"--gpubench-warmup={args.warmup}")
+    if args.max_time is not None:
+        cmd.append(f"--gpubench-max-time={args.max_time}")
+    if args.timeout is not None:
+        cmd.append(f"--gpubench-timeout={args.timeout}")
     if args.slow:
         cmd.append("--gpubench-slow")
     if args.threads:
@@ -194,6 +236,8 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
     from gpubench.signals import PARENT_PID_ENV, Interrupted, run_forwarding_signals
 
     device, profile = _resolve(args.device, args.profile)
+    check_specs(model_specs(args), profile)  # a bad workload spec: one line, nothing run
+    group_list(args.groups)
     out = Path(args.out or f"results/{profile}")
     state["out"] = out
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
@@ -260,9 +304,11 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from gpubench.build import unsupported_reason
+
     device, profile = _resolve(args.device, args.profile)
-    models = tuple(m for m in args.models.split(",") if m) or None
-    for case in profile_cases(profile, device, models):
+    models = check_specs(model_specs(args), profile) or None
+    for case in profile_cases(profile, device, models, group_list(args.groups) or None):
         reason = unsupported_reason(case.cfg)
         extra = " (slow)" if case.slow else ""
         extra += f"  skips here: {reason}" if reason else ""
@@ -295,10 +341,16 @@ def cmd_advise(args: argparse.Namespace) -> int:
     if args.results:
         files, out = [Path(args.results)], Path(args.out or Path(args.results).parent)
     else:
+        if not args.model:
+            raise ValueError("advise needs --model SPEC (to run its cases) or --results FILE")
         device, profile = _resolve(args.device, args.profile)
-        out = Path(args.out or f"results/advise-{args.model}-{profile}")
+        check_specs((args.model,), profile)
+        from gpubench.workload import resolve
+
+        name = resolve(args.model, profile).name
+        out = Path(args.out or f"results/advise-{name}-{profile}")
         run_args = build_parser().parse_args(
-            ["run", "--profile", profile, "--device", device, "--models", args.model,
+            ["run", "--profile", profile, "--device", device, "--model", args.model,
              "--out", str(out)])
         code = cmd_run(run_args)
         if not (out / "benchmark.json").exists():
@@ -306,7 +358,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         files = [out / "benchmark.json"]
     df = load_results(files)
     if args.model:
-        df = df[df["model"] == args.model]
+        spec = df["workload"] if "workload" in df else df["model"]
+        df = df[(df["model"] == args.model) | (spec == args.model)]
     if df.empty:
         raise ResultsError(f"no cases of model {args.model!r} in {', '.join(map(str, files))}")
     recs = None
@@ -319,6 +372,35 @@ def cmd_advise(args: argparse.Namespace) -> int:
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
     print(text)
     print(f"gpubench: verdicts written to {out / 'advice.md'}")
+    return 0
+
+
+def cmd_case(args: argparse.Namespace) -> int:
+    """Run one configuration, given field by field, and write pytest-benchmark JSON."""
+    from gpubench.build import Unsupported
+    from gpubench.casecli import config_from_args
+    from gpubench.machine import machine_info
+    from gpubench.runner import run_case
+    from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+
+    device, profile = _resolve(args.device, args.profile)
+    check_specs((args.model,), profile)
+    cfg = config_from_args(args, profile=profile, device=device)
+    out = Path(args.out)
+    bench = StandaloneBenchmark(f"case[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
+    bench.extra_info["group"] = "case"
+    print(f"gpubench case: {cfg.id} ({profile}, {device}) ...", flush=True)
+    try:
+        run_case(bench, cfg, rounds=args.rounds, warmup_rounds=args.warmup,
+                 timeout_s=args.timeout, max_time_s=args.max_time)
+    except Unsupported as why:
+        print(f"gpubench case: {cfg.id} cannot run here: {why}", file=sys.stderr)
+        return 3
+    write_benchmark_json(out, [bench], machine_info(device))
+    info = bench.extra_info
+    print(f"gpubench case: {cfg.id}: median step {info['step_time_s'] * 1e3:.2f} ms, "
+          f"{info['samples_per_s']:.1f} samples/s, peak memory "
+          f"{(info['peak_memory_bytes'] or 0) / 2**20:.1f} MiB; wrote {out}")
     return 0
 
 
@@ -346,7 +428,13 @@ def _add_run_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="auto", choices=("auto", *PROFILES),
                    help="problem size (default: cpu, or gpu-small when CUDA is present)")
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
-    p.add_argument("--models", default="", help=f"comma-separated subset of {', '.join(MODELS)}")
+    p.add_argument("--models", default="",
+                   help="comma-separated workloads (default: the profile's built-in models); "
+                   "each a " + SPEC_HELP)
+    p.add_argument("--model", dest="model_list", action="append", metavar="SPEC",
+                   help="a workload to run (repeatable): " + SPEC_HELP)
+    p.add_argument("--groups", default="",
+                   help=f"comma-separated case groups from {', '.join(GROUPS)} (default: all)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -359,6 +447,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_selection(run)
     run.add_argument("--out", help="results folder (default: results/<profile>)")
     run.add_argument("--rounds", type=int, default=0, help="timed rounds per case")
+    run.add_argument("--warmup", type=int, default=None,
+                     help="untimed warm-up rounds per case (default: per profile)")
+    run.add_argument("--max-time", type=float, default=None,
+                     help="seconds of timed rounds per case; slower cases run fewer rounds, "
+                     "at least 5 (default: per profile; 0: always the full rounds)")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="seconds a multi-process rank may take per command before the case "
+                     "fails as hung (default 300)")
     run.add_argument("--threads", type=int, default=0, help="torch.set_num_threads")
     run.add_argument("--slow", action="store_true", help="include slow cases (torch.compile)")
     run.add_argument("--data-dir", help="folder for generated on-disk datasets "
@@ -388,14 +484,31 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.set_defaults(func=cmd_compare)
 
     adv = sub.add_parser("advise", help="verdicts on common speed-up claims, measured here")
-    adv.add_argument("--model", default="", choices=("", *MODELS),
-                     help="model to check (runs its cases unless --results is given)")
+    adv.add_argument("--model", default="",
+                     help="workload to check (runs its cases unless --results is given): "
+                     + SPEC_HELP)
     adv.add_argument("--results", help="use this benchmark JSON instead of running")
     adv.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
     adv.add_argument("--device", default="auto", choices=("auto", *DEVICES))
     adv.add_argument("--budget", help="memory budget for the recommendation, e.g. 8GiB")
     adv.add_argument("--out", help="folder for advice.md (default: beside the results)")
     adv.set_defaults(func=cmd_advise)
+
+    case = sub.add_parser(
+        "case", help="run one configuration given field by field; write pytest-benchmark JSON",
+        description="Run any single configuration (one flag per RunConfig/LoaderConfig field) "
+        "and write the same JSON as 'gpubench run' (summary, report and compare read it).")
+    from gpubench.casecli import add_config_arguments
+
+    add_config_arguments(case)
+    case.add_argument("--rounds", type=int, default=10, help="timed rounds (default 10)")
+    case.add_argument("--warmup", type=int, default=1, help="untimed warm-up rounds (default 1)")
+    case.add_argument("--max-time", type=float, default=None,
+                      help="seconds of timed rounds; slower steps run fewer rounds, at least 5")
+    case.add_argument("--timeout", type=float, default=300.0,
+                      help="seconds a multi-process rank may take per command (default 300)")
+    case.add_argument("-o", "--out", required=True, help="pytest-benchmark JSON file to write")
+    case.set_defaults(func=cmd_case)
 
     mem = sub.add_parser("memory", help="OOM frontier, leak check and allocator figures")
     from gpubench.memory_report import add_memory_arguments
@@ -421,7 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ResultsError as err:
+    except ValueError as err:  # bad input: results files, workload specs, configurations
+        if os.environ.get("GPUBENCH_DEBUG"):
+            raise
         print(f"gpubench: {err}", file=sys.stderr)
         return 2
 

@@ -7,9 +7,11 @@ choices so that a typo fails at once with a message naming the bad value and the
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
-MODELS = ("resnet18", "resnet50", "bert", "gpt2")
-IMAGE_MODELS = ("resnet18", "resnet50")
+if TYPE_CHECKING:  # imported when used: this module stays light (no torch) for the CLI
+    from gpubench.workload import Workload
+
 PROFILES = ("smoke", "cpu", "gpu-small", "gpu-full")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -19,18 +21,21 @@ PARALLELS = ("single", "dp", "ddp", "model", "pipeline")
 MULTIPROCESS_PARALLELS = ("ddp", "pipeline")
 """Strategies that run one process per rank (DDP replicas, pipeline stages)."""
 SPLIT_PARALLELS = ("model", "pipeline")
-"""Strategies that split the model's layers into stages (image models only)."""
-MAX_STAGES = 4
-"""A ResNet splits into at most four stages, one per residual layer group."""
-DATASETS = ("synthetic", "device-resident", "images-jpeg", "images-png", "tokens-mmap")
-IMAGE_DATASETS = ("images-jpeg", "images-png")
-ON_DISK_DATASETS = (*IMAGE_DATASETS, "tokens-mmap")
+"""Strategies that split the model into stages (workloads with ``stages``)."""
+GENERATED_DATASETS = ("synthetic", "device-resident")
+"""Datasets every workload has: samples made by its ``make_batch``, held in host memory and
+collated by the loader, or already on the device. Other names are the workload's own."""
 SCHEDULES = ("gpipe", "1f1b")
 
 
 def _check_choice(name: str, value: object, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; got {value!r}")
 
 
 def _check_positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -45,14 +50,16 @@ class LoaderConfig:
     """How batches reach the training step (a ``torch.utils.data.DataLoader``)."""
 
     dataset: str = "synthetic"
-    """Where samples come from: ``synthetic`` (random tensors held in host memory, collated by
-    the loader); ``device-resident`` (batches already on the device: the no-loading upper
-    bound); ``images-jpeg`` / ``images-png`` (encoded files decoded with PIL and augmented with
-    torchvision); ``tokens-mmap`` (windows of a memory-mapped token file)."""
+    """Where samples come from: ``synthetic`` (samples made by the workload's ``make_batch``,
+    held in host memory, collated by the loader); ``device-resident`` (batches already on the
+    device: the no-loading upper bound); or one of the workload's own datasets by name (the
+    built-in image models: ``images-jpeg`` / ``images-png``, encoded files decoded with PIL and
+    augmented with torchvision; the built-in token models: ``tokens-mmap``, windows of a
+    memory-mapped token file)."""
     dataset_size: int | None = None
     """Samples on disk for the on-disk datasets (None: the profile's default)."""
     cached: bool = False
-    """Keep decoded samples in a bounded in-memory cache (on-disk datasets)."""
+    """Keep decoded samples in a bounded in-memory cache (the workload's own datasets)."""
     cache_items: int | None = None
     """Bound of the decoded-sample cache, per loading process (None: the whole dataset)."""
     num_workers: int = 0
@@ -67,16 +74,19 @@ class LoaderConfig:
     """Copy batches to the device with ``non_blocking=True`` (overlaps with compute if pinned)."""
 
     def __post_init__(self) -> None:
-        _check_choice("dataset", self.dataset, DATASETS)
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+        if not isinstance(self.dataset, str) or not self.dataset:
+            raise ValueError(f"dataset must be a dataset name; got {self.dataset!r}")
+        for name in ("cached", "pin_memory", "persistent_workers", "non_blocking"):
+            _check_bool(name, getattr(self, name))
+        if (not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool)
+                or self.num_workers < 0):
             raise ValueError(f"num_workers must be an integer >= 0; got {self.num_workers!r}")
         _check_positive_int("prefetch_factor", self.prefetch_factor, allow_none=True)
         _check_positive_int("dataset_size", self.dataset_size, allow_none=True)
         _check_positive_int("cache_items", self.cache_items, allow_none=True)
-        if self.cached and self.dataset not in ON_DISK_DATASETS:
+        if self.cached and self.dataset in GENERATED_DATASETS:
             raise ValueError(
-                f"cached applies to on-disk datasets ({', '.join(ON_DISK_DATASETS)}); "
-                f"got dataset {self.dataset!r}"
+                f"cached applies to a workload's own datasets; got dataset {self.dataset!r}"
             )
         resident = self.dataset == "device-resident"
         if resident and replace(self, dataset="synthetic") != LoaderConfig():
@@ -99,7 +109,8 @@ class RunConfig:
     """
 
     model: str
-    """Model family and size: resnet18, resnet50 (images), bert (encoder), gpt2 (decoder)."""
+    """The workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY,
+    MODULE:FACTORY, torchvision:NAME or transformers:TYPE (see ``gpubench.workload``)."""
     profile: str = "cpu"
     """Problem size: smoke (tests), cpu (2-core laptop scale), gpu-small, gpu-full."""
     device: str = "cpu"
@@ -122,13 +133,13 @@ class RunConfig:
     checkpointing: bool = False
     """Activation checkpointing of the model's blocks (``torch.utils.checkpoint``)."""
     channels_last: bool = False
-    """NHWC memory format for image models."""
+    """NHWC memory format (workloads whose input is one 4-D tensor)."""
     compile: bool = False
     """Wrap the model in ``torch.compile`` (needs a C++ compiler on the CPU)."""
     parallel: str = "single"
     """How the step is spread over devices: single; dp (``nn.DataParallel``, one process, CUDA
-    only); ddp (``DistributedDataParallel``, one process per rank); model (layers split over
-    devices in one process); pipeline (stages in one process each, fed micro-batches by a
+    only); ddp (``DistributedDataParallel``, one process per rank); model (the workload's stages
+    over devices in one process); pipeline (stages in one process each, fed micro-batches by a
     ``torch.distributed.pipelining`` schedule)."""
     world_size: int = 1
     """Devices (dp, model) or processes (ddp, pipeline) taking part in the step."""
@@ -144,80 +155,103 @@ class RunConfig:
     """Seeds model weights and data, so that cases of one model start from identical state."""
 
     def __post_init__(self) -> None:
-        _check_choice("model", self.model, MODELS)
         _check_choice("profile", self.profile, PROFILES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _check_choice("parallel", self.parallel, PARALLELS)
+        for name in ("zero_grad_set_to_none", "empty_cache", "checkpointing", "channels_last",
+                     "compile", "ddp_no_sync"):
+            _check_bool(name, getattr(self, name))
         _check_positive_int("accum_steps", self.accum_steps)
         _check_positive_int("micro_batch", self.micro_batch, allow_none=True)
         _check_positive_int("world_size", self.world_size)
         _check_positive_int("chunks", self.chunks)
         _check_choice("schedule", self.schedule, SCHEDULES)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0; got {self.seed!r}")
+        workload = self.workload  # resolves the spec: a bad one fails here, on one line
         if self.parallel == "single" and self.world_size != 1:
             raise ValueError(f"parallel 'single' needs world_size 1; got {self.world_size!r}")
         if self.parallel in SPLIT_PARALLELS:
-            if self.model not in IMAGE_MODELS:
+            if workload.stages is None or workload.loss_fn is None:
                 raise ValueError(
-                    f"parallel {self.parallel!r} splits image models into stages "
-                    f"({', '.join(IMAGE_MODELS)}); got model {self.model!r}"
+                    f"parallel {self.parallel!r} splits the model into stages; workload "
+                    f"{workload.name} defines no stages() (and loss_fn for the last stage)"
                 )
-            if not 2 <= self.world_size <= MAX_STAGES:
-                raise ValueError(
-                    f"parallel {self.parallel!r} needs world_size 2..{MAX_STAGES} (stages); "
-                    f"got {self.world_size!r}"
-                )
+            if self.world_size < 2:
+                raise ValueError(f"parallel {self.parallel!r} needs world_size >= 2 (stages); "
+                                 f"got {self.world_size!r}")
         if self.ddp_no_sync and self.parallel != "ddp":
             raise ValueError(f"ddp_no_sync needs parallel 'ddp'; got {self.parallel!r}")
         if self.parallel != "pipeline" and (self.chunks != 1 or self.schedule != "gpipe"):
             raise ValueError(
                 f"chunks and schedule apply to parallel 'pipeline'; got {self.parallel!r}"
             )
-        if self.channels_last and self.model not in IMAGE_MODELS:
+        if self.channels_last and not workload.uses_channels_last:
             raise ValueError(
-                f"channels_last applies to image models ({', '.join(IMAGE_MODELS)}); "
-                f"got model {self.model!r}"
+                f"channels_last applies to workloads whose input is one 4-D tensor; "
+                f"got model {workload.name!r}"
             )
         if not isinstance(self.loader, LoaderConfig):
             raise ValueError(f"loader must be a LoaderConfig; got {self.loader!r}")
-        if self.loader.dataset in IMAGE_DATASETS and self.model not in IMAGE_MODELS:
-            raise ValueError(f"dataset {self.loader.dataset!r} feeds image models "
-                             f"({', '.join(IMAGE_MODELS)}); got model {self.model!r}")
-        if self.loader.dataset == "tokens-mmap" and self.model in IMAGE_MODELS:
-            raise ValueError(f"dataset 'tokens-mmap' feeds token models; got model {self.model!r}")
+        valid = (*GENERATED_DATASETS, *workload.dataset_names)
+        if self.loader.dataset not in valid:
+            raise ValueError(f"dataset must be one of {', '.join(valid)} for model "
+                             f"{workload.name!r}; got {self.loader.dataset!r}")
+
+    @property
+    def workload(self) -> Workload:
+        """The workload ``model`` names, sized for ``profile``."""
+        from gpubench.workload import resolve
+
+        return resolve(self.model, self.profile)
+
+    @property
+    def name(self) -> str:
+        """The workload's short name (case ids, charts, the ``model`` column of results)."""
+        return self.workload.name
+
+    @property
+    def parallelism(self) -> Parallelism:
+        return Parallelism(self.parallel, self.world_size)
+
+    @property
+    def resolved_micro_batch(self) -> int:
+        """Samples per micro-batch: ``micro_batch``, or the workload's default."""
+        return self.micro_batch or self.workload.micro_batch
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over every replica."""
+        return self.resolved_micro_batch * self.accum_steps * self.parallelism.replicas
 
     @property
     def is_baseline(self) -> bool:
         """True for the FP32 single-device case every other case of the model is compared to."""
-        return self == RunConfig(
-            model=self.model, profile=self.profile, device=self.device, seed=self.seed
-        )
+        return self == self.baseline
+
+    @property
+    def baseline(self) -> RunConfig:
+        """The FP32 single-device case of the same workload, profile, device and seed."""
+        return RunConfig(model=self.model, profile=self.profile, device=self.device,
+                         seed=self.seed)
 
     @property
     def inert_techniques(self) -> list[str]:
         """Techniques of this config that do nothing on its device (each with the reason)."""
-        if self.device == "cuda":
-            return []
-        inert = []
-        if self.precision == "tf32":
-            inert.append("tf32 (TF32 exists only on CUDA: identical to fp32)")
-        if self.empty_cache:
-            inert.append("empty_cache (the CPU allocator keeps no cache)")
-        if self.loader.pin_memory or self.loader.non_blocking:
-            inert.append("pin_memory/non_blocking (no accelerator to copy to)")
-        return inert
+        return inert_techniques(self.flatten())
 
     @property
     def multiprocess(self) -> bool:
         """True when the case runs one worker process per rank."""
-        return self.parallel in MULTIPROCESS_PARALLELS
+        return self.parallelism.multiprocess
 
     @property
     def id(self) -> str:
         """A readable name listing only what differs from the baseline: ``resnet18-bf16-accum4``."""
-        parts = [self.model, self.precision]
+        parts = [self.name, self.precision]
         if self.accum_steps != 1:
             parts.append(f"accum{self.accum_steps}")
         if self.micro_batch is not None:
@@ -252,14 +286,77 @@ class RunConfig:
         return replace(self, **changes)
 
     def flatten(self) -> dict:
-        """The config as one flat dict of plain values, the loader's fields inlined."""
+        """The config as one flat dict of plain values, the loader's fields inlined (``model``
+        is the spec; records replace it with the short name and keep the spec as
+        ``workload``)."""
         flat = {k: v for k, v in asdict(self).items() if k != "loader"}
         flat.update(asdict(self.loader))
         return flat
 
 
+def inert_techniques(flat: dict) -> list[str]:
+    """Techniques of a flattened config (or a result record) that do nothing on its device."""
+    if flat.get("device") == "cuda":
+        return []
+    inert = []
+    if flat.get("precision") == "tf32":
+        inert.append("tf32 (TF32 exists only on CUDA: identical to fp32)")
+    if flat.get("empty_cache") is True:
+        inert.append("empty_cache (the CPU allocator keeps no cache)")
+    if flat.get("pin_memory") is True or flat.get("non_blocking") is True:
+        inert.append("pin_memory/non_blocking (no accelerator to copy to)")
+    return inert
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """The one answer to the parallel questions of a case: processes, replicas, devices."""
+
+    kind: str
+    world_size: int
+
+    @property
+    def multiprocess(self) -> bool:
+        """One worker process per rank (DDP replicas, pipeline stages)."""
+        return self.kind in MULTIPROCESS_PARALLELS
+
+    @property
+    def processes(self) -> int:
+        return self.world_size if self.multiprocess else 1
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas that each consume their own micro-batches (DDP); DataParallel splits
+        one micro-batch over its devices, model and pipeline stages share one."""
+        return self.world_size if self.kind == "ddp" else 1
+
+    @property
+    def splits_model(self) -> bool:
+        return self.kind in SPLIT_PARALLELS
+
+    @property
+    def devices(self) -> int:
+        """Devices the case occupies (MFU is against all of their peaks)."""
+        return self.world_size if self.kind != "single" else 1
+
+    def devices_needed(self, device: str) -> int:
+        """CUDA devices the case needs on one machine."""
+        return 0 if device != "cuda" else self.devices
+
+    def process_devices(self, device: str, local_rank: int) -> list[str]:
+        """The devices one process's step runs on (several for dp and model parallelism)."""
+        if device != "cuda":
+            return ["cpu"]
+        if self.multiprocess:
+            return [f"cuda:{local_rank}"]
+        if self.kind in ("dp", "model"):
+            return [f"cuda:{i}" for i in range(self.world_size)]
+        return ["cuda:0"]
+
+
 def config_from_record(record: dict) -> RunConfig:
-    """The ``RunConfig`` a result record was measured with (the inverse of ``flatten``)."""
+    """The ``RunConfig`` a result record was measured with (the inverse of ``flatten``). The
+    record's ``workload`` (the spec) names the model; older records only have ``model``."""
 
     def plain(value):
         if hasattr(value, "item"):  # numpy scalars from pandas
@@ -273,6 +370,8 @@ def config_from_record(record: dict) -> RunConfig:
     loader = {f.name: plain(record[f.name]) for f in fields(LoaderConfig) if f.name in record}
     run = {f.name: plain(record[f.name]) for f in fields(RunConfig)
            if f.name != "loader" and f.name in record}
+    if isinstance(record.get("workload"), str) and record["workload"]:
+        run["model"] = record["workload"]
     cfg = RunConfig(**run, loader=LoaderConfig(**loader))
     # Records hold the resolved micro-batch; the config said None when it was the default.
     default = cfg.with_(micro_batch=None)

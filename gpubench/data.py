@@ -10,38 +10,13 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gpubench.config import LoaderConfig
-from gpubench.models import ModelSize
 
-Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-class SyntheticDataset(Dataset):
-    """Random samples generated once and held in host memory; reading one is an index.
-
-    Images are float ``3 x S x S`` with class labels; token samples are ids of length L with a
-    class label (encoder) or themselves as the language-model target (decoder).
-    """
-
-    def __init__(self, size: ModelSize, kind: str, length: int, seed: int):
-        g = torch.Generator().manual_seed(seed)
-        if size.image_size:
-            shape = (length, 3, size.image_size, size.image_size)
-            self.inputs = torch.randn(shape, generator=g)
-        else:
-            self.inputs = torch.randint(0, size.vocab_size, (length, size.seq_len), generator=g)
-        if kind == "causal-lm":
-            self.targets = self.inputs
-        else:
-            self.targets = torch.randint(0, size.num_classes, (length,), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.inputs)
-
-    def __getitem__(self, index: int) -> Batch:
-        return self.inputs[index], self.targets[index]
+Batch = tuple[object, object]
+"""(inputs, targets): tensors, or tuples/dicts of tensors (see ``gpubench.Workload``)."""
 
 
 def seed_worker(worker_id: int, *, base_seed: int, rank: int) -> None:
@@ -146,7 +121,12 @@ class Placement:
 
     def __call__(self, batch: Batch) -> Batch:
         inputs, targets = batch
-        inputs = inputs.to(self.device, non_blocking=self.non_blocking)
-        if inputs.dim() == 4:
+        inputs = tree_map(self._move, inputs)
+        if isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=self.memory_format)
-        return inputs, targets.to(self.device, non_blocking=self.non_blocking)
+        return inputs, tree_map(self._move, targets)
+
+    def _move(self, value):
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device, non_blocking=self.non_blocking)
+        return value

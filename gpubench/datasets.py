@@ -227,7 +227,9 @@ class TokenFileDataset(Dataset):
 
 class CachedDataset(Dataset):
     """Keeps up to ``max_items`` decoded samples (``dataset.load``) in memory, least recently used
-    out first; ``finish`` (augmentation) still runs on every access, so samples stay random.
+    out first; ``finish`` (augmentation) still runs on every access, so samples stay random. A
+    dataset without ``load``/``finish`` is cached whole (``__getitem__``'s samples, so any
+    random augmentation in it is frozen by the cache).
 
     Each DataLoader worker process holds its own cache (nothing is shared between processes), so
     a cache survives from one epoch to the next only with ``num_workers=0`` or with
@@ -237,6 +239,9 @@ class CachedDataset(Dataset):
         if max_items < 1:
             raise ValueError(f"max_items must be a positive integer; got {max_items!r}")
         self.dataset, self.max_items = dataset, max_items
+        split = hasattr(dataset, "load") and hasattr(dataset, "finish")
+        self._load = dataset.load if split else dataset.__getitem__
+        self._finish = dataset.finish if split else (lambda sample: sample)
         self._cache: OrderedDict[int, object] = OrderedDict()
         self.hits = self.misses = 0
 
@@ -247,11 +252,11 @@ class CachedDataset(Dataset):
         sample = self._cache.get(index)
         if sample is None:
             self.misses += 1
-            sample = self.dataset.load(index)
+            sample = self._load(index)
             self._cache[index] = sample
             if len(self._cache) > self.max_items:
                 self._cache.popitem(last=False)
         else:
             self.hits += 1
             self._cache.move_to_end(index)
-        return self.dataset.finish(sample)
+        return self._finish(sample)

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpubench.build import build
-from gpubench.config import IMAGE_MODELS, RunConfig
-from gpubench.memory import read_peak, reset_peak
+from gpubench.config import RunConfig
+from gpubench.measure import CaseProgram
 
 
 @dataclass(frozen=True)
@@ -65,22 +64,22 @@ def search_max_batch(fits: Callable[[int], bool], limit: int = 4096,
 def try_batch(cfg: RunConfig, batch: int, budget_bytes: int | None,
               steps: int = 2) -> Try:
     """Run ``steps`` training steps at micro-batch ``batch``; does it fit?"""
-    case = None
+    program = None
     try:
-        case = build(cfg.with_(micro_batch=batch))
-        start = reset_peak(case.device)
-        with case.precision.math_mode():
-            for _ in range(steps):
-                case.synced_step()
-        peak = read_peak(case.device, start)["peak_memory_bytes"]
-        fits = budget_bytes is None or (peak is not None and peak <= budget_bytes)
+        # The measurement protocol's own commands, as for every case.
+        program = CaseProgram(0, 1, cfg.with_(micro_batch=batch))
+        program.reset_peak()
+        for _ in range(steps):
+            program.step()
+        peak = max((d["peak_memory_bytes"] or 0) for d in program.read_peak()["devices"])
+        fits = budget_bytes is None or peak <= budget_bytes
         return Try(batch, fits, peak)
     except torch.OutOfMemoryError:
         return Try(batch, False, None)
     finally:
-        if case is not None:
-            case.close()
-        del case
+        if program is not None:
+            program.close()
+        del program
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -100,7 +99,7 @@ def find_frontier(cfg: RunConfig, budget_bytes: int | None = None,
         return result.fits
 
     # BatchNorm needs more than one sample per channel in training.
-    start = 2 if cfg.model in IMAGE_MODELS else 1
+    start = cfg.workload.min_batch
     frontier.max_batch, frontier.capped = search_max_batch(fits, limit, start)
     return frontier
 

@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from gpubench.config import (
     DEVICES,
-    MODELS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
@@ -26,8 +25,9 @@ from gpubench.config import (
     SCHEDULES,
     RunConfig,
 )
-from gpubench.distributed import LocalRanks, RankProgram, backend_for
+from gpubench.distributed import LocalRanks, backend_for
 from gpubench.machine import default_device, machine_info
+from gpubench.measure import CaseProgram
 from gpubench.runner import run_case
 from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
 
@@ -35,7 +35,9 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 def add_dist_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, choices=MODELS)
+    p.add_argument("--model", required=True,
+                   help="workload: a built-in name (resnet18, resnet50, bert, gpt2), "
+                   "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE")
     p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
     p.add_argument("--parallel", default="ddp", choices=("ddp", "pipeline"))
@@ -73,8 +75,8 @@ def dist_main(args: argparse.Namespace) -> int:
     dist.init_process_group(backend_for(device))
     try:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        group = LocalRanks(RankProgram(rank, world, cfg, local_rank, local_world))
-        bench = StandaloneBenchmark(f"torchrun[{cfg.id}]", f"{cfg.model}-{profile}-{device}")
+        group = LocalRanks(CaseProgram(rank, world, cfg, local_rank, local_world))
+        bench = StandaloneBenchmark(f"torchrun[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
         bench.extra_info["group"] = "parallel"
         bench.extra_info["launcher"] = "torchrun"
         run_case(bench, cfg, rounds=args.rounds, warmup_rounds=args.warmup, group=group)

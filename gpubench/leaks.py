@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_flatten
 
 from gpubench.build import Case
 from gpubench.memory import (
@@ -128,8 +129,9 @@ def reference_cycle(case: Case, fixed: bool):
         case.optimizer.step()
         case.optimizer.zero_grad(set_to_none=True)
         # The record keeps a copy of the step's batch, enlarged to a few MiB, for "later".
-        copies = 32 if inputs.dim() == 4 else 8192
-        record = _Record(inputs.detach().repeat(copies, *[1] * (inputs.dim() - 1)))
+        first = tree_flatten(inputs)[0][0]
+        copies = max(1, (4 << 20) // max(1, first.numel() * first.element_size()))
+        record = _Record(first.detach().repeat(copies, *[1] * (first.dim() - 1)))
         if fixed:
             record.me = None
 

@@ -13,7 +13,7 @@ import torch
 from gpubench import atomic
 from gpubench.build import build
 from gpubench.cases import baseline, default_profile
-from gpubench.config import DEVICES, MODELS, PROFILES, RunConfig
+from gpubench.config import DEVICES, PROFILES, RunConfig
 from gpubench.frontier import find_frontier, parse_bytes
 from gpubench.leaks import allocator_stats, check_loops
 from gpubench.machine import default_device
@@ -37,7 +37,9 @@ def technique_config(base: RunConfig, name: str) -> RunConfig:
 
 
 def add_memory_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, choices=MODELS)
+    p.add_argument("--model", required=True,
+                   help="workload: a built-in name (resnet18, resnet50, bert, gpt2), "
+                   "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE")
     p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
     p.add_argument("--techniques", default="fp32,bf16,bf16+ckpt",
@@ -55,10 +57,10 @@ def memory_main(args: argparse.Namespace) -> int:
     budget = parse_bytes(args.budget) if args.budget else None
     base = baseline(args.model, profile, device)
     configs = [technique_config(base, t) for t in args.techniques.split(",") if t]
-    lines = [f"# gpubench memory: {args.model} ({profile}, {device})", "",
+    lines = [f"# gpubench memory: {base.name} ({profile}, {device})", "",
              "## OOM frontier", "",
              "| technique | largest micro-batch that fits | tries |", "|---|---:|---:|"]
-    report = {"model": args.model, "profile": profile, "device": device,
+    report = {"model": base.name, "workload": args.model, "profile": profile, "device": device,
               "budget_bytes": budget, "frontier": [], "leaks": [], "allocator": None}
     for cfg in configs:
         print(f"gpubench memory: searching the frontier of {cfg.id} ...", flush=True)
@@ -69,8 +71,7 @@ def memory_main(args: argparse.Namespace) -> int:
     if not args.no_leaks:
         lines += ["", "## Leak check (classic leaky loops and their fixes)", "",
                   "| loop | growth per step (MiB) | verdict |", "|---|---:|---|"]
-        leak_model = "resnet18" if args.model.startswith("resnet") else args.model
-        for r in check_loops(lambda: build(baseline(leak_model, profile, device))):
+        for r in check_loops(lambda: build(base)):
             verdict = "LEAKS" if r.leaks else "ok"
             lines.append(f"| {r.name} | {r.growth_bytes_per_step / 2**20:.2f} | {verdict} |")
             report["leaks"].append({**asdict(r), "leaks": r.leaks})

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from gpubench.precision import Precision
 
@@ -80,47 +80,33 @@ class DistributedDataParallel(Single):
         return model.no_sync() if enabled and self.skip_sync else contextlib.nullcontext()
 
 
-def resnet_stages(net: nn.Module, n: int) -> list[nn.Module]:
-    """Split a torchvision ResNet into ``n`` (2..4) sequential stages at residual group edges."""
-    groups = [
-        nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool, net.layer1),
-        net.layer2,
-        net.layer3,
-        nn.Sequential(net.layer4, net.avgpool, nn.Flatten(1), net.fc),
-    ]
-    # Earlier groups run at higher resolution and cost more: merge from the front.
-    cuts = {2: [2, 2], 3: [2, 1, 1], 4: [1, 1, 1, 1]}[n]
-    stages, start = [], 0
-    for size in cuts:
-        stages.append(nn.Sequential(*groups[start:start + size]))
-        start += size
-    return stages
-
-
 class SplitModel(nn.Module):
     """Model parallelism in one process: stage i on device i, activations copied between them.
     Behaves like the ``TrainModule`` it was split from: ``forward(inputs, targets) -> loss``."""
 
-    def __init__(self, stages: list[nn.Module], devices: list[torch.device]):
+    def __init__(self, stages: list[nn.Module], devices: list[torch.device], loss_fn):
         super().__init__()
         self.stages = nn.ModuleList(s.to(d) for s, d in zip(stages, devices, strict=True))
         self.devices = devices
-        self.kind = "image"
+        self.loss_fn = loss_fn
 
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, targets) -> torch.Tensor:
         x = inputs
         for stage, device in zip(self.stages, self.devices, strict=True):
             x = stage(x.to(device, non_blocking=True))
-        return F.cross_entropy(x, targets.to(self.devices[-1]))
+        return self.loss_fn(x, tree_map(lambda t: t.to(self.devices[-1]), targets))
 
 
 class ModelParallel(Single):
-    def __init__(self, devices: list[torch.device]):
+    """The workload's stages over devices in one process (on the CPU they share it)."""
+
+    def __init__(self, devices: list[torch.device], stages_fn, loss_fn):
         self.devices = devices
         self.world_size = len(devices)
+        self.stages_fn, self.loss_fn = stages_fn, loss_fn
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        return SplitModel(resnet_stages(model.net, self.world_size), self.devices)
+        return SplitModel(self.stages_fn(model.net, self.world_size), self.devices, self.loss_fn)
 
 
 class AutocastStage(nn.Module):
@@ -141,10 +127,11 @@ class Pipeline(Single):
     (GPipe: all forwards then all backwards; 1F1B: interleaved, less activation memory)."""
 
     def __init__(self, rank: int, world_size: int, device: torch.device, chunks: int,
-                 schedule: str, precision: Precision, accum_steps: int):
+                 schedule: str, precision: Precision, accum_steps: int, stages_fn, loss_fn):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.chunks, self.schedule_name = chunks, schedule
         self.precision, self.accum_steps = precision, accum_steps
+        self.stages_fn, self.loss_fn = stages_fn, loss_fn
         self.schedule = None
 
     @property
@@ -154,18 +141,18 @@ class Pipeline(Single):
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        stage = resnet_stages(model.net, self.world_size)[self.rank].to(self.device)
+        stage = self.stages_fn(model.net, self.world_size)[self.rank].to(self.device)
         module = AutocastStage(stage, self.precision)
         pipe_stage = PipelineStage(module, self.rank, self.world_size, self.device)
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule_name]
-        accum = self.accum_steps
+        accum, loss_fn = self.accum_steps, self.loss_fn
 
-        def loss_fn(output, target):
+        def chunk_loss(output, target):
             # The schedule averages over chunks (scale_grads); dividing by k averages over
             # accumulated micro-batches as in the single-device step.
-            return F.cross_entropy(output.float(), target) / accum
+            return loss_fn(output, target) / accum
 
-        self.schedule = cls(pipe_stage, n_microbatches=self.chunks, loss_fn=loss_fn)
+        self.schedule = cls(pipe_stage, n_microbatches=self.chunks, loss_fn=chunk_loss)
         return module
 
     def forward_backward(self, model, inputs, targets, precision, accum_steps):

@@ -11,142 +11,48 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import torch
 
-from gpubench.build import (
-    Case,
-    Unsupported,
-    build,
-    check_world_size,
-    resolve_micro_batch,
-    unsupported_reason,
-)
-from gpubench.checks import check_case
+from gpubench.build import Unsupported, check_world_size, unsupported_reason
 from gpubench.config import RunConfig
-from gpubench.data import measure_loader
-from gpubench.distributed import RankProgram, backend_for, combine_ranks
-from gpubench.flops import count_flops, step_peak_flops
+from gpubench.distributed import backend_for
+from gpubench.flops import step_peak_flops
 from gpubench.machine import device_name
-from gpubench.memory import SavedActivations, read_peak, reset_peak, state_breakdown
-from gpubench.models import input_shape
+from gpubench.measure import MIN_ROUNDS, CaseProgram, InProcess, budget_rounds, measure
 from gpubench.workers import DEFAULT_TIMEOUT_S, WorkerGroup
 
-LOADER_PROBE_BATCHES = 10
-"""Batches the loader-only measurement reads after its first one."""
-
-MIN_ROUNDS = 5
-"""Timed rounds a case keeps however slow its step (the statistics need a sample)."""
+__all__ = ["MIN_ROUNDS", "budget_rounds", "launcher", "record", "run_case"]
 
 
-def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None) -> int:
-    """``rounds``, reduced (to no fewer than ``MIN_ROUNDS``) so that the timed rounds of a slow
-    case take about ``max_time_s`` (like pytest-benchmark's --benchmark-max-time)."""
-    if not max_time_s or step_time_s <= 0:
-        return rounds
-    return max(min(rounds, MIN_ROUNDS), min(rounds, int(max_time_s / step_time_s)))
-
-
-def _time_one(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _measure_single(benchmark, case: Case, rounds: int, warmup_rounds: int,
-                    max_time_s: float | None) -> dict:
-    try:
-        if case.cfg.loader.cached:
-            # Steady state of a cache: one epoch fills it (where the loading process survives
-            # the epoch: no workers, or persistent workers), then it serves the timed steps.
-            for _ in case.loader:
-                pass
-        # The loader alone, before training starts iterating it.
-        loader_only = measure_loader(case.loader, LOADER_PROBE_BATCHES)
-        with case.precision.math_mode():
-            check = check_case(case)
-            with SavedActivations(case.model) as saved:
-                flops = count_flops(case.step)
-            rounds = budget_rounds(rounds, _time_one(case.synced_step), max_time_s)
-            starts = [reset_peak(d) for d in case.devices]
-            last_loss = benchmark.pedantic(
-                case.synced_step, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1
-            )
-            per_device = [read_peak(d, s) for d, s in zip(case.devices, starts, strict=True)]
-            # Several devices (dp, model parallel on CUDA): the fullest one, and each.
-            memory = max(per_device, key=lambda m: m["peak_memory_bytes"] or 0)
-            if len(per_device) > 1:
-                memory["device_peak_memory_bytes"] = [m["peak_memory_bytes"] for m in per_device]
-    finally:
-        case.close()
-    # Each timed round drew accum_steps batches: the last rounds*k waits are the timed ones.
-    waits = list(case.batches.waits)[-rounds * case.cfg.accum_steps:]
-    rounds_s = benchmark.stats.stats.data
-    return {
-        # Saved for backward per micro-batch (each is freed by its own backward).
-        "activation_bytes": saved.total_bytes // case.cfg.accum_steps,
-        **loader_only,
-        "loader_wait_s": sum(waits) / rounds,
-        "loader_stall_fraction": sum(waits) / sum(rounds_s),
-        **memory,
-        **state_breakdown(case.model, case.optimizer),
-        "flops_per_step": flops,
-        "loss_reference": check.reference_loss,
-        "loss_first": check.first_loss,
-        "loss_rtol": check.rtol,
-        "check_losses": check.losses,
-        "check_skipped_steps": check.skipped_steps,
-        "last_loss": last_loss.float().item(),
-    }
-
-
-def measure_ranks(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
-                  max_time_s: float | None = None) -> dict:
-    """Check, count, time and measure a multi-process case through ``group.call`` (worker
-    processes, or the ranks of a torchrun job), combining the ranks' figures."""
-    checks = group.call("check")
-    flops = group.call("flops")
-    rounds = budget_rounds(rounds, _time_one(lambda: group.call("step")), max_time_s)
-    group.call("reset_peak")
-    benchmark.pedantic(group.call, args=("step",), rounds=rounds,
-                       warmup_rounds=warmup_rounds, iterations=1)
-    memories = group.call("read_peak")
-    info = combine_ranks(checks, flops, memories)
-    if cfg.parallel == "ddp":
-        allreduce_s = max(group.call("allreduce_probe"))
-        syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
-        info["allreduce_time_s"] = allreduce_s
-        info["comm_time_s"] = allreduce_s * syncs
-    return info
-
-
-def _measure_multiprocess(benchmark, cfg: RunConfig, rounds: int, warmup_rounds: int,
-                          timeout_s: float, max_time_s: float | None) -> dict:
-    with WorkerGroup(cfg.world_size, RankProgram, (cfg,), backend=backend_for(cfg.device),
-                     timeout_s=timeout_s) as group:
-        return measure_ranks(benchmark, cfg, group, rounds, warmup_rounds, max_time_s)
+def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """The launcher of ``cfg``: worker processes per rank for DDP and pipeline cases, this
+    process otherwise (a context manager whose ``call`` runs the measurement commands)."""
+    if cfg.multiprocess:
+        check_world_size(cfg)
+        return WorkerGroup(cfg.world_size, CaseProgram, (cfg,), backend=backend_for(cfg.device),
+                           timeout_s=timeout_s)
+    return InProcess(cfg)
 
 
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
              timeout_s: float = DEFAULT_TIMEOUT_S, max_time_s: float | None = None,
-             group=None) -> dict:
+             group=None, baseline=None) -> dict:
     """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``.
 
     ``rounds`` shrinks for slow steps so the timed rounds take about ``max_time_s`` (never below
     ``MIN_ROUNDS``). Multi-process cases start their own worker processes, unless ``group`` (the
-    ranks of an existing job, see ``LocalRanks``) is given."""
+    ranks of an existing job, see ``LocalRanks``) is given. ``baseline`` (a ``PairedBaseline``
+    of ``cfg.baseline``) pairs every timed round with a baseline round (drift-robust speedup)."""
     reason = unsupported_reason(cfg, check_devices=group is None)
     if reason:
         raise Unsupported(reason)
     if group is not None:
-        measured = measure_ranks(benchmark, cfg, group, rounds, warmup_rounds, max_time_s)
-    elif cfg.multiprocess:
-        check_world_size(cfg)
-        measured = _measure_multiprocess(benchmark, cfg, rounds, warmup_rounds, timeout_s,
-                                         max_time_s)
+        measured = measure(benchmark, cfg, group, rounds, warmup_rounds, max_time_s, baseline)
     else:
-        measured = _measure_single(benchmark, build(cfg), rounds, warmup_rounds, max_time_s)
+        with launcher(cfg, timeout_s) as own:
+            measured = measure(benchmark, cfg, own, rounds, warmup_rounds, max_time_s,
+                               baseline)
     return record(benchmark, cfg, measured)
 
 
@@ -154,24 +60,30 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
     """The case's full record from its measured figures and ``benchmark``'s rounds."""
     if measured["last_loss"] is None or not math.isfinite(measured["last_loss"]):
         raise AssertionError(f"{cfg.id}: non-finite loss in the timed steps")
+    if getattr(benchmark, "stats", None) is None:  # --benchmark-disable: checked, not timed
+        info = {"kind": "step", **cfg.flatten(), "model": cfg.name, "workload": cfg.model,
+                "case_id": cfg.id, "timed": False,
+                **{k: v for k, v in measured.items() if k.startswith(("loss_", "check_"))}}
+        benchmark.extra_info.update(info)
+        return info
     rounds_s = list(benchmark.stats.stats.data)
     step_time_s = statistics.median(rounds_s)
     q1, _, q3 = statistics.quantiles(rounds_s, n=4) if len(rounds_s) > 1 else (0, 0, 0)
-    micro_batch = resolve_micro_batch(cfg)
-    replicas = cfg.world_size if cfg.parallel == "ddp" else 1
-    global_batch = micro_batch * cfg.accum_steps * replicas
-    devices = cfg.world_size if cfg.parallel != "single" else 1
+    micro_batch = cfg.resolved_micro_batch
+    global_batch = cfg.global_batch
     achieved = measured["flops_per_step"] / step_time_s
     # MFU of a multi-device case: against the peak of all the devices it occupies.
-    peak = step_peak_flops(str(_device(cfg)), cfg.precision) * devices
+    peak = step_peak_flops(str(_device(cfg)), cfg.precision) * cfg.parallelism.devices
     info = {
         "kind": "step",
         **cfg.flatten(),
+        "model": cfg.name,
+        "workload": cfg.model,
         "case_id": cfg.id,
         "is_baseline": cfg.is_baseline,
         "micro_batch": micro_batch,
         "global_batch": global_batch,
-        "input_shape": input_shape(cfg.model, cfg.profile, micro_batch),
+        "input_shape": cfg.workload.input_shape(micro_batch),
         "device_name": device_name(_device(cfg)),
         "step_time_s": step_time_s,
         "step_time_iqr_s": q3 - q1,
@@ -180,24 +92,47 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "tflops": achieved / 1e12,
         "peak_tflops": peak / 1e12,
         "mfu": achieved / peak,
-        "note": _note(cfg),
+        "note": _note(cfg, measured),
     }
     if cfg.parallel != "single":
         single = cfg.with_(parallel="single", world_size=1, ddp_no_sync=False, chunks=1,
                            schedule="gpipe")
         info["single_case_id"] = single.id  # what scaling efficiency compares with
+    info.update(paired_speedup(cfg, rounds_s, measured.get("paired_baseline_rounds_s")))
     if "comm_time_s" in info:
         info["comm_fraction"] = min(1.0, info["comm_time_s"] / step_time_s)
     benchmark.extra_info.update(info)
     return info
 
 
+def paired_speedup(cfg: RunConfig, rounds_s: list[float],
+                   baseline_rounds_s: list[float] | None) -> dict:
+    """Throughput relative to the baseline from rounds measured in alternation: the median of
+    the per-round ratios baseline time / case time, times the ratio of global batches, with a
+    bootstrap interval over the round pairs (``gpubench.stats``)."""
+    if not baseline_rounds_s or len(baseline_rounds_s) != len(rounds_s):
+        return {}
+    from gpubench.stats import compare_paired
+
+    batches = cfg.global_batch / cfg.baseline.global_batch
+    est = compare_paired(baseline_rounds_s, rounds_s)
+    return {
+        "speedup_paired": est.ratio * batches,
+        "speedup_paired_low": est.low * batches,
+        "speedup_paired_high": est.high * batches,
+        "speedup_paired_p": est.p_value,
+        "baseline_step_time_s": statistics.median(baseline_rounds_s),
+    }
+
+
 def _device(cfg: RunConfig) -> torch.device:
     return torch.device("cuda", 0) if cfg.device == "cuda" else torch.device("cpu")
 
 
-def _note(cfg: RunConfig) -> str:
+def _note(cfg: RunConfig, measured: dict) -> str:
     notes = [f"no effect here: {t}" for t in cfg.inert_techniques]
+    if measured.get("uncounted_ops"):
+        notes.append("FLOPs leave out " + ", ".join(measured["uncounted_ops"]))
     if cfg.device == "cpu" and cfg.parallel != "single":
         notes.append(f"{cfg.parallel} on the CPU: all ranks/stages share this machine's cores")
     return "; ".join(n for n in notes if n)

@@ -25,12 +25,17 @@ class StandaloneBenchmark:
         self.extra_info: dict = {}
         self.stats = None
 
-    def pedantic(self, target, args=(), kwargs=None, rounds=1, warmup_rounds=0, iterations=1):
+    def pedantic(self, target, args=(), kwargs=None, setup=None, rounds=1, warmup_rounds=0,
+                 iterations=1):
         kwargs = kwargs or {}
         for _ in range(warmup_rounds):
+            if setup:
+                setup()
             target(*args, **kwargs)
         stats, result = Stats(), None
         for _ in range(rounds):
+            if setup:
+                setup()  # untimed, as in pytest-benchmark
             start = time.perf_counter()
             result = target(*args, **kwargs)
             stats.update(time.perf_counter() - start)

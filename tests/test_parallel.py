@@ -12,8 +12,7 @@ import torch
 from gpubench.build import build, check_world_size
 from gpubench.config import RunConfig
 from gpubench.data import seed_worker
-from gpubench.distributed import combine_ranks
-from gpubench.parallel import resnet_stages
+from gpubench.measure import combine
 from gpubench.workers import WorkerError, WorkerGroup, WorkerTimeout
 
 PARAM_ATOL = 1e-6
@@ -83,18 +82,19 @@ class PipelineOneStep:
         return params, None if loss is None else loss.item()
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipeline_step_equals_unsplit_model_accumulating_over_chunks(schedule):
-    cfg = RunConfig(model="resnet18", profile="smoke", parallel="pipeline", world_size=2,
+@pytest.mark.parametrize("model, schedule", [("resnet18", "gpipe"), ("resnet18", "1f1b"),
+                                             ("bert", "gpipe")])
+def test_pipeline_step_equals_unsplit_model_accumulating_over_chunks(model, schedule):
+    cfg = RunConfig(model=model, profile="smoke", parallel="pipeline", world_size=2,
                     micro_batch=8, chunks=4, schedule=schedule)
     with WorkerGroup(2, PipelineOneStep, (cfg,)) as group:
         results = group.call("run")
     # The unsplit model trained on the same batch as 4 accumulated chunks of 2.
-    single = build(RunConfig(model="resnet18", profile="smoke", micro_batch=2, accum_steps=4))
+    single = build(RunConfig(model=model, profile="smoke", micro_batch=2, accum_steps=4))
     inputs, targets = _global_batch(cfg, 8)
     loss = single.step(iter(zip(inputs.chunk(4), targets.chunk(4), strict=True)))
     assert results[1][1] == pytest.approx(loss.item(), rel=1e-5)
-    stages = resnet_stages(single.model.net, 2)
+    stages = single.workload.stages(single.model.net, 2)
     for rank, (params, _) in enumerate(results):
         for name, p in stages[rank].named_parameters():
             torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=PARAM_ATOL)
@@ -173,16 +173,37 @@ def test_ranks_read_disjoint_shards_and_seed_workers_apart():
     assert draws[0] != draws[1]
 
 
-def test_combine_ranks_takes_max_memory_and_sums_flops():
+def _device(peak):
+    return {"peak_memory_bytes": peak, "step_memory_bytes": 1, "peak_reserved_bytes": None,
+            "peak_memory_method": "m"}
+
+
+def test_combine_takes_max_memory_and_sums_flops():
     check = {"reference_loss": 1.0, "first_loss": 1.0, "rtol": 1e-4, "losses": [1.0, 0.5],
              "skipped_steps": 0}
     no_loss = {**check, "first_loss": None, "reference_loss": None, "losses": []}
-    mem = {"peak_memory_bytes": 10, "step_memory_bytes": 1, "peak_reserved_bytes": None,
-           "peak_memory_method": "m", "param_bytes": 4, "grad_bytes": 4,
-           "optimizer_state_bytes": 4, "rank_step_time_s": 0.1, "last_loss": None}
-    counts = [{"flops": 3, "activation_bytes": 7}, {"flops": 5, "activation_bytes": 9}]
-    out = combine_ranks([no_loss, check], counts,
-                        [mem, {**mem, "peak_memory_bytes": 20, "last_loss": 0.4}])
+    mem = {"devices": [_device(10)], "param_bytes": 4, "grad_bytes": 4,
+           "optimizer_state_bytes": 4, "rank_step_time_s": 0.1, "last_loss": None,
+           "loader_wait_s": 0.01, "loader_stall_fraction": 0.1}
+    counts = [{"flops": 3, "activation_bytes": 7, "uncounted_ops": []},
+              {"flops": 5, "activation_bytes": 9, "uncounted_ops": ["aten.x"]}]
+    prepared = [{"time_to_first_batch_s": 0.5}, {"time_to_first_batch_s": 0.7}]
+    out = combine(prepared, [no_loss, check], counts,
+                  [mem, {**mem, "devices": [_device(20)], "last_loss": 0.4,
+                         "loader_stall_fraction": 0.3}])
     assert out["peak_memory_bytes"] == 20 and out["rank_peak_memory_bytes"] == [10, 20]
     assert out["flops_per_step"] == 8 and out["loss_first"] == 1.0 and out["last_loss"] == 0.4
-    assert out["activation_bytes"] == 9
+    assert out["activation_bytes"] == 9 and out["uncounted_ops"] == ["aten.x"]
+    assert out["loader_stall_fraction"] == 0.3 and out["time_to_first_batch_s"] == 0.5
+
+
+def test_combine_reports_every_device_of_one_process():
+    check = {"reference_loss": 1.0, "first_loss": 1.0, "rtol": 1e-4, "losses": [1.0, 0.5],
+             "skipped_steps": 0}
+    mem = {"devices": [_device(10), _device(30)], "param_bytes": 4, "grad_bytes": 4,
+           "optimizer_state_bytes": 4, "rank_step_time_s": 0.1, "last_loss": 0.5,
+           "loader_wait_s": 0.0, "loader_stall_fraction": 0.0}
+    out = combine([{}], [check], [{"flops": 1, "activation_bytes": 1, "uncounted_ops": []}],
+                  [mem])
+    assert out["peak_memory_bytes"] == 30 and out["device_peak_memory_bytes"] == [10, 30]
+    assert "rank_peak_memory_bytes" not in out

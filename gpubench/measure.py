@@ -1,0 +1,276 @@
+"""The one measurement path: every case is checked, counted, timed and measured by one protocol.
+
+A ``CaseProgram`` is one process's part of a case: the whole case for single-device, dp and
+model-parallel cases, one rank for DDP and pipeline cases. Its methods are the protocol's
+commands. A *launcher* sends each command to every process and returns their answers in rank
+order, through the same ``call(command)`` interface:
+
+- ``InProcess``: the program runs here (single, dp, model; the claims pairs; frontier tries);
+- ``gpubench.workers.WorkerGroup``: one spawned worker process per rank (DDP, pipeline);
+- ``gpubench.distributed.LocalRanks``: this process is one rank of a torchrun job.
+
+``measure`` drives the protocol (like optimum-benchmark's launcher / scenario / tracker split):
+prepare the data, check that the technique still trains, count FLOPs and saved activations,
+warm up, time the rounds under the pytest-benchmark fixture, read the memory peaks, and
+combine the processes' figures into one record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gpubench.build import build
+from gpubench.checks import check_case
+from gpubench.config import RunConfig
+from gpubench.data import measure_loader
+from gpubench.flops import count_flops_detailed
+from gpubench.memory import SavedActivations, read_peak, reset_peak, state_breakdown
+
+LOADER_PROBE_BATCHES = 10
+"""Batches the loader-only measurement reads after its first one."""
+
+MIN_ROUNDS = 5
+"""Timed rounds a case keeps however slow its step (the statistics need a sample)."""
+
+
+def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None) -> int:
+    """``rounds``, reduced (to no fewer than ``MIN_ROUNDS``) so that the timed rounds of a slow
+    case take about ``max_time_s`` (like pytest-benchmark's --benchmark-max-time)."""
+    if not max_time_s or step_time_s <= 0:
+        return rounds
+    return max(min(rounds, MIN_ROUNDS), min(rounds, int(max_time_s / step_time_s)))
+
+
+class CaseProgram:
+    """One process's part of a case; each method is a command of the measurement protocol."""
+
+    def __init__(self, rank: int, world_size: int, cfg: RunConfig,
+                 local_rank: int | None = None, local_world_size: int | None = None,
+                 data_dir: str | Path | None = None):
+        local_rank = rank if local_rank is None else local_rank
+        if cfg.multiprocess:
+            if cfg.device == "cuda":
+                torch.cuda.set_device(local_rank)
+            else:
+                # Ranks share the CPU: split its cores instead of oversubscribing them.
+                per_machine = local_world_size or world_size
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
+        self.rank = rank
+        self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
+        self.start_bytes: list[int | None] = []
+        self.times: list[float] = []
+        self.waits_at_reset = 0
+        self.last_loss: torch.Tensor | None = None
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.case.cfg
+
+    def prepare(self) -> dict:
+        """Bring the data path to its steady state and measure the loader alone: a decoded-sample
+        cache is filled by one epoch (where the loading process survives the epoch: no workers,
+        or persistent workers); then time to first batch, loader-only samples/s, epoch restart."""
+        if self.cfg.loader.cached:
+            for _ in self.case.loader:
+                pass
+        return measure_loader(self.case.loader, LOADER_PROBE_BATCHES)
+
+    def check(self) -> dict:
+        with self.case.precision.math_mode():
+            return dataclasses.asdict(check_case(self.case))
+
+    def count(self) -> dict:
+        """FLOPs of one step (ops counted as zero listed) and the saved activations of its
+        largest micro-batch, on this process."""
+        with self.case.precision.math_mode(), SavedActivations(self.case.model) as saved:
+            counted = count_flops_detailed(self.case.step)
+        return {"flops": counted.total, "uncounted_ops": counted.uncounted_ops,
+                "activation_bytes": saved.per_micro_batch_bytes}
+
+    def step(self) -> float:
+        """One synchronized training step; returns its seconds."""
+        with self.case.precision.math_mode():
+            start = time.perf_counter()
+            loss = self.case.synced_step()
+            elapsed = time.perf_counter() - start
+        self.times.append(elapsed)
+        self.last_loss = loss
+        return elapsed
+
+    def reset_peak(self) -> None:
+        """Start the measured window: memory peaks, step times and loader waits."""
+        self.times = []
+        self.waits_at_reset = len(self.case.batches.waits)
+        self.start_bytes = [reset_peak(d) for d in self.case.devices]
+
+    def read_peak(self) -> dict:
+        """Figures of the measured window on this process: each device's peak memory, the exact
+        state breakdown, the median step time and the loader's waits."""
+        waits = list(self.case.batches.waits)[self.waits_at_reset:]
+        loss = None if self.last_loss is None else self.last_loss.float().item()
+        return {
+            "devices": [read_peak(d, s)
+                        for d, s in zip(self.case.devices, self.start_bytes, strict=True)],
+            **state_breakdown(self.case.model, self.case.optimizer),
+            "rank_step_time_s": statistics.median(self.times) if self.times else None,
+            "loader_wait_s": sum(waits) / len(self.times) if self.times else None,
+            "loader_stall_fraction": sum(waits) / sum(self.times) if self.times else None,
+            "last_loss": loss,
+        }
+
+    def allreduce_probe(self, repeats: int = 5) -> float:
+        """Median seconds of one all-reduce of a buffer the size of this rank's gradients: the
+        communication one synchronized DDP backward performs (measured in isolation)."""
+        numel = sum(p.numel() for p in self.case.model.parameters() if p.requires_grad)
+        buf = torch.zeros(numel, device=self.case.device)
+        times = []
+        for _ in range(repeats + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(buf)
+            if buf.is_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])  # the first includes connection setup
+
+    def noop(self) -> None:
+        """Nothing: timing it measures gpubench's per-step process-management cost."""
+
+    def close(self) -> None:
+        self.case.close()
+
+
+class InProcess:
+    """The launcher of a single-process case: the program runs in this process."""
+
+    def __init__(self, cfg: RunConfig, data_dir: str | Path | None = None):
+        self.program = CaseProgram(0, 1, cfg, data_dir=data_dir)
+
+    def call(self, command: str, *payload) -> list:
+        return [getattr(self.program, command)(*payload)]
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.program.close()
+
+
+class PairedBaseline:
+    """The model's FP32 baseline in a worker process of its own, stepped right before every
+    timed round of a case (pytest-benchmark's untimed ``setup``), so that each round of the case
+    has a baseline round measured under the same machine conditions a moment earlier. Machine
+    drift (other jobs, clocks, thermal state) then cancels in the per-round ratios, which a
+    baseline measured minutes apart cannot offer. In its own process it shares no memory with
+    the case (its peaks stay the case's own) and no state (caches, allocator)."""
+
+    def __init__(self, cfg: RunConfig, timeout_s: float, warmup_rounds: int = 2):
+        from gpubench.workers import WorkerGroup
+
+        self.cfg = cfg.baseline
+        self.group = WorkerGroup(1, CaseProgram, (self.cfg,), backend="gloo",
+                                 timeout_s=timeout_s)
+        self.times: list[float] = []
+        for _ in range(max(1, warmup_rounds)):
+            self.group.call("step")
+
+    def matches(self, cfg: RunConfig) -> bool:
+        return cfg.baseline == self.cfg
+
+    def step(self) -> None:
+        """One baseline step (pytest-benchmark calls this untimed before each timed round)."""
+        self.times.append(self.group.call("step")[0])
+
+    def close(self) -> None:
+        self.group.close()
+
+
+def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
+            memories: list[dict]) -> dict:
+    """One record from all processes. Time is measured by the launcher (a step ends when the
+    slowest rank has finished it); memory is per device plus the fullest one, whose state
+    breakdown is reported; FLOPs add up over ranks, saved activations are the largest rank's; the
+    training check is the loss-computing rank's; the loader figures are rank 0's, its stall the
+    worst rank's."""
+    devices = [d for m in memories for d in m["devices"]]
+    top_device = max(range(len(devices)), key=lambda i: devices[i]["peak_memory_bytes"] or 0)
+    top_rank = max(range(len(memories)), key=lambda r: max(
+        (d["peak_memory_bytes"] or 0) for d in memories[r]["devices"]))
+    with_loss = [c for c in checks if c["first_loss"] is not None]
+    check = with_loss[-1]
+    last_losses = [m["last_loss"] for m in memories if m["last_loss"] is not None]
+    stalls = [m["loader_stall_fraction"] for m in memories
+              if m["loader_stall_fraction"] is not None]
+    flops = [c["flops"] for c in counts]
+    info = {
+        **prepared[0],
+        **devices[top_device],
+        "param_bytes": memories[top_rank]["param_bytes"],
+        "grad_bytes": memories[top_rank]["grad_bytes"],
+        "optimizer_state_bytes": memories[top_rank]["optimizer_state_bytes"],
+        "flops_per_step": sum(flops),
+        "uncounted_ops": sorted({op for c in counts for op in c["uncounted_ops"]}),
+        "activation_bytes": max(c["activation_bytes"] for c in counts),
+        "loader_wait_s": max((m["loader_wait_s"] or 0) for m in memories),
+        "loader_stall_fraction": max(stalls) if stalls else None,
+        "loss_reference": check["reference_loss"],
+        "loss_first": check["first_loss"],
+        "loss_rtol": check["rtol"],
+        "check_losses": check["losses"],
+        "check_skipped_steps": check["skipped_steps"],
+        "last_loss": last_losses[-1] if last_losses else None,
+    }
+    if len(devices) > 1:
+        info["device_peak_memory_bytes"] = [d["peak_memory_bytes"] for d in devices]
+    if len(memories) > 1:
+        info["rank_peak_memory_bytes"] = [max((d["peak_memory_bytes"] or 0)
+                                              for d in m["devices"]) for m in memories]
+        info["rank_step_memory_bytes"] = [max((d["step_memory_bytes"] or 0)
+                                              for d in m["devices"]) for m in memories]
+        info["rank_step_time_s"] = [m["rank_step_time_s"] for m in memories]
+        info["rank_flops_per_step"] = flops
+    return info
+
+
+def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
+            max_time_s: float | None = None, baseline: PairedBaseline | None = None) -> dict:
+    """Drive the protocol through ``group.call`` (any launcher) and return the combined figures.
+
+    The warm-up rounds run before the measured window, so peaks, loader waits and per-rank
+    times cover the timed rounds only; ``rounds`` shrinks for slow steps (``budget_rounds``).
+    With ``baseline``, every timed round is preceded by a baseline step in its worker process
+    (untimed for the case); the paired baseline times are recorded as
+    ``paired_baseline_rounds_s``, round i paired with the case's round i."""
+    prepared = group.call("prepare")
+    checks = group.call("check")
+    counts = group.call("count")
+    start = time.perf_counter()
+    group.call("step")
+    rounds = budget_rounds(rounds, time.perf_counter() - start, max_time_s)
+    for _ in range(warmup_rounds):
+        group.call("step")
+    group.call("reset_peak")
+    if baseline is None:
+        benchmark.pedantic(group.call, args=("step",), rounds=rounds, warmup_rounds=0,
+                           iterations=1)
+    else:
+        baseline.times = []
+        benchmark.pedantic(group.call, args=("step",), setup=baseline.step, rounds=rounds,
+                           warmup_rounds=0, iterations=1)
+    info = combine(prepared, checks, counts, group.call("read_peak"))
+    if baseline is not None:
+        info["paired_baseline_rounds_s"] = list(baseline.times)
+        info["paired_baseline_case_id"] = baseline.cfg.id
+    if cfg.parallel == "ddp":
+        allreduce_s = max(group.call("allreduce_probe"))
+        syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
+        info["allreduce_time_s"] = allreduce_s
+        info["comm_time_s"] = allreduce_s * syncs
+    return info

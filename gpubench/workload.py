@@ -1,0 +1,404 @@
+"""What the suite needs to know about a model: the public ``Workload`` and how one is named.
+
+A ``Workload`` is everything gpubench asks of a model: how to build it, a batch of inputs and
+targets, the loss, and optionally the user's own dataset and a split into stages. No other module
+asks which model family it is measuring. The four built-in models are workloads defined in
+``gpubench.builtin`` with this same public API.
+
+A workload is named by a *spec* everywhere a model is accepted (``--model``, ``--models``,
+``RunConfig.model``):
+
+- a built-in name (``resnet18``, ``resnet50``, ``bert``, ``gpt2``);
+- ``path/to/file.py:factory`` or ``package.module:factory``, ``factory()`` returning a
+  ``Workload`` (called as ``factory(profile=...)`` if it takes a ``profile`` argument);
+- ``torchvision:NAME`` (any torchvision classification model, random weights);
+- ``transformers:MODEL_TYPE`` or ``transformers:path/to/config.json``, with size overrides after
+  ``?`` (``transformers:llama?hidden_size=256&num_hidden_layers=2``);
+- a name registered by an installed package in the entry-point group ``gpubench.workloads``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import Dataset
+
+ENTRY_POINT_GROUP = "gpubench.workloads"
+
+
+class WorkloadError(ValueError):
+    """A workload spec that cannot be resolved, or a workload that breaks the contract."""
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """What a workload's dataset factory is asked for."""
+
+    root: Path
+    """A folder the dataset may generate files into and reuse (``--data-dir``)."""
+    size: int
+    """Samples the loader cases will read at least (more is fine)."""
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A model and its data, as the benchmark suite sees it. Define one in a factory function and
+    point ``gpubench run --model path/to/file.py:factory`` at it.
+
+    The model's forward is called as ``model(inputs)`` (a tensor), ``model(*inputs)`` (a tuple)
+    or ``model(**inputs)`` (a dict); with ``loss_fn`` the loss is ``loss_fn(outputs, targets)``,
+    without it the model itself is called as ``model(inputs, targets)`` and returns the loss.
+    """
+
+    name: str
+    """Short name used in case ids and charts (``unet``, ``vit-tiny``)."""
+    build_model: Callable[[], nn.Module]
+    """A fresh model with random weights, on the CPU (the suite seeds the RNG first and moves
+    it to the device). Dropout layers are set to p=0 so techniques compare numerically."""
+    make_batch: Callable[[int, torch.Generator], tuple[Any, Any]]
+    """``make_batch(batch_size, generator) -> (inputs, targets)`` on the CPU: tensors, or a
+    tuple/dict of tensors (e.g. ``{"input_ids": ..., "attention_mask": ...}``), batch first."""
+    micro_batch: int
+    """Default samples per micro-batch."""
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    """``loss_fn(outputs, targets) -> scalar``; None: ``model(inputs, targets)`` is the loss."""
+    dataset: Callable[[DataRequest], Dataset] | None = None
+    """Optional: the user's real data path, a Dataset of ``(input, target)`` samples (their own
+    files, decoding and augmentation) for the loader cases. Without it the loader cases read
+    samples made by ``make_batch``. A dataset with ``load(i)`` / ``finish(sample)`` methods is
+    cached at the decode step (``load``); otherwise the cache keeps whole samples."""
+    dataset_name: str = "files"
+    """Name of ``dataset`` in case ids (``unet-fp32-files-w2``)."""
+    extra_datasets: Mapping[str, Callable[[DataRequest], Dataset]] = field(default_factory=dict)
+    """More datasets, each measured once with the default loader (the built-in image models'
+    PNG files beside their JPEGs)."""
+    stages: Callable[[nn.Module, int], list[nn.Module]] | None = None
+    """Optional: ``stages(model, n)`` splits the built model into ``n`` modules run in order,
+    each taking the previous one's output (the first takes the input tensor, the last's output
+    goes to ``loss_fn``), for model and pipeline parallelism. None: those cases skip. Raise
+    ``ValueError`` for an ``n`` the model cannot be split into."""
+    checkpointing: Callable[[nn.Module], None] | None = None
+    """Optional: turn on activation checkpointing in the built model, in place. None: every
+    block of the model's longest ``nn.ModuleList``/``nn.Sequential`` is recomputed in backward
+    (``checkpoint_blocks``)."""
+    tolerances: Mapping[str, float] = field(default_factory=dict)
+    """Relative tolerance of the training check per precision (``{"bf16": 0.08}``), overriding
+    the suite's defaults (fp32 1e-4, tf32 5e-3, fp16 1e-2, bf16 4e-2)."""
+    channels_last: bool | None = None
+    """Whether the channels_last layout applies; None: when the inputs are one 4-D tensor."""
+    spec: str = ""
+    """How the workload was named (set by ``resolve``; rebuilds it in worker processes)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in " /:"):
+            raise WorkloadError(f"Workload.name must be a non-empty string without spaces, '/' "
+                                f"or ':'; got {self.name!r}")
+        if not isinstance(self.micro_batch, int) or self.micro_batch < 1:
+            raise WorkloadError(f"Workload {self.name}: micro_batch must be a positive integer; "
+                                f"got {self.micro_batch!r}")
+        for attr in ("build_model", "make_batch"):
+            if not callable(getattr(self, attr)):
+                raise WorkloadError(f"Workload {self.name}: {attr} must be callable")
+        reserved = {"synthetic", "device-resident"}
+        names = [self.dataset_name, *self.extra_datasets]
+        if reserved & set(names):
+            raise WorkloadError(f"Workload {self.name}: dataset names {sorted(reserved)} are "
+                                f"reserved; got {names}")
+
+    @property
+    def dataset_names(self) -> tuple[str, ...]:
+        """Names of the workload's own datasets, the main one first."""
+        main = (self.dataset_name,) if self.dataset is not None else ()
+        return (*main, *self.extra_datasets)
+
+    def dataset_factory(self, name: str) -> Callable[[DataRequest], Dataset]:
+        if self.dataset is not None and name == self.dataset_name:
+            return self.dataset
+        if name in self.extra_datasets:
+            return self.extra_datasets[name]
+        raise WorkloadError(f"workload {self.name} has no dataset {name!r}; it has "
+                            f"{', '.join(self.dataset_names) or 'none'}")
+
+    def sample_batch(self, batch_size: int, seed: int = 0) -> tuple[Any, Any]:
+        return self.make_batch(batch_size, torch.Generator().manual_seed(seed))
+
+    @functools.cached_property
+    def facts(self) -> WorkloadFacts:
+        """What one probe build tells (cached): input layout, BatchNorm, parameter count."""
+        inputs, _ = self.sample_batch(2)
+        leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
+        torch.manual_seed(0)
+        model = self.build_model()
+        return WorkloadFacts(
+            single_tensor_input=isinstance(inputs, torch.Tensor),
+            input_dims=leaves[0].dim() if leaves else 0,
+            batch_norm=any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                           for m in model.modules()),
+            parameters=sum(p.numel() for p in model.parameters()),
+        )
+
+    @property
+    def uses_channels_last(self) -> bool:
+        if self.channels_last is not None:
+            return self.channels_last
+        return self.facts.single_tensor_input and self.facts.input_dims == 4
+
+    @property
+    def min_batch(self) -> int:
+        """Smallest micro-batch (or pipeline chunk) that trains: BatchNorm needs two samples."""
+        return 2 if self.facts.batch_norm else 1
+
+    def input_shape(self, batch_size: int) -> list[int]:
+        """Shape of the first input tensor of a batch of ``batch_size``."""
+        inputs, _ = self.sample_batch(batch_size)
+        leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
+        return list(leaves[0].shape) if leaves else []
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    single_tensor_input: bool
+    input_dims: int
+    batch_norm: bool
+    parameters: int
+
+
+def call_model(model: nn.Module, inputs: Any, *extra: Any) -> Any:
+    """``model`` applied to ``inputs`` as the Workload contract says (tensor, tuple, dict)."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs) if not extra else model(inputs, *extra)
+    if isinstance(inputs, tuple | list) and not extra:
+        return model(*inputs)
+    return model(inputs, *extra)
+
+
+class TrainModule(nn.Module):
+    """A workload's network plus its loss: ``forward(inputs, targets) -> scalar loss``, so the
+    training step, DDP, DataParallel and checkpointing treat every workload alike."""
+
+    def __init__(self, net: nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor] | None):
+        super().__init__()
+        self.net = net
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs: Any, targets: Any) -> torch.Tensor:
+        if self.loss_fn is None:
+            return call_model(self.net, inputs, targets)
+        return self.loss_fn(call_model(self.net, inputs), targets)
+
+
+class Checkpointed(nn.Module):
+    """Recompute a block's activations in backward instead of storing them."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        # use_reentrant=False: the supported mode, works with inputs that need no grad.
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def checkpoint_blocks(model: nn.Module) -> None:
+    """Activation checkpointing of every block of the model's longest ``nn.ModuleList`` or
+    ``nn.Sequential`` (its repeated layers), in place."""
+    containers = [m for m in model.modules()
+                  if isinstance(m, nn.ModuleList | nn.Sequential) and len(m) > 1]
+    if not containers:
+        raise WorkloadError("no nn.ModuleList/nn.Sequential of blocks to checkpoint; give the "
+                            "Workload a checkpointing function")
+    longest = max(containers, key=len)
+    for i, block in enumerate(list(longest)):
+        longest[i] = Checkpointed(block)
+
+
+def build_train_module(workload: Workload, checkpointing: bool = False) -> TrainModule:
+    """The workload's model (seed the RNG first), dropout off, optionally checkpointed."""
+    net = workload.build_model()
+    if not isinstance(net, nn.Module):
+        raise WorkloadError(f"workload {workload.name}: build_model() must return an nn.Module; "
+                            f"got {type(net).__name__}")
+    for module in net.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+    if checkpointing:
+        (workload.checkpointing or checkpoint_blocks)(net)
+    return TrainModule(net, workload.loss_fn)
+
+
+class BatchDataset(Dataset):
+    """Samples cut from one large ``make_batch`` batch held in host memory; reading is an index."""
+
+    def __init__(self, workload: Workload, length: int, seed: int):
+        self.inputs, self.targets = workload.sample_batch(length, seed)
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return (tree_map(lambda t: t[index], self.inputs),
+                tree_map(lambda t: t[index], self.targets))
+
+
+# -- naming a workload ------------------------------------------------------------------------
+
+
+def _call_factory(factory: Callable[..., Any], spec: str, profile: str) -> Workload:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    try:
+        workload = factory(profile=profile) if "profile" in params else factory()
+    except WorkloadError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's factory: report it on one line
+        raise WorkloadError(f"workload {spec!r}: the factory raised "
+                            f"{type(err).__name__}: {err}") from None
+    if not isinstance(workload, Workload):
+        raise WorkloadError(f"workload {spec!r}: the factory must return a gpubench.Workload; "
+                            f"got {type(workload).__name__}")
+    return workload
+
+
+def _load_attr(spec: str) -> Callable[..., Any]:
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise WorkloadError(f"workload {spec!r}: expected FILE.py:FACTORY or MODULE:FACTORY")
+    if target.endswith(".py") or "/" in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise WorkloadError(f"workload {spec!r}: file {target} does not exist")
+        name = f"gpubench_user_{abs(hash(str(path)))}"
+        module = sys.modules.get(name)
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except Exception as err:  # noqa: BLE001
+                del sys.modules[name]
+                raise WorkloadError(f"workload {spec!r}: importing {target} raised "
+                                    f"{type(err).__name__}: {err}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as err:
+            raise WorkloadError(f"workload {spec!r}: cannot import module {target}: "
+                                f"{err}") from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise WorkloadError(f"workload {spec!r}: {target} has no attribute {attr!r}")
+    if not callable(factory):
+        raise WorkloadError(f"workload {spec!r}: {target}:{attr} is not callable")
+    return factory
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def parse_overrides(spec: str, text: str) -> dict[str, Any]:
+    """``a=1&b=x&c=0.5`` -> {"a": 1, "b": "x", "c": 0.5} (ints, floats, true/false, strings)."""
+    out: dict[str, Any] = {}
+    for item in filter(None, text.split("&")):
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise WorkloadError(f"workload {spec!r}: override {item!r} is not KEY=VALUE")
+        value: Any = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(raw)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    return out
+
+
+def builtin_names() -> tuple[str, ...]:
+    from gpubench.builtin import BUILTIN
+
+    return tuple(BUILTIN)
+
+
+def known_names() -> tuple[str, ...]:
+    """Built-in names and those registered through entry points."""
+    return (*builtin_names(), *sorted(_entry_points()))
+
+
+@functools.cache
+def resolve(spec: str, profile: str) -> Workload:
+    """The workload a spec names, sized for ``profile``; ``WorkloadError`` with one line if the
+    spec cannot be resolved or the workload breaks the contract."""
+    from gpubench import builtin
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise WorkloadError(f"model must be a workload spec (a name, FILE.py:FACTORY, "
+                            f"torchvision:NAME or transformers:TYPE); got {spec!r}")
+    if spec in builtin.BUILTIN:
+        workload = builtin.BUILTIN[spec](profile)
+    elif spec.startswith("torchvision:"):
+        workload = builtin.torchvision_workload(spec, profile)
+    elif spec.startswith("transformers:"):
+        workload = builtin.transformers_workload(spec, profile)
+    elif ":" in spec:
+        workload = _call_factory(_load_attr(spec), spec, profile)
+    elif spec in _entry_points():
+        try:
+            factory = _entry_points()[spec].load()
+        except Exception as err:  # noqa: BLE001
+            raise WorkloadError(f"workload {spec!r}: loading its entry point raised "
+                                f"{type(err).__name__}: {err}") from None
+        workload = _call_factory(factory, spec, profile)
+    else:
+        raise WorkloadError(
+            f"unknown workload {spec!r}: expected one of {', '.join(known_names())}, "
+            "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE"
+        )
+    if workload.spec != spec:
+        object.__setattr__(workload, "spec", spec)
+    return workload
+
+
+def validate(workload: Workload) -> None:
+    """One real forward and backward at batch 2 on the CPU: the loss must be a finite scalar
+    tensor that depends on the parameters; otherwise a one-line ``WorkloadError``."""
+    torch.manual_seed(0)
+    module = build_train_module(workload)
+    inputs, targets = workload.sample_batch(max(2, workload.min_batch))
+    try:
+        loss = module(inputs, targets)
+    except Exception as err:  # noqa: BLE001
+        raise WorkloadError(f"workload {workload.spec or workload.name}: forward on a batch "
+                            f"from make_batch raised {type(err).__name__}: {err}") from None
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        what = type(loss).__name__ if not isinstance(loss, torch.Tensor) else \
+            f"a tensor of shape {list(loss.shape)}"
+        raise WorkloadError(f"workload {workload.spec or workload.name}: the loss must be a "
+                            f"scalar tensor; got {what}")
+    if not torch.isfinite(loss):
+        raise WorkloadError(f"workload {workload.spec or workload.name}: the loss is not "
+                            f"finite ({loss.item()})")
+    if not loss.requires_grad:
+        raise WorkloadError(f"workload {workload.spec or workload.name}: the loss does not "
+                            "depend on any parameter (no gradient)")

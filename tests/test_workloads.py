@@ -1,0 +1,169 @@
+"""Bring your own model: workloads named by spec, through every group of the suite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpubench.build import Unsupported, build
+from gpubench.cases import profile_cases
+from gpubench.config import RunConfig
+from gpubench.runner import run_case
+from gpubench.standalone import StandaloneBenchmark
+from gpubench.workload import WorkloadError, resolve, validate
+
+HERE = Path(__file__).parent
+KWS = f"{HERE / 'kws_workload.py'}:workload"
+ROOT = HERE.parent
+
+
+def run(cfg: RunConfig, rounds: int = 2) -> dict:
+    bench = StandaloneBenchmark(cfg.id)
+    return run_case(bench, cfg, rounds=rounds, warmup_rounds=0, timeout_s=120)
+
+
+def test_custom_workload_resolves_with_its_name_and_data():
+    workload = resolve(KWS, "smoke")
+    assert workload.name == "kws" and workload.spec == KWS
+    assert workload.dataset_names == ("waves",)
+    assert not workload.uses_channels_last and workload.min_batch == 2  # 3-D input, BatchNorm
+    cfg = RunConfig(model=KWS, profile="smoke")
+    assert cfg.id == "kws-fp32" and cfg.name == "kws"
+
+
+def test_custom_workload_cases_cover_every_group_that_applies():
+    cases = profile_cases("smoke", "cpu", (KWS,))
+    groups = {c.group for c in cases}
+    assert groups == {"precision", "accumulation", "optimizer", "memory", "parallel", "loader"}
+    ids = {c.id for c in cases}
+    assert {"kws-fp32-model2", "kws-fp32-ddp2", "kws-fp32-waves-w2",
+            "kws-fp32-waves-cached"} <= ids
+    assert not any(c.cfg.channels_last for c in cases)  # layout does not apply to 3-D input
+
+
+@pytest.mark.slow
+def test_custom_workload_runs_every_case_with_builtin_fields(tmp_path, monkeypatch):
+    """Every smoke case of a workload defined only in a test file runs, passes its training
+    check, and records the same fields as the built-in model's case of the same kind."""
+    monkeypatch.setenv("GPUBENCH_DATA_DIR", str(tmp_path))
+    builtin = run(RunConfig(model="bert", profile="smoke"))
+    ran = 0
+    for case in profile_cases("smoke", "cpu", (KWS,)):
+        try:
+            info = run(case.cfg)
+        except Unsupported as why:
+            assert case.cfg.parallel == "dp", why  # DataParallel needs CUDA
+            continue
+        ran += 1
+        assert info["model"] == "kws" and info["workload"] == KWS
+        assert info["loss_first"] == pytest.approx(info["loss_reference"],
+                                                   rel=info["loss_rtol"], abs=info["loss_rtol"])
+        assert set(builtin) - set(info) == set(), case.id
+        assert info["flops_per_step"] > 0 and info["activation_bytes"] > 0
+    assert ran >= 12
+
+
+def test_custom_workload_pipeline_and_model_parallel_match_unsplit(tmp_path):
+    """The workload's stages compute exactly the unsplit model (loss and gradients)."""
+    single = build(RunConfig(model=KWS, profile="smoke"))
+    split = build(RunConfig(model=KWS, profile="smoke", parallel="model", world_size=2))
+    inputs, targets = single.fixed_batches()[0]
+    a, b = single.model(inputs, targets), split.model(inputs, targets)
+    assert b.item() == pytest.approx(a.item(), rel=1e-6)
+    a.backward()
+    b.backward()
+    grads = [p.grad for p in single.model.parameters()]
+    split_grads = [p.grad for p in split.model.parameters()]
+    for g, h in zip(grads, split_grads, strict=True):
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-6)
+    single.close()
+    split.close()
+
+
+@pytest.mark.parametrize("spec", ["bert", "gpt2"])
+def test_transformer_stages_match_unsplit_model(spec):
+    """Model parallelism of the built-in transformers: loss and (untied) gradients equal."""
+    single = build(RunConfig(model=spec, profile="smoke"))
+    split = build(RunConfig(model=spec, profile="smoke", parallel="model", world_size=2))
+    inputs, targets = single.fixed_batches()[0]
+    a, b = single.model(inputs, targets), split.model(inputs, targets)
+    assert b.item() == pytest.approx(a.item(), rel=1e-6)
+    a.backward()
+    b.backward()
+    full = dict(single.model.named_parameters())
+    # Stage parameters by identity of the modules the split model reuses from the unsplit one.
+    checked = 0
+    for p in split.model.parameters():
+        match = [q for q in full.values() if q is p]
+        if match:
+            torch.testing.assert_close(p.grad, match[0].grad)
+            checked += 1
+    assert checked > 0
+
+
+def test_dict_inputs_and_loss_in_model_run_a_case():
+    spec = f"{HERE / 'kws_workload.py'}:dict_workload"
+    info = run(RunConfig(model=spec, profile="smoke", accum_steps=2))
+    assert info["model"] == "dictnet" and info["input_shape"] == [4, 12]
+    assert info["check_losses"][-1] < info["check_losses"][0]
+
+
+@pytest.mark.parametrize("spec", ["torchvision:mobilenet_v3_small",
+                                  "transformers:llama?hidden_size=32&num_hidden_layers=1"])
+def test_family_specs_build_and_train(spec):
+    info = run(RunConfig(model=spec, profile="smoke"))
+    assert info["samples_per_s"] > 0 and info["workload"] == spec
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nope", "unknown workload 'nope'"),
+    ("missing_file.py:workload", "does not exist"),
+    (f"{HERE / 'kws_workload.py'}:absent", "has no attribute 'absent'"),
+    (f"{HERE / 'kws_workload.py'}:not_a_workload", "must return a gpubench.Workload"),
+    (f"{HERE / 'kws_workload.py'}:scalar_free", "scalar tensor"),
+    ("torchvision:not_a_model", "torchvision has no classification model"),
+    ("transformers:not_a_type", "transformers has no model type"),
+    ("no_such_module_xyz:factory", "cannot import module"),
+])
+def test_bad_specs_fail_on_one_line(spec, message):
+    with pytest.raises(WorkloadError, match=message) as err:
+        validate(resolve(spec, "smoke"))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("command", [["list"], ["run", "--no-charts"]])
+def test_bad_spec_on_the_command_line_exits_2_and_writes_nothing(tmp_path, command):
+    out = tmp_path / "out"
+    extra = ["--out", str(out)] if command[0] == "run" else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpubench", *command, "--profile", "smoke",
+         "--model", "missing_file.py:workload", *extra],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "missing_file.py" in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_builtin_case_ids_of_the_committed_results_are_kept():
+    data = json.loads((ROOT / "results" / "cpu" / "benchmark.json").read_text())
+    committed = {b["extra_info"]["case_id"] for b in data["benchmarks"]
+                 if b["extra_info"].get("kind") == "step"}
+    now = {c.id for c in profile_cases("cpu", "cpu", None)}
+    assert committed - now == set()
+
+
+def test_case_command_runs_one_configuration(tmp_path):
+    out = tmp_path / "one.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpubench", "case", "--profile", "smoke", "--model", KWS,
+         "--precision", "bf16", "--accum-steps", "2", "--micro-batch", "4", "--rounds", "3",
+         "-o", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())["benchmarks"][0]["extra_info"]
+    assert record["case_id"] == "kws-bf16-accum2-mb4" and record["global_batch"] == 8
