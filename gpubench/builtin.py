@@ -46,10 +46,8 @@ _TINY_TEXT = dict(seq_len=16, vocab_size=256, hidden=32, layers=1, heads=2)
 _CPU_TEXT = dict(seq_len=64, vocab_size=1000, hidden=128, layers=2, heads=4)
 
 MODEL_SIZES: dict[tuple[str, str], ModelSize] = {
-    # Smoke: the smallest shapes that still exercise every path (tests and CI; 16 px reaches
-    # 1x1 at the last stage, BatchNorm still sees 4 values per channel).
-    ("resnet18", "smoke"): ModelSize(micro_batch=4, image_size=16),
-    ("resnet50", "smoke"): ModelSize(micro_batch=4, image_size=16),
+    ("resnet18", "smoke"): ModelSize(micro_batch=8, image_size=32),
+    ("resnet50", "smoke"): ModelSize(micro_batch=4, image_size=32),
     ("bert", "smoke"): ModelSize(micro_batch=4, **_TINY_TEXT),
     ("gpt2", "smoke"): ModelSize(micro_batch=4, **_TINY_TEXT),
     ("resnet18", "cpu"): ModelSize(micro_batch=8, image_size=32),

@@ -116,6 +116,10 @@ def _with_intervals(df: pd.DataFrame) -> pd.DataFrame:
     base_rounds = {tuple(r[k] for k in keys): r["rounds_s"] for _, r in base.iterrows()}
     lo, hi = [], []
     for _, r in df.iterrows():
+        if r.get("speedup_method") == "paired":  # the paired rounds' own interval
+            lo.append(r["speedup_low"])
+            hi.append(r["speedup_high"])
+            continue
         rounds = r["rounds_s"] if isinstance(r["rounds_s"], list) else []
         br = base_rounds.get(tuple(r[k] for k in keys))
         interval = speedup_interval(rounds, br if isinstance(br, list) else [],

@@ -15,6 +15,16 @@ LOSS_RTOL = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 4e-2}
 batches. fp32 still differs from the reference in summation order (channels_last, checkpointing,
 compile, DDP's bucketed all-reduce); bf16 keeps 8 mantissa bits, fp16 11."""
 
+GRAD_TOL = {"fp32": (1e-4, 1e-3), "tf32": (2e-3, 2e-2), "fp16": (0.1, 0.1),
+            "bf16": (0.15, 0.15)}
+"""(1 - cosine similarity, relative norm difference) allowed between the first optimizer step's
+gradient and the plain FP32 gradient of the same samples, and between the parameter update and
+the update the same optimizer makes from the FP32 gradient. A gradient not divided by k, divided
+twice, or from the last micro-batch only is off by a factor of k or in direction, far outside.
+Autocast's bounds are wide because a randomly initialised network with BatchNorm over few values
+per channel amplifies rounding: ResNet-18 at 32 px, batch 8, bf16 reaches cosine 0.906 (norm
+ratio 0.986) against FP32 at the first step; BERT and GPT-2 reach 0.99999."""
+
 CHECK_STEPS = 4
 """Optimizer steps on one fixed set of micro-batches; the loss must fall over them."""
 
@@ -33,55 +43,164 @@ class CheckResult:
     rtol: float
     losses: list[float]
     skipped_steps: int
+    grad_cosine: float | None = None
+    """Cosine similarity of the first step's gradient with the plain FP32 gradient."""
+    grad_norm_ratio: float | None = None
+    """Norm of the first step's gradient over the FP32 gradient's."""
+    update_cosine: float | None = None
+    """Cosine similarity of the first parameter update with the FP32 reference update."""
+    update_norm_ratio: float | None = None
+
+
+def reference_chunks(case: Case) -> int:
+    """How the technique splits each micro-batch for the loss (pipeline chunks; DataParallel
+    replicas), so the reference normalizes the same way (BatchNorm statistics per chunk)."""
+    if case.cfg.parallel == "pipeline":
+        return case.cfg.chunks
+    if case.cfg.parallel == "dp":
+        return case.cfg.world_size
+    return 1
+
+
+def _reference_objective(model, fixed: list, chunks: int) -> torch.Tensor:
+    """Plain FP32 loss of ``model`` on ``fixed`` averaged as the step averages it: over
+    micro-batches, and over chunks within each micro-batch (each chunk normalizes its own)."""
+    per_micro = [
+        torch.stack([
+            model(x, y).float()
+            for x, y in (zip(inputs.chunk(chunks), targets.chunk(chunks), strict=True)
+                         if chunks > 1 else [(inputs, targets)])
+        ]).mean()
+        for inputs, targets in fixed
+    ]
+    return torch.stack(per_micro).mean()
 
 
 def reference_loss(case: Case, fixed: list) -> float | None:
-    """Plain FP32 loss of the untrained model on ``fixed``, averaged as the step averages it:
-    over micro-batches, and over pipeline chunks (each chunk normalizes its own batch)."""
+    """Plain FP32 loss of the untrained model on ``fixed``, averaged as the step averages it."""
     if case.reference_model is None:
         return None
-    chunks = case.cfg.chunks
     with torch.no_grad():
-        per_micro = [
-            torch.stack([
-                case.reference_model(x, y).float()
-                for x, y in (zip(inputs.chunk(chunks), targets.chunk(chunks), strict=True)
-                             if chunks > 1 else [(inputs, targets)])
-            ]).mean()
-            for inputs, targets in fixed
-        ]
-    return torch.stack(per_micro).mean().item()
+        return _reference_objective(case.reference_model, fixed, reference_chunks(case)).item()
+
+
+class _Reference:
+    """The plain FP32 gradient of the same samples at the initial weights, and the update the
+    same optimizer (default implementation, same hyper-parameters) makes from it, for every
+    trained parameter the reference model shares (DDP: averaged over the ranks, as DDP does)."""
+
+    def __init__(self, case: Case, fixed: list):
+        trained = [p for g in case.optimizer.param_groups for p in g["params"]]
+        shared = {id(p) for p in case.reference_model.parameters()}
+        self.params = [p for p in trained if id(p) in shared and p.requires_grad]
+        objective = _reference_objective(case.reference_model, fixed, reference_chunks(case))
+        grads = torch.autograd.grad(objective, self.params, allow_unused=True)
+        self.grads = [torch.zeros_like(p) if g is None else g.detach().float()
+                      for p, g in zip(self.params, grads, strict=True)]
+        if case.cfg.parallel == "ddp" and torch.distributed.is_initialized():
+            flat = torch.cat([g.flatten() for g in self.grads])
+            torch.distributed.all_reduce(flat)
+            flat /= torch.distributed.get_world_size()
+            self.grads = list(flat.split([g.numel() for g in self.grads]))
+            self.grads = [g.view_as(p) for g, p in zip(self.grads, self.params, strict=True)]
+        self.before = [p.detach().float().clone() for p in self.params]
+        from gpubench.build import build_optimizer
+
+        copies = [p.detach().float().clone().requires_grad_() for p in self.params]
+        opt = build_optimizer(case.cfg.optimizer, "default", copies)
+        for c, g in zip(copies, self.grads, strict=True):
+            c.grad = g.clone()
+        opt.step()
+        self.updates = [c.detach() - b for c, b in zip(copies, self.before, strict=True)]
+        self.seen_grads: list[torch.Tensor] | None = None
+        self.seen_updates: list[torch.Tensor] | None = None
+
+    def before_step(self, optimizer, args, kwargs) -> None:
+        if self.seen_grads is None:
+            self.seen_grads = [torch.zeros_like(p, dtype=torch.float32) if p.grad is None
+                               else p.grad.detach().float().clone() for p in self.params]
+
+    def after_step(self, optimizer, args, kwargs) -> None:
+        if self.seen_updates is None:
+            self.seen_updates = [p.detach().float() - b
+                                 for p, b in zip(self.params, self.before, strict=True)]
+
+
+def _agreement(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float, float]:
+    """(cosine similarity, norm ratio) of two lists of tensors taken as one vector each."""
+    a = torch.cat([t.flatten() for t in got]).double()
+    b = torch.cat([t.flatten() for t in want]).double()
+    na, nb = a.norm().item(), b.norm().item()
+    if nb == 0:
+        return (1.0 if na == 0 else 0.0), (1.0 if na == 0 else math.inf)
+    return (a @ b).item() / max(na * nb, 1e-300), na / nb
 
 
 def check_case(case: Case, steps: int = CHECK_STEPS) -> CheckResult:
     """Assert the case matches its FP32 reference and that its loss falls on fixed batches.
 
-    1. The first training step's loss (computed at the initial weights, under the case's
-       precision, strategy and compilation) must equal the plain FP32 loss within ``LOSS_RTOL``.
-    2. ``steps`` training steps on the same micro-batches must give finite losses whose last is
+    1. The first optimizer step's gradient (as the optimizer sees it: accumulated, unscaled,
+       all-reduced) and the parameter update it makes must equal, by cosine similarity and
+       relative norm within ``GRAD_TOL``, the plain FP32 gradient of the same samples at the
+       same weights and the update the same optimizer makes from it.
+    2. The first training step's loss (at the initial weights, under the case's precision,
+       strategy and compilation) must equal the plain FP32 loss within ``LOSS_RTOL``.
+    3. ``steps`` training steps on the same micro-batches must give finite losses whose last is
        below the first.
 
-    On a pipeline rank that does not compute the loss, only the steps run (returns no losses).
+    On a pipeline rank that does not compute the loss, the gradient check covers its stage and
+    no losses are returned.
     """
+    cid = case.cfg.id
     fixed = case.fixed_batches()
-    reference = reference_loss(case, fixed)
+    computes_loss = case.cfg.parallel != "pipeline" or case.strategy.is_last
+    reference = reference_loss(case, fixed) if computes_loss else None
+    grad_ref = _Reference(case, fixed) if case.reference_model is not None else None
+    hooks = [] if grad_ref is None else [
+        case.optimizer.register_step_pre_hook(grad_ref.before_step),
+        case.optimizer.register_step_post_hook(grad_ref.after_step),
+    ]
     losses, skipped = [], 0
     scaler = case.precision.scaler
-    # fp16: GradScaler skips the steps whose gradients overflow while it calibrates its scale;
-    # those steps leave the weights untouched, so they are retried rather than counted.
-    while len(losses) < steps and skipped <= MAX_SKIPPED_STEPS:
-        scale = scaler.get_scale() if scaler.is_enabled() else None
-        loss = case.step(itertools.cycle(fixed))
-        if scale is not None and scaler.get_scale() < scale:
-            skipped += 1
-            continue
-        losses.append(None if loss is None else loss.float().item())
+    try:
+        # fp16: GradScaler skips the steps whose gradients overflow while it calibrates its
+        # scale; those leave the weights untouched (the optimizer is not called), so they are
+        # retried rather than counted.
+        while len(losses) < steps and skipped <= MAX_SKIPPED_STEPS:
+            scale = scaler.get_scale() if scaler.is_enabled() else None
+            loss = case.step(itertools.cycle(fixed))
+            if scale is not None and scaler.get_scale() < scale:
+                skipped += 1
+                continue
+            losses.append(None if loss is None else loss.float().item())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if case.cfg.parallel == "pipeline":
+        case.reference_model = None  # the full model would inflate this stage's peak memory
     rtol = case.workload.tolerances.get(case.cfg.precision, LOSS_RTOL[case.cfg.precision])
-    cid = case.cfg.id
     if len(losses) < steps:
         raise TrainingCheckError(f"{cid}: GradScaler skipped {skipped} steps (gradients overflow)")
+    agreement = {}
+    if grad_ref is not None and grad_ref.params:
+        if grad_ref.seen_grads is None or grad_ref.seen_updates is None:
+            raise TrainingCheckError(f"{cid}: the optimizer never stepped")
+        cos_tol, norm_tol = GRAD_TOL[case.cfg.precision]
+        for what, got, want in (("gradient", grad_ref.seen_grads, grad_ref.grads),
+                                ("update", grad_ref.seen_updates, grad_ref.updates)):
+            cosine, ratio = _agreement(got, want)
+            agreement[what] = (cosine, ratio)
+            if not (cosine >= 1 - cos_tol and abs(ratio - 1) <= norm_tol):
+                raise TrainingCheckError(
+                    f"{cid}: the first step's {what} differs from plain FP32 training on the "
+                    f"same samples: cosine {cosine:.6f} (needs >= {1 - cos_tol:g}), norm ratio "
+                    f"{ratio:.4f} (needs 1 +- {norm_tol:g})"
+                )
+    grad_cos, grad_ratio = agreement.get("gradient", (None, None))
+    upd_cos, upd_ratio = agreement.get("update", (None, None))
     if losses[0] is None:
-        return CheckResult(None, None, rtol, [], skipped)
+        return CheckResult(None, None, rtol, [], skipped, grad_cos, grad_ratio, upd_cos,
+                           upd_ratio)
     first = losses[0]
     if not all(math.isfinite(x) for x in losses):
         raise TrainingCheckError(f"{cid}: non-finite loss while training: {losses}")
@@ -92,4 +211,5 @@ def check_case(case: Case, steps: int = CHECK_STEPS) -> CheckResult:
         )
     if not losses[-1] < losses[0]:
         raise TrainingCheckError(f"{cid}: loss did not fall over {steps} steps: {losses}")
-    return CheckResult(reference, first, rtol, losses, skipped)
+    return CheckResult(reference, first, rtol, losses, skipped, grad_cos, grad_ratio, upd_cos,
+                       upd_ratio)

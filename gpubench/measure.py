@@ -227,6 +227,13 @@ def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
         "check_skipped_steps": check["skipped_steps"],
         "last_loss": last_losses[-1] if last_losses else None,
     }
+    # The gradient check of every rank (pipeline: each its own stage): the worst agreement.
+    for what in ("grad", "update"):
+        rows = [c for c in checks if c.get(f"{what}_cosine") is not None]
+        if rows:
+            info[f"check_{what}_cosine"] = min(c[f"{what}_cosine"] for c in rows)
+            info[f"check_{what}_norm_ratio"] = max(
+                (c[f"{what}_norm_ratio"] for c in rows), key=lambda r: abs(r - 1))
     if len(devices) > 1:
         info["device_peak_memory_bytes"] = [d["peak_memory_bytes"] for d in devices]
     if len(memories) > 1:

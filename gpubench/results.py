@@ -33,23 +33,26 @@ INT64_MAX = 2**63 - 1
 # NaN allowed: a diverged loss is a measurement).
 _STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl", "parallel",
         "case_id", "kind", "group", "note", "dataset", "schedule", "claim", "peak_memory_method",
-        "device_name", "single_case_id", "case_id_base", "case_id_new", "workload")
+        "device_name", "single_case_id", "case_id_base", "case_id_new", "workload",
+        "paired_baseline_case_id")
 _BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
          "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
-         "zero_grad_set_to_none")
+         "zero_grad_set_to_none", "timed")
 _COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
            "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
 _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
           "activation_bytes", "activation_bytes_base", "activation_bytes_new",
           "step_memory_bytes", "peak_reserved_bytes", "flops_per_step", "num_workers",
           "check_skipped_steps", "cache_items", "dataset_size")
-_POSITIVE = ("step_time_s", "samples_per_s")
+_POSITIVE = ("step_time_s", "samples_per_s", "speedup_paired", "speedup_paired_low",
+             "speedup_paired_high", "baseline_step_time_s")
 _NON_NEGATIVE = ("tflops", "mfu", "peak_tflops", "allreduce_time_s", "comm_time_s",
                  "comm_fraction", "loader_samples_per_s", "loader_stall_fraction",
                  "loader_wait_s", "epoch_restart_s", "time_to_first_batch_s",
                  "process_overhead_s", "step_time_iqr_s", "gpubench_step_time_s",
-                 "handwritten_step_time_s")
-_LOSSES = ("loss_first", "last_loss", "loss_reference", "loss_rtol")
+                 "handwritten_step_time_s", "speedup_paired_p")
+_LOSSES = ("loss_first", "last_loss", "loss_reference", "loss_rtol", "check_grad_cosine",
+           "check_grad_norm_ratio", "check_update_cosine", "check_update_norm_ratio")
 EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
     **{f: ("str", "any") for f in _STR},
     **{f: ("bool", "any") for f in _BOOL},
@@ -66,6 +69,8 @@ EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
     "rank_flops_per_step": ("ints", ">=0"),
     "rank_peak_memory_bytes": ("ints", ">=0"),
     "rank_step_memory_bytes": ("ints", ">=0"),
+    "device_peak_memory_bytes": ("ints", ">=0"),
+    "paired_baseline_rounds_s": ("floats", ">0"),
     "rounds_base_s": ("floats", ">0"),
     "rounds_new_s": ("floats", ">0"),
 }
@@ -397,6 +402,10 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     ``speedup`` is the ratio of throughputs (samples/s of the global batch): for cases with the
     baseline's global batch it equals baseline step time / step time, and it stays fair for
     cases that process more samples per step (accumulation at constant micro-batch, DDP).
+    Where the case was timed with a paired baseline round before each of its rounds
+    (``speedup_paired``), that drift-robust figure is the speedup, with its bootstrap interval
+    in ``speedup_low`` / ``speedup_high`` and ``speedup_method`` "paired"; otherwise it is the
+    ratio of separately measured medians ("separate", no interval).
     ``memory_ratio`` compares ``training_memory_bytes`` (see ``training_memory``)."""
     df = df.copy()
     df["training_memory_bytes"] = training_memory(df)
@@ -406,24 +415,81 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     base = df[df["is_baseline"] == True][keys + cols]  # noqa: E712
     base = base.drop_duplicates(keys).rename(columns={c: f"base_{c}" for c in cols})
     df = df.merge(base, on=keys, how="left")
-    df["speedup"] = df["samples_per_s"] / df["base_samples_per_s"]
+    separate = (df["samples_per_s"] / df["base_samples_per_s"]).astype(float)
+    paired = (df["speedup_paired"].astype(float) if "speedup_paired" in df
+              else pd.Series(float("nan"), index=df.index))
+    df["speedup"] = paired.where(paired.notna(), separate)
+    df["speedup_method"] = pd.Series("paired", index=df.index).where(paired.notna(), "separate")
+    for side in ("low", "high"):
+        col = f"speedup_paired_{side}"
+        df[f"speedup_{side}"] = (df[col].astype(float) if col in df
+                                 else pd.Series(float("nan"), index=df.index))
     df["memory_ratio"] = df["training_memory_bytes"] / df["base_training_memory_bytes"]
-    return with_scaling(df)
+    return with_plausibility(with_scaling(df))
+
+
+NOOP_TOLERANCE = 0.03
+"""How far from 1.0 a technique that does nothing on the device may read before it is flagged."""
+
+SPREAD_LIMIT = 0.10
+"""Baseline IQR / median above which a run's timings are flagged as noisy."""
+
+
+def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``flags``: figures outside what the technique can physically give, so a reader knows
+    which numbers to distrust: a no-op technique off 1.0 by more than ``NOOP_TOLERANCE`` with an
+    interval that excludes 1.0; a speedup above the device count for a parallel case (or above
+    what the baseline's spread allows); scaling efficiency above 100%; and a noisy baseline
+    (IQR / median above ``SPREAD_LIMIT``)."""
+    from gpubench.config import inert_techniques
+
+    flags = []
+    for _, row in df.iterrows():
+        out = []
+        speedup = row.get("speedup")
+        if isinstance(speedup, float) and speedup == speedup:
+            flat = {k: (None if (isinstance(v, float) and v != v) else v)
+                    for k, v in row.items()}
+            low, high = row.get("speedup_low"), row.get("speedup_high")
+            excludes_one = (isinstance(low, float) and low == low and (low > 1 or high < 1))
+            if (inert_techniques(flat) and abs(speedup - 1) > NOOP_TOLERANCE
+                    and (excludes_one or row.get("speedup_method") != "paired")):
+                out.append("no-op technique off 1.0x: machine noise")
+            devices = row.get("world_size")
+            devices = int(devices) if isinstance(devices, int | float) and devices == devices \
+                else 1
+            if row.get("parallel") == "ddp" and speedup > devices * 1.05:
+                out.append(f"speedup above {devices} devices: implausible")
+        eff = row.get("scaling_efficiency")
+        if row.get("parallel") not in (None, "single") and isinstance(eff, float) and eff > 1.05:
+            out.append("scaling efficiency above 100%: implausible")
+        iqr, median = row.get("step_time_iqr_s"), row.get("step_time_s")
+        if (row.get("is_baseline") is True and isinstance(iqr, float) and median
+                and iqr / median > SPREAD_LIMIT):
+            out.append(f"noisy baseline (IQR {100 * iqr / median:.0f}% of the median)")
+        flags.append("; ".join(out))
+    df["flags"] = flags
+    return df
 
 
 def with_scaling(df: pd.DataFrame) -> pd.DataFrame:
     """Add ``scaling_efficiency`` to parallel cases: samples/s / (devices x samples/s of the
     single-device case with the same per-device settings, ``single_case_id``). 1.0 is perfect
-    scaling; single-device cases get 1.0 by definition."""
+    scaling; single-device cases get 1.0 by definition. Where both cases have paired speedups
+    against the same baseline, their ratio is used (drift-robust)."""
     if "single_case_id" not in df:
         df["scaling_efficiency"] = float("nan")
         return df
-    single = df[["run", "case_id", "samples_per_s"]].rename(
-        columns={"case_id": "single_case_id", "samples_per_s": "single_samples_per_s"}
+    single = df[["run", "case_id", "samples_per_s", "speedup", "speedup_method"]].rename(
+        columns={"case_id": "single_case_id", "samples_per_s": "single_samples_per_s",
+                 "speedup": "single_speedup", "speedup_method": "single_speedup_method"}
     )
     df = df.merge(single.drop_duplicates(["run", "single_case_id"]),
                   on=["run", "single_case_id"], how="left")
     devices = df["world_size"].where(df["parallel"] != "single", 1).astype(float)
-    df["scaling_efficiency"] = (df["samples_per_s"] / (devices * df["single_samples_per_s"]))
+    separate = df["samples_per_s"] / (devices * df["single_samples_per_s"])
+    both_paired = (df["speedup_method"] == "paired") & (df["single_speedup_method"] == "paired")
+    paired = df["speedup"] / (devices * df["single_speedup"])
+    df["scaling_efficiency"] = paired.where(both_paired, separate).astype(float)
     df.loc[df["parallel"] == "single", "scaling_efficiency"] = 1.0
     return df

@@ -16,9 +16,11 @@ COLUMNS = {
     "peak_memory_mib": "peak mem (MiB)",
     "step_memory_mib": "step mem (MiB)",
     "speedup": "speedup vs fp32",  # throughput ratio
+    "speedup_ci": "95% interval",
     "memory_ratio": "train mem vs fp32",
     "mfu": "MFU",
     "scaling_efficiency": "scaling eff.",
+    "flags": "flags",
 }
 
 
@@ -38,11 +40,17 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
             .astype(float)
             / 2**20,
             "speedup": df["speedup"],
+            "speedup_ci": [
+                f"{lo:.2f}-{hi:.2f}" if method == "paired" and lo == lo else
+                ("separate runs" if sp == sp else "-")
+                for lo, hi, method, sp in zip(df["speedup_low"], df["speedup_high"],
+                                              df["speedup_method"], df["speedup"], strict=True)],
             "memory_ratio": df["memory_ratio"],
             "mfu": df["mfu"],
             # Single-device cases scale perfectly by definition: show the figure only where
             # it says something.
             "scaling_efficiency": df["scaling_efficiency"].where(df["parallel"] != "single"),
+            "flags": df["flags"],
         }
     )
     return out.sort_values(["run", "model", "speedup"], ascending=[True, True, False])
