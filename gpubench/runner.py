@@ -79,6 +79,7 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         **cfg.flatten(),
         "model": cfg.name,
         "workload": cfg.model,
+        "workload_datasets": list(cfg.workload.dataset_names),
         "case_id": cfg.id,
         "is_baseline": cfg.is_baseline,
         "micro_batch": micro_batch,
