@@ -48,6 +48,34 @@ def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None) -> 
     return max(min(rounds, MIN_ROUNDS), min(rounds, int(max_time_s / step_time_s)))
 
 
+def counted_step(case) -> tuple:
+    """(model, step): the model and the training step (a function of no arguments) whose FLOPs
+    and saved activations ``count`` measures.
+
+    ``FlopCounterMode`` and ``saved_tensors_hooks`` see only the thread they were entered in,
+    and ``nn.DataParallel`` runs each replica's forward in a thread of its own: counted
+    through the wrapper, a DataParallel step would miss its forward FLOPs and all its saved
+    activations (and count the replicas' broadcast weights as activations). The replicas
+    compute the wrapped model's function on shards of the micro-batch, so for dp cases one
+    step of the unwrapped model (``DataParallelLoss.dp.module``) on the full micro-batches, in
+    this thread, counts the same FLOPs and the saved bytes of all replicas together. Like the
+    wrapped step, it trains the case's own parameters with the case's optimizer and batches."""
+    model = case.model
+    if case.cfg.parallel != "dp":
+        return model, case.step
+    from gpubench.step import train_step
+
+    inner = getattr(model, "_orig_mod", model).dp.module  # torch.compile wraps as _orig_mod
+
+    def step():
+        return train_step(inner, case.optimizer, case.batches, precision=case.precision,
+                          accum_steps=case.cfg.accum_steps,
+                          set_to_none=case.cfg.zero_grad_set_to_none,
+                          after_step=case.after_step)
+
+    return inner, step
+
+
 class CaseProgram:
     """One process's part of a case; each method is a command of the measurement protocol."""
 
@@ -88,9 +116,11 @@ class CaseProgram:
 
     def count(self) -> dict:
         """FLOPs of one step (ops counted as zero listed) and the saved activations of its
-        largest micro-batch, on this process."""
-        with self.case.precision.math_mode(), SavedActivations(self.case.model) as saved:
-            counted = count_flops_detailed(self.case.step)
+        largest micro-batch, on this process. DataParallel cases are counted on the unwrapped
+        model (``counted_step``)."""
+        model, step = counted_step(self.case)
+        with self.case.precision.math_mode(), SavedActivations(model) as saved:
+            counted = count_flops_detailed(step)
         return {"flops": counted.total, "uncounted_ops": counted.uncounted_ops,
                 "activation_bytes": saved.per_micro_batch_bytes}
 

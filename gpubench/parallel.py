@@ -42,13 +42,56 @@ class Single:
         return loss.detach()
 
 
+def autocast_state(device_type: str) -> tuple[bool, torch.dtype, bool]:
+    """This thread's autocast state for ``device_type``: (enabled, dtype, weight-cast cache)."""
+    return (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
+            torch.is_autocast_cache_enabled())
+
+
+class ReplicaUnderAutocast:
+    """A replica called under an autocast state captured in another thread.
+
+    Autocast state is thread-local, and ``nn.DataParallel`` runs each replica's forward in a
+    thread of its own (``parallel_apply``), which re-enters autocast with the enabled flag
+    only: the replica then gets the device's *default* autocast dtype (float16 on CUDA), so a
+    bf16 case would train in fp16. Called through this, the replica runs with the caller's
+    dtype and cache setting."""
+
+    def __init__(self, replica: nn.Module, device_type: str,
+                 state: tuple[bool, torch.dtype, bool]):
+        self.replica, self.device_type, self.state = replica, device_type, state
+
+    def __call__(self, *args, **kwargs):
+        enabled, dtype, cache = self.state
+        if not enabled:  # parallel_apply has already disabled it in the thread
+            return self.replica(*args, **kwargs)
+        with torch.autocast(self.device_type, dtype=dtype, cache_enabled=cache):
+            return self.replica(*args, **kwargs)
+
+
+class _DataParallel(nn.DataParallel):
+    """``nn.DataParallel`` whose replica threads run under the calling thread's autocast
+    state (dtype included), see ``ReplicaUnderAutocast``."""
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        device_type = self.src_device_obj.type
+        state = autocast_state(device_type)
+        wrapped = [ReplicaUnderAutocast(r, device_type, state) for r in replicas]
+        return super().parallel_apply(wrapped, inputs, kwargs)
+
+
 class DataParallelLoss(nn.Module):
     """``nn.DataParallel`` over a module returning a scalar loss: replicas return one loss each,
-    gathered into a vector on the first device; their mean is the batch loss."""
+    gathered into a vector on the first device; their mean is the batch loss. ``.dp.module`` is
+    the model. Each replica runs under the precision's autocast (the caller's: the step enters
+    it around this forward), bf16 staying bf16 in the replica threads.
+
+    Replica forwards run in threads, which ``FlopCounterMode`` and ``saved_tensors_hooks`` (both
+    thread-local) do not see: ``CaseProgram.count`` counts the unwrapped ``.dp.module``."""
 
     def __init__(self, model: nn.Module, device_ids: list[int]):
         super().__init__()
-        self.dp = nn.DataParallel(model, device_ids=device_ids)
+        self.dp = _DataParallel(model, device_ids=device_ids)
 
     def forward(self, inputs, targets):
         return self.dp(inputs, targets).mean()
