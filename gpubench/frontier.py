@@ -1,9 +1,12 @@
 """The OOM frontier: the largest micro-batch that fits, per set of techniques.
 
-On CUDA the limit is the device: a try that raises ``torch.OutOfMemoryError`` does not fit (its
-memory is released before the next try). On the CPU, where running out of memory means the
-kernel killing the process, a memory budget stands in for the device: a try fits when the
-measured peak of two training steps stays within it.
+On CUDA the limit is the device: a try that runs out of device memory does not fit (its memory
+is released before the next try). Out of memory is ``torch.OutOfMemoryError`` (the caching
+allocator) and also the errors libraries raise when their own allocations fail at large batches
+(``CUBLAS_STATUS_ALLOC_FAILED`` creating a cuBLAS handle or workspace,
+``CUDNN_STATUS_ALLOC_FAILED``, ``CUDA error: out of memory``): see ``is_out_of_memory``. On the
+CPU, where running out of memory means the kernel killing the process, a memory budget stands
+in for the device: a try fits when the measured peak of two training steps stays within it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,30 @@ import torch
 from gpubench.config import RunConfig
 from gpubench.measure import CaseProgram
 
+OUT_OF_MEMORY_MESSAGES = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
+                          "CUDNN_STATUS_ALLOC_FAILED")
+"""Parts of the messages of the ``RuntimeError``s (``torch.AcceleratorError`` included) that
+libraries raise when an allocation of their own fails: running out of device memory too."""
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` means the device ran out of memory: ``torch.OutOfMemoryError``, or a
+    ``RuntimeError`` whose message names a failed cuBLAS/cuDNN/CUDA allocation."""
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    if not isinstance(err, RuntimeError):
+        return False
+    message = str(err)
+    return any(m.lower() in message.lower() for m in OUT_OF_MEMORY_MESSAGES)
+
+
+def release_device_memory() -> None:
+    """Free what a failed try left: collect the garbage its frames held, then hand the CUDA
+    caching allocator's free blocks back to the device."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
 
 @dataclass(frozen=True)
 class Try:
@@ -24,6 +51,8 @@ class Try:
     fits: bool
     peak_memory_bytes: int | None
     """The measured peak (None when the try ran out of memory)."""
+    error: str | None = None
+    """The first line of the out-of-memory error that ended the try, if one did."""
 
 
 @dataclass
@@ -63,8 +92,11 @@ def search_max_batch(fits: Callable[[int], bool], limit: int = 4096,
 
 def try_batch(cfg: RunConfig, batch: int, budget_bytes: int | None,
               steps: int = 2) -> Try:
-    """Run ``steps`` training steps at micro-batch ``batch``; does it fit?"""
+    """Run ``steps`` training steps at micro-batch ``batch``; does it fit? Running out of
+    memory (``is_out_of_memory``) anywhere in the try means it does not; other errors
+    propagate."""
     program = None
+    result = None
     try:
         # The measurement protocol's own commands, as for every case.
         program = CaseProgram(0, 1, cfg.with_(micro_batch=batch))
@@ -73,16 +105,18 @@ def try_batch(cfg: RunConfig, batch: int, budget_bytes: int | None,
             program.step()
         peak = max((d["peak_memory_bytes"] or 0) for d in program.read_peak()["devices"])
         fits = budget_bytes is None or peak <= budget_bytes
-        return Try(batch, fits, peak)
-    except torch.OutOfMemoryError:
-        return Try(batch, False, None)
+        result = Try(batch, fits, peak)
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
+        result = Try(batch, False, None, (str(err).strip().splitlines() or [""])[0][:300])
     finally:
         if program is not None:
             program.close()
         del program
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    # Outside the handler: the error's traceback, and the tensors its frames held, are gone.
+    release_device_memory()
+    return result
 
 
 def find_frontier(cfg: RunConfig, budget_bytes: int | None = None,

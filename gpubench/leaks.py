@@ -5,6 +5,13 @@ Memory is read after every step: ``torch.cuda.memory_allocated`` on CUDA, the pr
 size (``VmRSS``) on the CPU. The growth per step is the least-squares slope over the steps after
 a warm-up; a loop leaks when the slope exceeds a threshold (default 256 KiB per step on CUDA,
 1 MiB on the CPU, where the resident size also moves with the allocator).
+
+On a big model a leaky loop runs out of memory before the steps are done: a loop that ran at
+least one step and then ran out of memory (``gpubench.frontier.is_out_of_memory``, or, where a
+``budget_bytes`` stands in for the device as on the CPU, memory in use above it) leaks; the check
+reports it so, with the growth over the steps it ran, and releases its memory instead of
+crashing. A loop that runs out of memory in its very first step does not fit at all: reported
+as out of memory, not as a leak.
 """
 
 from __future__ import annotations
@@ -43,27 +50,77 @@ class LeakResult:
     growth_bytes_per_step: float
     threshold_bytes_per_step: float
     memory_bytes: list[int]
+    out_of_memory_after: int | None = None
+    """Steps completed before the loop ran out of memory (None: it did not)."""
+    error: str | None = None
+    """The first line of the out-of-memory error (or the budget exceeded)."""
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.out_of_memory_after is not None
 
     @property
     def leaks(self) -> bool:
+        if self.out_of_memory:
+            return self.out_of_memory_after > 0  # it ran, then memory ran out: it grew
         return self.growth_bytes_per_step > self.threshold_bytes_per_step
+
+    @property
+    def verdict(self) -> str:
+        if self.out_of_memory and not self.leaks:
+            return "does not fit (out of memory in its first step)"
+        if self.out_of_memory:
+            return f"LEAKS (out of memory after {self.out_of_memory_after} steps)"
+        return "LEAKS" if self.leaks else "ok"
+
+
+class _OverBudget(Exception):
+    """Memory in use above the budget standing in for the device (CPU)."""
 
 
 def default_threshold(device: torch.device) -> float:
     return 256 * 2**10 if device.type == "cuda" else 1 * MIB
 
 
+def _slope(samples: list[int]) -> float:
+    if len(samples) < 2:
+        return 0.0
+    return float(np.polyfit(np.arange(len(samples)), np.asarray(samples, dtype=float), 1)[0])
+
+
 def detect_leak(name: str, step: Callable[[], object], device: torch.device, *,
-                steps: int = 12, warmup: int = 3, threshold: float | None = None) -> LeakResult:
-    """Run ``step`` ``warmup + steps`` times and fit memory in use against the step number."""
-    for _ in range(warmup):
-        step()
-    samples = []
-    for _ in range(steps):
-        step()
-        samples.append(memory_in_use(device))
-    slope = float(np.polyfit(np.arange(steps), np.asarray(samples, dtype=float), 1)[0])
-    return LeakResult(name, slope, threshold or default_threshold(device), samples)
+                steps: int = 12, warmup: int = 3, threshold: float | None = None,
+                budget_bytes: int | None = None) -> LeakResult:
+    """Run ``step`` ``warmup + steps`` times and fit memory in use against the step number.
+
+    Running out of memory (or, with ``budget_bytes``, memory in use above it) ends the loop
+    early: the result then says after how many steps (``out_of_memory_after``), with the
+    growth per step fitted over every step it ran, warm-up included."""
+    from gpubench.frontier import is_out_of_memory, release_device_memory
+
+    threshold = threshold or default_threshold(device)
+    samples: list[int] = []  # after each step, warm-up included
+    completed, error = 0, None
+    try:
+        samples.append(memory_in_use(device))  # before the first step
+        for _ in range(warmup + steps):
+            step()
+            samples.append(memory_in_use(device))
+            if budget_bytes is not None and samples[-1] > budget_bytes:
+                raise _OverBudget(f"{samples[-1] / MIB:,.0f} MiB in use after step "
+                                  f"{completed + 1}, over the budget of "
+                                  f"{budget_bytes / MIB:,.0f} MiB")
+            completed += 1  # steps that ran within memory
+    except (torch.OutOfMemoryError, RuntimeError, _OverBudget) as err:
+        if not isinstance(err, _OverBudget) and not is_out_of_memory(err):
+            raise
+        error = (str(err).strip().splitlines() or [""])[0][:300]
+    if error is None:
+        measured = samples[-steps:]
+        return LeakResult(name, _slope(measured), threshold, measured)
+    # Outside the handler, so that the tensors the error's frames held can go.
+    release_device_memory()
+    return LeakResult(name, _slope(samples), threshold, samples, completed, error)
 
 
 # The loops. Each takes a built case and returns (step function, cleanup). Leaky and fixed forms
@@ -145,9 +202,14 @@ LOOPS = {
 }
 
 
-def check_loops(build_case: Callable[[], Case], steps: int = 12) -> list[LeakResult]:
+def check_loops(build_case: Callable[[], Case], steps: int = 12,
+                budget_bytes: int | None = None) -> list[LeakResult]:
     """Every shipped loop, leaky and fixed, each on a freshly built case; the cyclic garbage
-    collector is off while they run (so a cycle is a leak) and on again afterwards."""
+    collector is off while they run (so a cycle is a leak) and on again afterwards. A loop
+    that runs out of memory (or above ``budget_bytes``) is reported, its memory released, and
+    the next loop runs."""
+    from gpubench.frontier import release_device_memory
+
     results = []
     track_large_allocations()
     enabled = gc.isenabled()
@@ -159,12 +221,13 @@ def check_loops(build_case: Callable[[], Case], steps: int = 12) -> list[LeakRes
                 gc.disable()
                 try:
                     results.append(detect_leak(f"{name} ({'fixed' if fixed else 'leaky'})",
-                                               loop(case, fixed), case.device, steps=steps))
+                                               loop(case, fixed), case.device, steps=steps,
+                                               budget_bytes=budget_bytes))
                 finally:
                     case.close()
                     del case
                     gc.enable()
-                    gc.collect()
+                    release_device_memory()  # gc.collect, then the CUDA cache
     finally:
         if not enabled:
             gc.disable()

@@ -29,6 +29,11 @@ TECHNIQUES = {
 }
 """Technique sets the frontier can compare, by name."""
 
+MAX_BATCH = {"cuda": 65536, "cpu": 1024}
+"""Default upper limit of the frontier search per device: on CUDA large enough that a small
+model on a 141 GB H200 meets the device's limit before the search's (the search doubles, so
+the limit costs a few tries, not a sweep)."""
+
 
 def technique_config(base: RunConfig, name: str) -> RunConfig:
     if name not in TECHNIQUES:
@@ -46,7 +51,10 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, from {', '.join(TECHNIQUES)}")
     p.add_argument("--budget", help="memory budget standing in for the device on the CPU "
                    "(process peak), e.g. 2GiB; on CUDA the device is the limit")
-    p.add_argument("--max-batch", type=int, default=1024, help="upper limit of the search")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="upper limit of the search (default: "
+                   f"{MAX_BATCH['cuda']} on CUDA, enough for a 141 GB H200, "
+                   f"{MAX_BATCH['cpu']} on the CPU)")
     p.add_argument("--no-leaks", action="store_true", help="skip the leak check")
     p.add_argument("--out", help="folder for memory.json and memory.md")
 
@@ -55,6 +63,7 @@ def memory_main(args: argparse.Namespace) -> int:
     device = default_device() if args.device == "auto" else args.device
     profile = default_profile(device) if args.profile == "auto" else args.profile
     budget = parse_bytes(args.budget) if args.budget else None
+    max_batch = args.max_batch or MAX_BATCH[device]
     base = baseline(args.model, profile, device)
     configs = [technique_config(base, t) for t in args.techniques.split(",") if t]
     lines = [f"# gpubench memory: {base.name} ({profile}, {device})", "",
@@ -64,17 +73,19 @@ def memory_main(args: argparse.Namespace) -> int:
               "budget_bytes": budget, "frontier": [], "leaks": [], "allocator": None}
     for cfg in configs:
         print(f"gpubench memory: searching the frontier of {cfg.id} ...", flush=True)
-        frontier = find_frontier(cfg, budget, limit=args.max_batch)
-        capped = f" (search limit {args.max_batch})" if frontier.capped else ""
+        frontier = find_frontier(cfg, budget, limit=max_batch)
+        capped = f" (search limit {max_batch})" if frontier.capped else ""
         lines.append(f"| {cfg.id} | {frontier.max_batch}{capped} | {len(frontier.tries)} |")
         report["frontier"].append(asdict(frontier))
     if not args.no_leaks:
         lines += ["", "## Leak check (classic leaky loops and their fixes)", "",
                   "| loop | growth per step (MiB) | verdict |", "|---|---:|---|"]
-        for r in check_loops(lambda: build(base)):
-            verdict = "LEAKS" if r.leaks else "ok"
-            lines.append(f"| {r.name} | {r.growth_bytes_per_step / 2**20:.2f} | {verdict} |")
-            report["leaks"].append({**asdict(r), "leaks": r.leaks})
+        # On the CPU the budget stands in for the device: a leaky loop stops when above it.
+        leak_budget = budget if device == "cpu" else None
+        for r in check_loops(lambda: build(base), budget_bytes=leak_budget):
+            lines.append(f"| {r.name} | {r.growth_bytes_per_step / 2**20:.2f} | {r.verdict} |")
+            report["leaks"].append({**asdict(r), "leaks": r.leaks,
+                                    "out_of_memory": r.out_of_memory})
     stats = allocator_stats(torch.device(device))
     report["allocator"] = stats
     lines += ["", "## Allocator", ""]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import gc
 
+import pytest
+import torch
+
+from gpubench import frontier
 from gpubench.build import build
 from gpubench.config import RunConfig
 from gpubench.frontier import find_frontier, parse_bytes, search_max_batch
-from gpubench.leaks import LOOPS, check_loops
-from gpubench.memory import cpu_peak_supported
+from gpubench.leaks import LOOPS, MIB, check_loops, detect_leak, reference_cycle
+from gpubench.measure import CaseProgram
+from gpubench.memory import cpu_peak_supported, release_free_memory, track_large_allocations
 
 
 def test_search_finds_the_largest_fitting_batch_in_few_tries():
@@ -53,3 +58,88 @@ def test_leak_detector_flags_the_leaky_loops_and_passes_the_fixed_ones():
               f"fixed {fixed.growth_bytes_per_step / 2**20:.2f} MiB/step")
         assert leaky.leaks, name
         assert not fixed.leaks, name
+
+
+def test_allocation_failures_of_libraries_count_as_out_of_memory():
+    from gpubench.frontier import is_out_of_memory
+
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert is_out_of_memory(RuntimeError(
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert is_out_of_memory(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert is_out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_out_of_memory(ValueError("out of memory"))  # not a runtime failure
+
+
+class _CublasFailsAbove(CaseProgram):
+    """A case program whose step fails as cuBLAS does when it cannot allocate its workspace,
+    above a batch size (a simulated device limit: the frontier's error handling on the CPU)."""
+
+    LIMIT = 12
+
+    def step(self):
+        if self.case.micro_batch > self.LIMIT:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                               "`cublasCreate(handle)`")
+        return super().step()
+
+
+def test_frontier_treats_a_cublas_allocation_failure_as_does_not_fit(monkeypatch):
+    monkeypatch.setattr(frontier, "CaseProgram", _CublasFailsAbove)
+    cfg = RunConfig(model="bert", profile="smoke")
+    found = find_frontier(cfg, budget_bytes=parse_bytes("64GiB"), limit=64)
+    assert found.max_batch == _CublasFailsAbove.LIMIT and not found.capped
+    failed = [t for t in found.tries if not t.fits]
+    assert failed and all("CUBLAS_STATUS_ALLOC_FAILED" in t.error for t in failed)
+
+    class Broken(CaseProgram):
+        def step(self):
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(frontier, "CaseProgram", Broken)  # a real bug still surfaces
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        find_frontier(cfg, budget_bytes=parse_bytes("64GiB"), limit=64)
+
+
+def test_memory_report_searches_up_to_an_h200_on_cuda():
+    from gpubench.memory_report import MAX_BATCH
+
+    assert MAX_BATCH["cuda"] >= 65536 and MAX_BATCH["cpu"] == 1024
+
+
+@pytest.mark.skipif(not cpu_peak_supported(), reason="needs Linux /proc/self/status")
+def test_leaky_loop_that_runs_out_of_memory_is_reported_as_leaking():
+    # A CPU budget stands in for the device: memory in use above it is running out of memory.
+    cfg = RunConfig(model="resnet18", profile="smoke")
+    device = torch.device("cpu")
+    track_large_allocations()
+
+    def run(loop, fixed, budget=None, steps=4):
+        case = build(cfg)
+        release_free_memory()
+        gc.disable()  # as check_loops runs them
+        try:
+            return detect_leak("loop", loop(case, fixed), device, steps=steps, warmup=1,
+                               budget_bytes=budget)
+        finally:
+            case.close()
+            gc.enable()
+            gc.collect()
+
+    steady = run(reference_cycle, fixed=True)
+    assert not steady.out_of_memory and not steady.leaks
+    budget = max(steady.memory_bytes) + 32 * MIB
+    leaky = run(reference_cycle, fixed=False, budget=budget, steps=60)  # 4 MiB a step
+    assert leaky.out_of_memory and leaky.leaks and 0 < leaky.out_of_memory_after < 40
+    assert "over the budget" in leaky.error and leaky.verdict.startswith("LEAKS")
+    assert leaky.growth_bytes_per_step > 2 * MIB
+    fixed = run(reference_cycle, fixed=True, budget=budget)
+    assert not fixed.out_of_memory and not fixed.leaks
+    too_small = run(reference_cycle, fixed=True, budget=1)  # the first step cannot fit
+    assert too_small.out_of_memory_after == 0 and not too_small.leaks
+    assert too_small.verdict.startswith("does not fit")
+    # check_loops passes the budget to every loop and carries on after one ran out.
+    results = {r.name: r for r in check_loops(lambda: build(cfg), steps=3, budget_bytes=1)}
+    assert len(results) == 2 * len(LOOPS)
+    assert all(r.out_of_memory_after == 0 for r in results.values())
