@@ -281,6 +281,10 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
             reference = eager  # every rank checks its stage's gradients; dropped after the check
         case _:
             reference = eager
+    if cfg.compile:
+        # A fresh dynamo per compiled case: no compiled code, cache-size limit or recompile
+        # record (``guard_failures``, read into the record as ``dynamo_recompiles``) carried over.
+        torch._dynamo.reset()
     model = torch.compile(wrapped) if cfg.compile else wrapped
     optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(wrapped.parameters()))
     replicas = cfg.parallelism.replicas

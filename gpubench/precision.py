@@ -41,16 +41,28 @@ class Precision:
 
         fp32 means IEEE float32 everywhere: PyTorch enables TF32 for cuDNN convolutions by
         default, so it is switched off here, or "fp32" ResNet timings on Ampere+ would be TF32.
+
+        cuDNN benchmark mode is on for CUDA cases (``cudnn_benchmark``), as real training
+        scripts set it: each new convolution shape is autotuned once (in the check and warm-up
+        steps, before the timed rounds) and the fastest algorithm is kept.
         """
         tf32 = self.name == "tf32"
-        saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+        saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32,
+                 torch.backends.cudnn.benchmark)
         torch.set_float32_matmul_precision("high" if tf32 else "highest")
         torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = cudnn_benchmark(self.device_type)
         try:
             yield
         finally:
             torch.set_float32_matmul_precision(saved[0])
             torch.backends.cudnn.allow_tf32 = saved[1]
+            torch.backends.cudnn.benchmark = saved[2]
+
+
+def cudnn_benchmark(device_type: str) -> bool:
+    """Whether ``Precision.math_mode`` turns cuDNN benchmark mode on: for CUDA cases."""
+    return device_type == "cuda"
 
 
 def unsupported_reason(name: str, device_type: str) -> str | None:

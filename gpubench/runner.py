@@ -86,6 +86,9 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "global_batch": global_batch,
         "input_shape": cfg.workload.input_shape(micro_batch),
         "device_name": device_name(_device(cfg)),
+        "cudnn_benchmark": cfg.device == "cuda",  # Precision.math_mode turns it on for CUDA
+        "dynamo_recompiles": (sum(map(len, torch._dynamo.utils.guard_failures.values()))
+                              if cfg.compile and not cfg.multiprocess else None),
         "step_time_s": step_time_s,
         "step_time_iqr_s": q3 - q1,
         "samples_per_s": global_batch / step_time_s,
