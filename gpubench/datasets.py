@@ -7,16 +7,26 @@ interrupted generation is detected and redone; the hidden partial folder a kille
 is removed by the next generation in the same folder (or ``gpubench run``'s start). Loading costs
 what it costs in training: each image is a file read, a JPEG/PNG decode (PIL) and torchvision
 augmentations.
+
+Images are generated in parallel over the machine's cores (one process per core, each writing
+its share of the files into the private temporary folder), each image from its own random
+stream (seeded by the dataset's seed and the image's index), so the files and labels are the
+same whatever the number of processes. The PNG set is small (``SMALL_SETS``): a larger request
+is served by cycling over its files.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import multiprocessing
 import os
 import re
 import shutil
+import signal
 import tempfile
 from collections import OrderedDict
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +40,19 @@ from gpubench import atomic
 MANIFEST = "manifest.json"
 IMAGE_FORMATS = {"images-jpeg": ("JPEG", ".jpg"), "images-png": ("PNG", ".png")}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+SMALL_SETS = {"images-png": 512}
+"""Formats generated as a small set of files: the PNG set is an extra dataset, which one loader
+case reads for a few batches, and a PNG costs twice a JPEG to generate (its encoding) and six
+times its disk space. A request for more samples gets ``image_file_count`` files, which the
+dataset cycles over (each a real file read and decode)."""
+
+MAX_READS_PER_FILE = 16
+"""In a small set, a file is read at most this many times per epoch (more files beyond that)."""
+
+MIN_FILES_PER_PROCESS = 32
+"""Generation uses no more processes than this many files each keep busy (smaller sets are
+written in this process: starting workers would cost more than it saves)."""
 
 
 class DataError(ValueError):
@@ -108,23 +131,95 @@ def _synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def ensure_image_folder(root: Path, fmt: str, count: int, size: int, num_classes: int,
-                        seed: int = 0) -> Path:
-    """The folder of ``count`` encoded ``size``-pixel images, generated if missing or damaged."""
+def image_file_count(fmt: str, count: int) -> int:
+    """Files generated for a request of ``count`` samples: all of them, except for a small-set
+    format (``SMALL_SETS``), which gets its set size, or more where a file would otherwise be
+    read more than ``MAX_READS_PER_FILE`` times an epoch."""
+    small = SMALL_SETS.get(fmt)
+    if small is None:
+        return count
+    return min(count, max(small, -(-count // MAX_READS_PER_FILE)))
+
+
+def default_processes() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _write_images(folder: str, fmt: str, start: int, stop: int, size: int, num_classes: int,
+                  seed: int) -> list[tuple[str, int, int]]:
+    """Write images ``start``..``stop - 1`` into ``folder``; (name, bytes, label) of each. Image
+    ``i`` and its label come from a random stream of its own (seed, i): the same bytes
+    whichever process writes it."""
     pil_format, ext = IMAGE_FORMATS[fmt]
+    written = []
+    for i in range(start, stop):
+        rng = np.random.default_rng((seed, i))
+        name = f"{i:06d}{ext}"
+        path = Path(folder) / name
+        Image.fromarray(_synthetic_image(rng, size)).save(path, pil_format, quality=90)
+        written.append((name, path.stat().st_size, int(rng.integers(num_classes))))
+    return written
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Worker initializer: end this worker when the generating process dies (Linux), so that a
+    killed generation leaves no writer behind in its partial folder for the next generation
+    to race with while removing it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: workers end when their task queue closes
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        os._exit(1)
+
+
+def _generate_images(folder: Path, fmt: str, count: int, size: int, num_classes: int,
+                     seed: int, processes: int) -> list[tuple[str, int, int]]:
+    """(name, bytes, label) of ``count`` images written into ``folder`` by up to
+    ``processes`` processes, in index order."""
+    processes = max(1, min(processes, count // MIN_FILES_PER_PROCESS))
+    if processes == 1:
+        return _write_images(str(folder), fmt, 0, count, size, num_classes, seed)
+    chunk = -(-count // (4 * processes))  # several chunks per process: even finishing times
+    starts = range(0, count, chunk)
+    # fork: workers start at once, without re-importing torch (as DataLoader workers do).
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
+        futures = [pool.submit(_write_images, str(folder), fmt, start,
+                               min(start + chunk, count), size, num_classes, seed)
+                   for start in starts]
+        try:
+            return [row for future in futures for row in future.result()]
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # the running chunks, then out
+            raise
+
+
+def ensure_image_folder(root: Path, fmt: str, count: int, size: int, num_classes: int,
+                        seed: int = 0, processes: int | None = None) -> Path:
+    """The folder of ``count`` encoded ``size``-pixel images (of ``image_file_count`` files,
+    which a small-set format cycles over), generated if missing or damaged, by ``processes``
+    processes (default: one per core; the files do not depend on it)."""
     final = ensure_writable_dir(root) / f"{fmt}-{size}px-{count}-c{num_classes}-s{seed}"
     if _read_manifest(final) is not None:
         return final
     remove_stale_partials(root)
     tmp = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(final.name), dir=root))
-    rng = np.random.default_rng(seed)
-    files, labels = {}, {}
-    for i in range(count):
-        name = f"{i:06d}{ext}"
-        Image.fromarray(_synthetic_image(rng, size)).save(tmp / name, pil_format, quality=90)
-        files[name] = (tmp / name).stat().st_size
-        labels[name] = int(rng.integers(num_classes))
-    manifest = {"format": fmt, "size": size, "files": files, "labels": labels}
+    try:
+        written = _generate_images(tmp, fmt, image_file_count(fmt, count), size, num_classes,
+                                   seed, processes or default_processes())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed generation leaves nothing behind
+        raise
+    manifest = {"format": fmt, "size": size, "samples": count,
+                "files": {name: nbytes for name, nbytes, _ in written},
+                "labels": {name: label for name, _, label in written}}
     (tmp / MANIFEST).write_text(json.dumps(manifest))  # written last: marks the folder complete
     _publish(tmp, final)
     return final
@@ -142,6 +237,8 @@ class ImageFolderDataset(Dataset):
         self.folder = folder
         self.names = sorted(manifest["files"])
         self.labels = [manifest["labels"][n] for n in self.names]
+        # A small set (SMALL_SETS) holds fewer files than samples: sample i is file i mod n.
+        self.samples = manifest.get("samples", len(self.names))
         self.transform = v2.Compose([
             v2.RandomResizedCrop(image_size, antialias=True),
             v2.RandomHorizontalFlip(),
@@ -150,16 +247,19 @@ class ImageFolderDataset(Dataset):
         ])
 
     def __len__(self) -> int:
-        return len(self.names)
+        return self.samples
 
     def load(self, index: int) -> tuple[torch.Tensor, int]:
-        path = self.folder / self.names[index]
+        if not 0 <= index < self.samples:
+            raise IndexError(f"sample {index} of a dataset of {self.samples}")
+        file = index % len(self.names)
+        path = self.folder / self.names[file]
         try:
             with Image.open(path) as img:
                 pixels = np.array(img.convert("RGB"))
         except (OSError, ValueError) as err:
             raise DataError(f"cannot decode image {path}: {err}") from None
-        return torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), self.labels[index]
+        return torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), self.labels[file]
 
     def finish(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, torch.Tensor]:
         image, label = sample

@@ -168,3 +168,51 @@ def test_loader_probe_and_workers_do_not_outlive_the_case(tmp_path):
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("fmt", ["images-jpeg", "images-png"])
+def test_parallel_generation_writes_the_same_files_and_labels(tmp_path, fmt):
+    from gpubench.datasets import MIN_FILES_PER_PROCESS
+
+    count = 2 * MIN_FILES_PER_PROCESS + 5  # enough for two processes, chunks of unequal size
+    folders = [ensure_image_folder(tmp_path / f"p{n}", fmt, count, 24, 10, seed=3, processes=n)
+               for n in (1, 2)]
+    manifests = [json.loads((f / MANIFEST).read_text()) for f in folders]
+    assert manifests[0] == manifests[1] and len(manifests[0]["files"]) == count
+    for name in manifests[0]["files"]:
+        assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), name
+    assert len(set(manifests[0]["labels"].values())) > 1  # labels vary, and agree above
+    # A different seed gives different images.
+    other = ensure_image_folder(tmp_path / "seed4", fmt, count, 24, 10, seed=4, processes=2)
+    first = sorted(manifests[0]["files"])[0]
+    assert (other / first).read_bytes() != (folders[0] / first).read_bytes()
+
+
+def test_parallel_generation_leaves_no_workers_and_no_temporary_folder(tmp_path):
+    ensure_image_folder(tmp_path, "images-jpeg", 80, 16, 10, processes=2)
+    assert not multiprocessing.active_children()
+    assert [p.name for p in tmp_path.iterdir()] == ["images-jpeg-16px-80-c10-s0"]
+
+
+def test_png_set_is_small_and_cycled_over(tmp_path):
+    from gpubench.datasets import SMALL_SETS, image_file_count
+
+    small = SMALL_SETS["images-png"]
+    assert image_file_count("images-png", 4096) == image_file_count("images-png", 8192) == small
+    assert image_file_count("images-png", 40) == 40
+    assert image_file_count("images-jpeg", 4096) == 4096  # JPEG sets: every sample a file
+    count = small + 100
+    folder = ensure_image_folder(tmp_path, "images-png", count, 16, 10)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert len(manifest["files"]) == small and manifest["samples"] == count
+    ds = ImageFolderDataset(folder, image_size=8)
+    assert len(ds) == count
+    for i in (0, 7, small - 1):
+        image, label = ds.load(small + i if small + i < count else i)
+        torch.testing.assert_close(image, ds.load(i)[0])
+        assert label == ds.load(i)[1]
+    with pytest.raises(IndexError):
+        ds.load(count)
+    # The loader reads the whole request (DataLoader's sampler goes by len).
+    loader = build_loader(ds, LoaderConfig(), 64, seed=0)
+    assert len(loader) == count // 64
