@@ -137,10 +137,6 @@ def loader_cases(base: RunConfig) -> list[RunConfig]:
     if main == "synthetic":
         return [resident, *(base.with_(loader=LoaderConfig(num_workers=n))
                              for n in worker_counts() if n)]
-    if not workload.uses_channels_last:
-        # Cheap samples (token windows): workers and the cache, not the full knob sweep.
-        return [resident] + [base.with_(loader=LoaderConfig(dataset=main, num_workers=n))
-                             for n in (0, 2)]
     return [
         resident,
         *(base.with_(loader=replace(files, num_workers=n)) for n in worker_counts()),

@@ -106,6 +106,9 @@ def _record(case, rounds, *, model="m", profile="cpu", device="cpu", memory=1000
             baseline=False, mfu=0.1):
     median = float(np.median(rounds))
     extra = {f: None for f in REQUIRED_FIELDS}
+    extra.update({"accum_steps": 1, "micro_batch": 8, "world_size": 1, "optimizer": "sgd",
+                  "parallel": "single", "input_shape": [8, 4], "flops_per_step": 1,
+                  "tflops": 0.1})
     extra.update({
         "kind": "step", "case_id": case, "model": model, "profile": profile, "device": device,
         "is_baseline": baseline, "step_time_s": median, "step_time_iqr_s": 0.01,
@@ -180,11 +183,15 @@ def test_new_run_without_comparable_case_fails(tmp_path, capsys):
     crashed = _write(tmp_path / "crashed.json", [])
     other = _write(tmp_path / "smoke.json",
                    [_record("base", _rounds(2, 1.0), profile="smoke", baseline=True)])
-    for new in (crashed, other):
-        assert compare_main(_args(str(base), str(new), "--report-only")) == 2
-        out, err = capsys.readouterr()
-        assert "compared 0 case(s)" in out
-        assert len([line for line in err.splitlines() if "no case comparable" in line]) == 1
+    # A run whose cases all crashed holds no case at all: the reader refuses it, exit 2.
+    from gpubench.cli import main
+
+    assert main(["compare", str(base), str(crashed), "--report-only"]) == 2
+    assert "holds no cases" in capsys.readouterr().err
+    assert compare_main(_args(str(base), str(other), "--report-only")) == 2
+    out, err = capsys.readouterr()
+    assert "compared 0 case(s)" in out
+    assert len([line for line in err.splitlines() if "no case comparable" in line]) == 1
     assert "profile differs: cpu vs smoke" in "\n".join(environment_warnings(base, other))
 
 
@@ -274,9 +281,9 @@ def test_export_without_gpubench_records_raises(tmp_path):
     foreign = tmp_path / "foreign.json"
     foreign.write_text(json.dumps({"benchmarks": [
         {"name": "test_sum", "stats": {"data": [1.0, 1.1], "median": 1.05}}]}))
-    for path in (empty, foreign):
-        with pytest.warns(UserWarning):
-            df = load_results([path])
-        with pytest.raises(ResultsError, match="no measured gpubench case"):
-            write_github_json(df, tmp_path / "gh")
+    with pytest.raises(ResultsError, match="holds no cases"):  # refused by the reader
+        load_results([empty])
+    df = load_results([foreign])  # loads: a pytest-benchmark file without gpubench records
+    with pytest.raises(ResultsError, match="no measured gpubench case"):
+        write_github_json(df, tmp_path / "gh")
     assert not (tmp_path / "gh").exists()

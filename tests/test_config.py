@@ -7,7 +7,7 @@ from gpubench.config import LoaderConfig, RunConfig
     ("changes", "bad", "valid"),
     [
         ({"precision": "fp8"}, "'fp8'", "fp32, tf32, fp16, bf16"),
-        ({"model": "vgg"}, "'vgg'", "resnet18, resnet50, bert, gpt2"),
+        ({"model": "vgg"}, "'vgg'", "resnet18, resnet50, bert, gpt2, FILE.py:FACTORY"),
         ({"optimizer": "lamb"}, "'lamb'", "sgd, adam, adamw"),
         ({"optimizer_impl": "triton"}, "'triton'", "default, foreach, fused"),
         ({"profile": "huge"}, "'huge'", "smoke, cpu, gpu-small, gpu-full"),
@@ -15,7 +15,7 @@ from gpubench.config import LoaderConfig, RunConfig
         ({"accum_steps": 0}, "0", "positive integer"),
         ({"micro_batch": -2}, "-2", "positive integer"),
         ({"world_size": 2}, "2", "world_size 1"),
-        ({"model": "bert", "channels_last": True}, "'bert'", "resnet18, resnet50"),
+        ({"model": "bert", "channels_last": True}, "'bert'", "one 4-D tensor"),
     ],
 )
 def test_invalid_config_names_bad_value_and_valid_ones(changes, bad, valid):

@@ -87,23 +87,32 @@ def test_custom_workload_pipeline_and_model_parallel_match_unsplit(tmp_path):
 
 @pytest.mark.parametrize("spec", ["bert", "gpt2"])
 def test_transformer_stages_match_unsplit_model(spec):
-    """Model parallelism of the built-in transformers: loss and (untied) gradients equal."""
-    single = build(RunConfig(model=spec, profile="smoke"))
-    split = build(RunConfig(model=spec, profile="smoke", parallel="model", world_size=2))
-    inputs, targets = single.fixed_batches()[0]
-    a, b = single.model(inputs, targets), split.model(inputs, targets)
-    assert b.item() == pytest.approx(a.item(), rel=1e-6)
-    a.backward()
-    b.backward()
-    full = dict(single.model.named_parameters())
-    # Stage parameters by identity of the modules the split model reuses from the unsplit one.
+    """The built-in transformers split by blocks compute the unsplit loss and gradients (GPT-2's
+    split copy of the tied LM head aside, which has no counterpart)."""
+    case = build(RunConfig(model=spec, profile="smoke", micro_batch=4))
+    inputs, targets = case.fixed_batches()[0]
+    net, workload = case.model.net, case.workload
+    params = [p for p in case.model.parameters()]
+    full = case.model(inputs, targets)
+    full_grads = torch.autograd.grad(full, params, allow_unused=True)
+    stages = workload.stages(net, 2)
+    x = inputs
+    for stage in stages:
+        x = stage(x)
+    split = workload.loss_fn(x, targets)
+    assert split.item() == pytest.approx(full.item(), rel=1e-6)
+    shared = [p for p in params if any(p is q for s in stages for q in s.parameters())]
+    split_grads = torch.autograd.grad(split, shared, allow_unused=True)
+    by_id = {id(p): g for p, g in zip(params, full_grads, strict=True)}
+    tied = {id(net.net.lm_head.weight)} if spec == "gpt2" else set()
     checked = 0
-    for p in split.model.parameters():
-        match = [q for q in full.values() if q is p]
-        if match:
-            torch.testing.assert_close(p.grad, match[0].grad)
-            checked += 1
-    assert checked > 0
+    for p, g in zip(shared, split_grads, strict=True):
+        if id(p) in tied or g is None:
+            continue
+        torch.testing.assert_close(g, by_id[id(p)], rtol=1e-4, atol=1e-6)
+        checked += 1
+    assert checked > 10
+    case.close()
 
 
 def test_dict_inputs_and_loss_in_model_run_a_case():
