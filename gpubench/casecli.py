@@ -10,6 +10,7 @@ import inspect
 from dataclasses import MISSING, fields
 
 from gpubench import config
+from gpubench.argtypes import non_negative_int, positive_int
 from gpubench.config import (
     DEVICES,
     OPTIMIZER_IMPLS,
@@ -51,26 +52,6 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
-    return value
-
-
 def _add(parser: argparse.ArgumentParser, f, doc: str) -> None:
     flag = "--" + f.name.replace("_", "-")
     default = f.default if f.default is not MISSING else None
@@ -85,10 +66,10 @@ def _add(parser: argparse.ArgumentParser, f, doc: str) -> None:
         parser.add_argument(flag, default=default, choices=CHOICES[f.name],
                             help=f"{help_text} (default: {default})")
     elif f.name in ("num_workers", "seed"):
-        parser.add_argument(flag, type=_nonneg_int, default=default,
+        parser.add_argument(flag, type=non_negative_int, default=default,
                             help=f"{help_text} (default: {default})")
     elif f.type in ("int", "int | None"):
-        parser.add_argument(flag, type=_positive_int, default=default,
+        parser.add_argument(flag, type=positive_int, default=default,
                             help=f"{help_text} (default: {default})")
     else:
         parser.add_argument(flag, default=default, help=f"{help_text} (default: {default})")

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from gpubench import atomic
+from gpubench.argtypes import non_negative, non_negative_int, positive, positive_int
 from gpubench.cases import GROUPS, default_profile, profile_cases
 from gpubench.config import DEVICES, PROFILES
 from gpubench.results import ResultsError, load_results
@@ -446,16 +447,18 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a benchmark profile; write JSON, summary and charts")
     _add_run_selection(run)
     run.add_argument("--out", help="results folder (default: results/<profile>)")
-    run.add_argument("--rounds", type=int, default=0, help="timed rounds per case")
-    run.add_argument("--warmup", type=int, default=None,
+    run.add_argument("--rounds", type=non_negative_int, default=0,
+                     help="timed rounds per case (default, or 0: per profile)")
+    run.add_argument("--warmup", type=non_negative_int, default=None,
                      help="untimed warm-up rounds per case (default: per profile)")
-    run.add_argument("--max-time", type=float, default=None,
+    run.add_argument("--max-time", type=non_negative, default=None,
                      help="seconds of timed rounds per case; slower cases run fewer rounds, "
                      "at least 5 (default: per profile; 0: always the full rounds)")
-    run.add_argument("--timeout", type=float, default=None,
+    run.add_argument("--timeout", type=positive, default=None,
                      help="seconds a multi-process rank may take per command before the case "
                      "fails as hung (default 300)")
-    run.add_argument("--threads", type=int, default=0, help="torch.set_num_threads")
+    run.add_argument("--threads", type=non_negative_int, default=0,
+                     help="torch.set_num_threads (default, or 0: torch's choice)")
     run.add_argument("--slow", action="store_true", help="include slow cases (torch.compile)")
     run.add_argument("--data-dir", help="folder for generated on-disk datasets "
                      "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
@@ -501,11 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
     from gpubench.casecli import add_config_arguments
 
     add_config_arguments(case)
-    case.add_argument("--rounds", type=int, default=10, help="timed rounds (default 10)")
-    case.add_argument("--warmup", type=int, default=1, help="untimed warm-up rounds (default 1)")
-    case.add_argument("--max-time", type=float, default=None,
+    case.add_argument("--rounds", type=positive_int, default=10,
+                      help="timed rounds (default 10)")
+    case.add_argument("--warmup", type=non_negative_int, default=1,
+                      help="untimed warm-up rounds (default 1)")
+    case.add_argument("--max-time", type=non_negative, default=None,
                       help="seconds of timed rounds; slower steps run fewer rounds, at least 5")
-    case.add_argument("--timeout", type=float, default=300.0,
+    case.add_argument("--timeout", type=positive, default=300.0,
                       help="seconds a multi-process rank may take per command (default 300)")
     case.add_argument("-o", "--out", required=True, help="pytest-benchmark JSON file to write")
     case.set_defaults(func=cmd_case)

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from gpubench import atomic
+from gpubench.argtypes import bounded, non_negative
 from gpubench.results import ResultsError, load_results, read_benchmark_json, training_memory
 from gpubench.stats import can_reach_significance, mann_whitney_p
 from gpubench.summary import markdown_table
@@ -325,24 +326,8 @@ def compare_markdown(table: pd.DataFrame) -> str:
     return markdown_table(shown.astype(object).fillna("-"), COMPARE_COLUMNS)
 
 
-def _alpha(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
-    return value
-
-
-def _threshold(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+_alpha = bounded(float, low=0, high=1, open_low=True, open_high=True)
+_threshold = non_negative
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
