@@ -12,8 +12,19 @@ from gpubench import atomic
 from gpubench.argtypes import non_negative, non_negative_int, positive, positive_int
 from gpubench.cases import GROUPS, default_profile, profile_cases
 from gpubench.config import DEVICES, PROFILES
-from gpubench.results import ResultsError, load_results
-from gpubench.summary import summary_frame, summary_markdown
+
+
+def load_results(*args, **kwargs):
+    """``gpubench.results.load_results``, imported when used (pandas): ``--help`` stays fast."""
+    from gpubench.results import load_results as load
+
+    return load(*args, **kwargs)
+
+
+def summary_markdown(df):
+    from gpubench.summary import summary_markdown as markdown
+
+    return markdown(df)
 
 BUILTIN_MODELS = ("resnet18", "resnet50", "bert", "gpt2")
 SPEC_HELP = ("workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY, "
@@ -91,6 +102,8 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
         cmd.append(f"--gpubench-max-time={args.max_time}")
     if args.timeout is not None:
         cmd.append(f"--gpubench-timeout={args.timeout}")
+    if args.unpaired:
+        cmd.append("--gpubench-unpaired")
     if args.slow:
         cmd.append("--gpubench-slow")
     if args.threads:
@@ -320,6 +333,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_summary(args: argparse.Namespace) -> int:
     df = load_results(args.files)
     if args.csv:
+        from gpubench.summary import summary_frame
+
         summary_frame(df).to_csv(sys.stdout, index=False)
     else:
         print(summary_markdown(df))
@@ -362,6 +377,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         spec = df["workload"] if "workload" in df else df["model"]
         df = df[(df["model"] == args.model) | (spec == args.model)]
     if df.empty:
+        from gpubench.results import ResultsError
+
         raise ResultsError(f"no cases of model {args.model!r} in {', '.join(map(str, files))}")
     recs = None
     if not args.results:
@@ -442,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpubench", description="Benchmark PyTorch training acceleration techniques."
     )
+    from gpubench import __version__
+
+    parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a benchmark profile; write JSON, summary and charts")
@@ -459,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "fails as hung (default 300)")
     run.add_argument("--threads", type=non_negative_int, default=0,
                      help="torch.set_num_threads (default, or 0: torch's choice)")
+    run.add_argument("--unpaired", action="store_true",
+                     help="no paired baseline round before each timed round (faster; speedups "
+                     "then compare cases measured minutes apart)")
     run.add_argument("--slow", action="store_true", help="include slow cases (torch.compile)")
     run.add_argument("--data-dir", help="folder for generated on-disk datasets "
                      "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
@@ -481,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_report)
 
     cmp_ = sub.add_parser("compare", help="regression check of NEW against BASE")
-    from gpubench.compare import add_compare_arguments
+    from gpubench.compare_args import add_compare_arguments
 
     add_compare_arguments(cmp_)
     cmp_.set_defaults(func=cmd_compare)

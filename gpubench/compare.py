@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from gpubench import atomic
-from gpubench.argtypes import bounded, non_negative
+from gpubench.compare_args import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD
 from gpubench.results import ResultsError, load_results, read_benchmark_json, training_memory
 from gpubench.stats import can_reach_significance, mann_whitney_p
 from gpubench.summary import markdown_table
@@ -41,11 +41,11 @@ TOO_FEW = "too few rounds to decide"
 
 @dataclass(frozen=True, kw_only=True)
 class Thresholds:
-    time: float = 0.07
+    time: float = TIME_THRESHOLD
     """Minimum relative change of median step time that counts."""
-    memory: float = 0.02
+    memory: float = MEMORY_THRESHOLD
     """Minimum relative change of training memory that counts."""
-    alpha: float = 0.05
+    alpha: float = ALPHA
     """Significance level of the Mann-Whitney U test."""
 
     def __post_init__(self) -> None:
@@ -324,39 +324,6 @@ def compare_markdown(table: pd.DataFrame) -> str:
         shown[col] = shown[col].map(lambda v: "-" if pd.isna(v) else f"{100 * v:+.1f}%")
     shown["p_value"] = shown["p_value"].map(lambda v: "-" if pd.isna(v) else f"{v:.3f}")
     return markdown_table(shown.astype(object).fillna("-"), COMPARE_COLUMNS)
-
-
-_alpha = bounded(float, low=0, high=1, open_low=True, open_high=True)
-_threshold = non_negative
-
-
-def add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE",
-                   help="BASE [BASE ...] NEW: baseline pytest-benchmark JSON file(s), then the "
-                   "new one (several base files pool their rounds per case); with --base, "
-                   "only NEW")
-    p.add_argument("--base", action="append", default=[], metavar="BASE",
-                   help="a baseline file (repeatable); the positional FILE is then NEW alone")
-    p.add_argument("--time-threshold", type=_threshold, default=Thresholds.time,
-                   help="minimum relative change of median time that counts (default 0.07)")
-    p.add_argument("--memory-threshold", type=_threshold, default=Thresholds.memory,
-                   help="minimum relative change of training memory that counts "
-                   "(default 0.02)")
-    p.add_argument("--alpha", type=_alpha, default=Thresholds.alpha,
-                   help="significance level of the Mann-Whitney U test, in (0, 1) "
-                   "(default 0.05)")
-    p.add_argument("--normalized", action="store_true",
-                   help="compare speed relative to each run's own FP32 baseline case")
-    p.add_argument("--new-only", action="store_true",
-                   help="only cases NEW ran (a partial run): do not list the others as removed")
-    p.add_argument("--report-only", action="store_true",
-                   help="exit 0 despite regressions (for noisy shared machines); a NEW run "
-                   "without any comparable case still fails")
-    p.add_argument("--markdown", help="also write the table as Markdown to this file")
-    p.add_argument("--github-json", metavar="DIR",
-                   help="write NEW's figures for github-action-benchmark into DIR: "
-                   "smaller_is_better.json (time, memory) and bigger_is_better.json "
-                   "(throughput, MFU)")
 
 
 def split_files(args: argparse.Namespace) -> tuple[list[str], str]:

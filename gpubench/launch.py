@@ -14,8 +14,6 @@ import argparse
 import os
 import sys
 
-import torch.distributed as dist
-
 from gpubench.config import (
     DEVICES,
     OPTIMIZER_IMPLS,
@@ -25,11 +23,6 @@ from gpubench.config import (
     SCHEDULES,
     RunConfig,
 )
-from gpubench.distributed import LocalRanks, backend_for
-from gpubench.machine import default_device, machine_info
-from gpubench.measure import CaseProgram
-from gpubench.runner import run_case
-from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -55,6 +48,14 @@ def add_dist_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def dist_main(args: argparse.Namespace) -> int:
+    import torch.distributed as dist  # heavy imports here: the command line's --help stays fast
+
+    from gpubench.distributed import LocalRanks, backend_for
+    from gpubench.machine import default_device, machine_info
+    from gpubench.measure import CaseProgram
+    from gpubench.runner import run_case
+    from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+
     missing = [v for v in TORCHRUN_ENV if v not in os.environ]
     if missing:
         print(f"gpubench dist: run under torchrun (missing {', '.join(missing)}), e.g.\n"

@@ -8,15 +8,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from gpubench import atomic
-from gpubench.build import build
 from gpubench.cases import baseline, default_profile
 from gpubench.config import DEVICES, PROFILES, RunConfig
-from gpubench.frontier import find_frontier, parse_bytes
-from gpubench.leaks import allocator_stats, check_loops
-from gpubench.machine import default_device
 
 TECHNIQUES = {
     "fp32": {},
@@ -60,6 +54,13 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def memory_main(args: argparse.Namespace) -> int:
+    import torch  # heavy imports here: the command line's --help stays fast
+
+    from gpubench.build import build
+    from gpubench.frontier import find_frontier, parse_bytes
+    from gpubench.leaks import allocator_stats, check_loops
+    from gpubench.machine import default_device
+
     device = default_device() if args.device == "auto" else args.device
     profile = default_profile(device) if args.profile == "auto" else args.profile
     budget = parse_bytes(args.budget) if args.budget else None

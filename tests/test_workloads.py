@@ -10,11 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpubench.advice import advise
 from gpubench.build import Unsupported, build
 from gpubench.cases import profile_cases
 from gpubench.config import RunConfig
+from gpubench.frontier import find_frontier
+from gpubench.results import load_results
 from gpubench.runner import run_case
-from gpubench.standalone import StandaloneBenchmark
+from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+from gpubench.summary import summary_markdown
 from gpubench.workload import WorkloadError, resolve, validate
 
 HERE = Path(__file__).parent
@@ -52,13 +56,16 @@ def test_custom_workload_runs_every_case_with_builtin_fields(tmp_path, monkeypat
     check, and records the same fields as the built-in model's case of the same kind."""
     monkeypatch.setenv("GPUBENCH_DATA_DIR", str(tmp_path))
     builtin = run(RunConfig(model="bert", profile="smoke"))
-    ran = 0
+    ran, benches = 0, []
     for case in profile_cases("smoke", "cpu", (KWS,)):
+        bench = StandaloneBenchmark(case.id, "kws-smoke-cpu")
         try:
-            info = run(case.cfg)
+            info = run_case(bench, case.cfg, rounds=2, warmup_rounds=0, timeout_s=120)
         except Unsupported as why:
             assert case.cfg.parallel == "dp", why  # DataParallel needs CUDA
             continue
+        bench.extra_info["group"] = case.group
+        benches.append(bench)
         ran += 1
         assert info["model"] == "kws" and info["workload"] == KWS
         assert info["loss_first"] == pytest.approx(info["loss_reference"],
@@ -66,6 +73,16 @@ def test_custom_workload_runs_every_case_with_builtin_fields(tmp_path, monkeypat
         assert set(builtin) - set(info) == set(), case.id
         assert info["flops_per_step"] > 0 and info["activation_bytes"] > 0
     assert ran >= 12
+    # The results load, summarize and advise like a built-in model's.
+    write_benchmark_json(tmp_path / "kws.json", benches, {"device": "cpu"})
+    df = load_results([tmp_path / "kws.json"])
+    verdicts = {v.claim: v.verdict for v in advise(df)}
+    assert verdicts["AMP cuts training time ~30% and memory ~50% (bf16)"] != "inconclusive"
+    assert "kws-fp32" in summary_markdown(df)
+    # The OOM frontier on the CPU: a budget stands in for the device.
+    frontier = find_frontier(RunConfig(model=KWS, profile="smoke"), budget_bytes=8 * 2**30,
+                             limit=16)
+    assert frontier.max_batch == 16 and frontier.capped
 
 
 def test_custom_workload_pipeline_and_model_parallel_match_unsplit(tmp_path):
