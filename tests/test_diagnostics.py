@@ -108,6 +108,7 @@ def test_memory_report_searches_up_to_an_h200_on_cuda():
     assert MAX_BATCH["cuda"] >= 65536 and MAX_BATCH["cpu"] == 1024
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not cpu_peak_supported(), reason="needs Linux /proc/self/status")
 def test_leaky_loop_that_runs_out_of_memory_is_reported_as_leaking():
     # A CPU budget stands in for the device: memory in use above it is running out of memory.
