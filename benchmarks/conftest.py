@@ -119,6 +119,11 @@ class Options:
 
 
 def pytest_configure(config):
+    workers = getattr(config.option, "numprocesses", None)
+    if workers not in (None, 0, "0"):
+        raise pytest.UsageError(
+            f"-n {workers}: the benchmark cases time the whole machine and must run one at a "
+            "time; run them without pytest-xdist")
     config.gpubench = Options(config)
     data_dir = config.getoption("--gpubench-data-dir")
     if data_dir:

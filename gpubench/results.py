@@ -86,7 +86,7 @@ STATS_SCHEMA: dict[str, tuple[str, str]] = {
 """pytest-benchmark's ``stats`` as gpubench reads them (times in seconds); ``median`` is
 required, the others are checked where present."""
 
-KINDS = ("step", "claim", "overhead")
+KINDS = ("step", "claim", "overhead", "transfer")
 
 
 class ResultsError(ValueError):
