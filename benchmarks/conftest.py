@@ -18,7 +18,7 @@ ROUNDS = {"smoke": (3, 1), "cpu": (8, 1), "gpu-small": (30, 5), "gpu-full": (30,
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
 
 MAX_TIME_S = {"smoke": 2.0, "cpu": 3.0, "gpu-small": 5.0, "gpu-full": 10.0}
-"""Seconds of timed rounds per case; slower cases run fewer rounds (at least 5)."""
+"""Seconds of timed rounds per case; slower cases run fewer rounds (at least 6)."""
 
 
 def pytest_addoption(parser):

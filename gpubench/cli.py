@@ -473,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="untimed warm-up rounds per case (default: per profile)")
     run.add_argument("--max-time", type=non_negative, default=None,
                      help="seconds of timed rounds per case; slower cases run fewer rounds, "
-                     "at least 5 (default: per profile; 0: always the full rounds)")
+                     "at least 6 (default: per profile; 0: always the full rounds)")
     run.add_argument("--timeout", type=positive, default=None,
                      help="seconds a multi-process rank may take per command before the case "
                      "fails as hung (default 300)")
@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     case.add_argument("--warmup", type=non_negative_int, default=1,
                       help="untimed warm-up rounds (default 1)")
     case.add_argument("--max-time", type=non_negative, default=None,
-                      help="seconds of timed rounds; slower steps run fewer rounds, at least 5")
+                      help="seconds of timed rounds; slower steps run fewer rounds, at least 6")
     case.add_argument("--timeout", type=positive, default=300.0,
                       help="seconds a multi-process rank may take per command (default 300)")
     case.add_argument("-o", "--out", required=True, help="pytest-benchmark JSON file to write")

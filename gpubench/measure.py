@@ -36,8 +36,9 @@ from gpubench.memory import SavedActivations, read_peak, reset_peak, state_break
 LOADER_PROBE_BATCHES = 10
 """Batches the loader-only measurement reads after its first one."""
 
-MIN_ROUNDS = 5
-"""Timed rounds a case keeps however slow its step (the statistics need a sample)."""
+MIN_ROUNDS = 6
+"""Timed rounds a case keeps however slow its step: the statistics need a sample (with 5 paired
+rounds the Wilcoxon signed-rank test can never reach p < 0.05; with 6 it can)."""
 
 
 def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None) -> int:

@@ -460,6 +460,9 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
                 else 1
             if row.get("parallel") == "ddp" and speedup > devices * 1.05:
                 out.append(f"speedup above {devices} devices: implausible")
+        mfu = row.get("mfu")
+        if isinstance(mfu, float) and mfu > 1.0:
+            out.append("MFU above 100%: the measured matmul peak was too low (taken under load?)")
         eff = row.get("scaling_efficiency")
         if row.get("parallel") not in (None, "single") and isinstance(eff, float) and eff > 1.05:
             out.append("scaling efficiency above 100%: implausible")
