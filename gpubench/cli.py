@@ -402,6 +402,8 @@ def cmd_case(args: argparse.Namespace) -> int:
     from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
 
     device, profile = _resolve(args.device, args.profile)
+    if args.data_dir:
+        os.environ["GPUBENCH_DATA_DIR"] = args.data_dir  # inherited by worker processes
     check_specs((args.model,), profile)
     cfg = config_from_args(args, profile=profile, device=device)
     out = Path(args.out)
@@ -535,6 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds of timed rounds; slower steps run fewer rounds, at least 6")
     case.add_argument("--timeout", type=positive, default=300.0,
                       help="seconds a multi-process rank may take per command (default 300)")
+    case.add_argument("--data-dir", help="folder for generated on-disk datasets "
+                      "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
     case.add_argument("-o", "--out", required=True, help="pytest-benchmark JSON file to write")
     case.set_defaults(func=cmd_case)
 

@@ -162,7 +162,10 @@ class AutocastStage(nn.Module):
 
     def forward(self, x):
         with self.precision.autocast():
-            return self.stage(x)
+            out = self.stage(x)
+        # Activations cross to the next stage by point-to-point sends, which need contiguous
+        # tensors (a transpose in the user's model must not break the pipeline).
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
 
 
 class Pipeline(Single):
