@@ -13,7 +13,6 @@ import pytest
 
 from gpubench.compare import (
     Thresholds,
-    add_compare_arguments,
     compare_main,
     compare_runs,
     environment_warnings,
@@ -21,6 +20,7 @@ from gpubench.compare import (
     time_verdict,
     write_github_json,
 )
+from gpubench.compare_args import add_compare_arguments
 from gpubench.results import REQUIRED_FIELDS, ResultsError, load_results
 
 ROUNDS = 10  # the cpu profile's default rounds per case
