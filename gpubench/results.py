@@ -419,6 +419,9 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     paired = (df["speedup_paired"].astype(float) if "speedup_paired" in df
               else pd.Series(float("nan"), index=df.index))
     df["speedup"] = paired.where(paired.notna(), separate)
+    # The baseline is 1.0x by definition; its paired interval (against its own copy in the
+    # baseline worker) stays, as the noise floor of the run.
+    df.loc[df["is_baseline"] == True, "speedup"] = 1.0  # noqa: E712
     df["speedup_method"] = pd.Series("paired", index=df.index).where(paired.notna(), "separate")
     for side in ("low", "high"):
         col = f"speedup_paired_{side}"
