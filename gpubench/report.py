@@ -26,7 +26,9 @@ READING_GUIDE = """\
   FP32 baseline of the same model, profile and device (above 1 is faster). For a case with the
   baseline's global batch this equals baseline median step time ÷ case median step time; it
   stays fair for cases that process more samples per step (accumulation at constant
-  micro-batch, DDP). Whiskers are 95% bootstrap intervals from the raw rounds.
+  micro-batch, DDP). Each round of a case is paired with a baseline round taken a moment
+  before it; the speedup is the median of the per-round ratios and the whisker its 95% bootstrap
+  interval (rounds without pairs: an interval from the separately measured rounds).
 - **Training memory** is what the techniques change: on CUDA the allocator's peak; on the CPU
   the exact sum of parameters, gradients, optimizer state and the activations autograd saves
   for one micro-batch, per device or rank. The CPU process high-water mark (the summary's
