@@ -54,6 +54,10 @@ def pytest_addoption(parser):
     group.addoption("--gpubench-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help="seconds a multi-process case's rank may take per command before the "
                     f"case fails as hung (default {DEFAULT_TIMEOUT_S:g})")
+    group.addoption("--gpubench-trace", default="", metavar="DIR",
+                    help="after each case's timed rounds, profile a few steps: a Chrome trace "
+                    "per case (and rank) in DIR and the top operators in the record (default: "
+                    "off, the profiler is never entered)")
 
 
 class Options:
@@ -97,6 +101,7 @@ class Options:
         self.threads = config.getoption("--gpubench-threads")
         self.timeout_s = config.getoption("--gpubench-timeout")
         self.paired = not config.getoption("--gpubench-unpaired")
+        self.trace_dir = config.getoption("--gpubench-trace") or None
         self._baseline = None
 
     def paired_baseline(self, cfg):

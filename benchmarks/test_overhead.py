@@ -98,3 +98,34 @@ def test_harness_overhead(benchmark, overhead_model, options):
         harness_overhead=med["gpubench"] / med["handwritten"] - 1,
         note="benchmark time is one gpubench step plus one hand-written step",
     )
+
+
+def test_telemetry_overhead(benchmark, overhead_model, options):
+    """What the telemetry sampler (``gpubench.telemetry``) costs a step: the same case's steps
+    with the sampling thread sampling and paused, in alternating rounds of one run."""
+    from gpubench.telemetry import PERIOD_S, sampling_cost
+
+    profile = options.profile
+    if options.device == "cpu" and profile.startswith("gpu"):
+        pytest.skip("GPU profile on the CPU")
+    benchmark.group = "harness-overhead"
+    cfg = baseline(overhead_model, profile, options.device)
+    case = build(cfg)
+    for _ in range(max(options.warmup, 2)):
+        case.synced_step()
+    rounds = max(options.rounds, 20)
+    cost = benchmark.pedantic(sampling_cost, args=(case.synced_step, rounds, options.device),
+                              rounds=1, iterations=1)
+    case.close()
+    benchmark.extra_info.update(
+        kind="overhead",
+        case_id=f"telemetry-{cfg.name}",
+        model=cfg.name,
+        workload=cfg.model,
+        profile=profile,
+        device=options.device,
+        telemetry_period_s=PERIOD_S,
+        **{k: v for k, v in cost.items() if k.startswith("telemetry_")},
+        note="benchmark time is the whole alternating run; telemetry_overhead = total step "
+        "time sampling / total step time not sampling - 1",
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.build import Unsupported, unsupported_reason
+from gpubench.build import Unsupported
 from gpubench.runner import run_case
 
 
@@ -14,12 +14,12 @@ def test_step(benchmark, bench_case, options):
     cfg = bench_case.cfg
     benchmark.group = f"{cfg.name}-{cfg.profile}-{cfg.device}"
     benchmark.extra_info["group"] = bench_case.group
-    reason = unsupported_reason(cfg)
+    reason = bench_case.skip_reason()
     if reason:
         pytest.skip(reason)
     try:
         run_case(benchmark, cfg, rounds=options.rounds, warmup_rounds=options.warmup,
                  timeout_s=options.timeout_s, max_time_s=options.max_time_s,
-                 baseline=options.paired_baseline(cfg))
+                 baseline=options.paired_baseline(cfg), trace_dir=options.trace_dir)
     except Unsupported as why:
         pytest.skip(str(why))

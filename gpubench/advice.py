@@ -1,8 +1,9 @@
 """The advice check: each common speed-up claim, tested on this machine's measured cases.
 
 Each claim is split into its parts (AMP: time and memory), and each part is judged against the
-size the articles claim (``CLAIMED``), on its statistical basis (``gpubench.stats``), per sample
-so that cases with different batches compare fairly. Speed comes, in order of preference, from
+size the articles claim (``gpubench.claims.CLAIMS``, the data the paired benchmarks read too), on
+its statistical basis (``gpubench.stats``), per sample so that cases with different batches
+compare fairly. Speed comes, in order of preference, from
 the claim's own pair measured in alternating rounds, from the case's rounds each paired with a
 baseline round (``speedup_paired``), or from two separately measured cases (Mann-Whitney and a
 bootstrap interval of the ratio of medians). A part:
@@ -23,10 +24,12 @@ here* when the machine cannot show it (CUDA-only effects on a CPU).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
+from gpubench.claims import CLAIMS
 from gpubench.config import config_from_record, inert_techniques
 from gpubench.results import with_baseline_ratios
 from gpubench.stats import compare_independent, compare_paired
@@ -36,14 +39,6 @@ MIN_EFFECT = 0.05
 """Smallest relative change in speed that counts as an effect."""
 MIN_MEMORY_EFFECT = 0.05
 
-CLAIMED = {
-    "amp-time": (1.25, 1.67),  # "~30% less time": a 20-40% cut, 1.25x-1.67x the speed
-    "amp-memory": (0.4, 0.6),  # "~50% less memory": 40-60% of the baseline's
-    "loader-time": (1.2, 1.5),  # "~30% faster"
-    "cache-time": (0.95, float("inf")),  # "removes the loading cost": the no-loading bound
-    "accumulation-memory": (0.0, 1 - MIN_MEMORY_EFFECT),
-}
-"""The size each claimed effect must reach: speed ratios (above 1 is faster) or memory ratios."""
 
 
 @dataclass(frozen=True)
@@ -151,14 +146,16 @@ def compare_paired_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
 BASELINE_FIELDS = {
     "precision": "fp32", "accum_steps": 1, "optimizer": "sgd", "optimizer_impl": "default",
     "zero_grad_set_to_none": True, "empty_cache": False, "checkpointing": False,
-    "channels_last": False, "compile": False, "parallel": "single", "dataset": "synthetic",
+    "channels_last": False, "compile": False, "parallel": "single",
+    "dataset": "device-resident",
     "num_workers": 0, "cached": False, "pin_memory": False, "non_blocking": False,
+    "fsdp_mixed_precision": False,
 }
 """The baseline's configuration: ``_Cases.find`` matches every field not named otherwise."""
 
 
 def _same(value, wanted) -> bool:
-    if value is None or (isinstance(value, float) and value != value):
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return True  # a field the record lacks: an older file, taken at its default
     return bool(value == wanted)
 
@@ -180,18 +177,40 @@ class _Cases:
         self.device = sub["device"].iloc[0] if len(sub) else "cpu"
         self.peaks = sub["matmul_peak_tflops"].iloc[0] if "matmul_peak_tflops" in sub and len(
             sub) else None
+        self.defaults = dict(BASELINE_FIELDS)
+        base = sub[sub["is_baseline"] == True] if "is_baseline" in sub else sub.iloc[0:0]  # noqa: E712
+        if len(base) and isinstance(base["dataset"].iloc[0], str):
+            # Results measured before batches were device-resident by default: their baseline
+            # (and every technique case) read "synthetic" samples through the loader.
+            self.defaults["dataset"] = base["dataset"].iloc[0]
 
     def get(self, suffix: str) -> pd.Series | None:
         return self.rows.get(f"{self.model}-{suffix}")
 
     def find(self, **fields) -> pd.Series | None:
         """The measured case whose configuration has ``fields`` and otherwise the baseline's
-        (single device, synthetic data, SGD, fp32, ...): cases are found by configuration."""
-        wanted = {**BASELINE_FIELDS, **fields}
+        (single device, device-resident batches, SGD, fp32, ...): cases are found by
+        configuration."""
+        wanted = {**self.defaults, **fields}
         for row in self.rows.values():
             if all(_same(row.get(k), v) for k, v in wanted.items()):
                 return row
         return None
+
+    def claim_case(self, claim: str, side: str = "new") -> pd.Series | None:
+        """The measured case of one side of ``CLAIMS[claim]``, found by its configuration
+        (the claim's fields evaluated for this model's records), or None (not measured, or
+        the claim does not apply to this workload)."""
+        base = self.find()
+        if base is None:
+            return None
+        described = SimpleNamespace(  # what the claims' field functions read of a baseline
+            workload=SimpleNamespace(dataset_names=_own_datasets(self) or [], min_batch=1),
+            resolved_micro_batch=int(base["micro_batch"]))
+        fields = CLAIMS[claim].fields(side, described)
+        if fields is None:
+            return None
+        return self.find(**fields.pop("loader", {}), **fields)
 
     def speed(self, claim: str, base: pd.Series, new: pd.Series) -> tuple[SpeedComparison, str]:
         """From the claim's interleaved pair when measured; else, against the baseline, from
@@ -201,13 +220,17 @@ class _Cases:
             a = np.asarray(pair["rounds_base_s"]) / pair["global_batch_base"]
             b = np.asarray(pair["rounds_new_s"]) / pair["global_batch_new"]
             return compare_paired_rounds(a, b), "interleaved rounds"
+        # gpubench.telemetry: a case timed while the machine was contended says so in the why
+        busy = (" (measured under contention)"
+                if any(r.get("contended") is True for r in (base, new)) else "")
         if (base.get("is_baseline") is True and new.get("speedup_method") == "paired"
                 and pd.notna(new.get("speedup_low"))):
             p = new.get("speedup_paired_p")
             return SpeedComparison(float(new["speedup"]), float(p) if pd.notna(p) else 1.0,
                                    float(new["speedup_low"]), float(new["speedup_high"]),
-                                   "Wilcoxon signed-rank"), "rounds paired with baseline rounds"
-        return compare_speed(base, new), "separate cases"
+                                   "Wilcoxon signed-rank"), \
+                "rounds paired with baseline rounds" + busy
+        return compare_speed(base, new), "separate cases" + busy
 
 
 def _missing(model: str, claim: str, chart: str, what: str) -> Verdict:
@@ -215,62 +238,61 @@ def _missing(model: str, claim: str, chart: str, what: str) -> Verdict:
                    chart)
 
 
+def _range(claimed: tuple[float, float], memory: bool = False) -> str:
+    low, high = claimed
+    if memory:
+        return f"x{high:.2g} or less" if low == 0 else f"x{low:.2g}-{high:.2g}"
+    return f"{low:.3g}x or more" if high == float("inf") else f"{low:.3g}-{high:.3g}x"
+
+
 def check_amp(c: _Cases) -> list[Verdict]:
-    claim = "AMP cuts training time ~30% and memory ~50%"
     base = c.find()
     out = []
     for precision in ("fp16", "bf16"):
-        amp = c.find(precision=precision)
+        claim = CLAIMS[f"amp-{precision}"]
+        amp = c.claim_case(claim.key)
         if base is None or amp is None:
-            out.append(_missing(c.model, f"{claim} ({precision})", "speedup.png",
+            out.append(_missing(c.model, f"{claim.text} ({precision})", "speedup.png",
                                 f"{c.model}-fp32 and {c.model}-{precision}"))
             continue
-        speed, basis = c.speed(f"amp-{precision}", base, amp)
+        speed, basis = c.speed(claim.key, base, amp)
         memory = _memory(amp) / _memory(base)
-        parts = {"time": speed.judge(CLAIMED["amp-time"]),
-                 "memory": judge_memory(memory, CLAIMED["amp-memory"])}
-        why = (f"{basis}; time {parts['time']} (claimed 1.25-1.67x), memory {parts['memory']} "
-               f"(claimed x0.4-0.6)")
+        parts = {"time": speed.judge(claim.parts["time"]),
+                 "memory": judge_memory(memory, claim.parts["memory"])}
+        why = (f"{basis}; time {parts['time']} (claimed {_range(claim.parts['time'])}), "
+               f"memory {parts['memory']} (claimed {_range(claim.parts['memory'], True)})")
         if c.peaks and c.peaks.get(precision) and c.peaks.get("fp32"):
             fast, slow = c.peaks[precision], c.peaks["fp32"]
             why += (f"; measured matmul peak {precision} {fast:.3g} vs fp32 {slow:.3g} TFLOP/s")
             if fast < slow:
                 why += f": this device has no fast {precision} matrix units"
-        out.append(Verdict(c.model, f"{claim} ({precision})",
+        out.append(Verdict(c.model, f"{claim.text} ({precision})",
                            f"{speed.describe()}, memory x{memory:.2f}", combine_parts(parts),
                            why, "speedup.png"))
     return out
 
 
 def check_accumulation(c: _Cases) -> list[Verdict]:
-    claim = "gradient accumulation keeps the effective batch at lower memory"
+    claim = CLAIMS["accumulation"]
     base = c.find()
-    pair = c.pairs.get("accumulation")
-    if pair is not None and base is not None and pd.notna(pair.get("accum_steps_new")):
-        # The interleaved pair: its own k, and memory from its exact activation counts.
-        k = int(pair["accum_steps_new"])
-        fixed = base["param_bytes"] + base["grad_bytes"] + base["optimizer_state_bytes"]
-        memory = (pair["activation_bytes_new"] + fixed) / (pair["activation_bytes_base"] + fixed)
-        if base["device"] == "cuda":
-            row = c.find(accum_steps=k, global_batch=base["global_batch"])
-            memory = _memory(row) / _memory(base) if row is not None else memory
-        speed, basis = c.speed("accumulation", base, base)
-        return [_accumulation_verdict(c, claim, k, memory, speed, basis)]
-    pairs = [(k, r) for k in (2, 4) for r in c.rows.values()
-             if r["accum_steps"] == k and base is not None
-             and r["global_batch"] == base["global_batch"] and r["precision"] == "fp32"
-             and r["parallel"] == "single"]
-    if not pairs:
-        return [_missing(c.model, claim, "accumulation.png", "accumulation at constant batch")]
-    k, row = max(pairs, key=lambda p: p[0])
+    k = claim.new["accum_steps"]
+    # The claim's case: k micro-batches at the baseline's effective batch (its micro-batch is
+    # the baseline's / k, found by the global batch so that a workload's minimum batch holds).
+    row = None if base is None else next(
+        (r for r in c.rows.values() if r["accum_steps"] == k
+         and r["global_batch"] == base["global_batch"] and r["precision"] == "fp32"
+         and r["parallel"] == "single" and r.get("dataset") == base.get("dataset")), None)
+    if row is None:
+        return [_missing(c.model, claim.text, "accumulation.png",
+                         f"accumulation k={k} at constant batch")]
     memory = _memory(row) / _memory(base)
-    speed, basis = c.speed("accumulation", base, row)
-    return [_accumulation_verdict(c, claim, k, memory, speed, basis)]
+    speed, basis = c.speed(claim.key, base, row)
+    return [_accumulation_verdict(c, claim.text, k, memory, speed, basis)]
 
 
 def _accumulation_verdict(c: _Cases, claim: str, k: int, memory: float,
                           speed: SpeedComparison, basis: str) -> Verdict:
-    verdict = judge_memory(memory, CLAIMED["accumulation-memory"])
+    verdict = judge_memory(memory, CLAIMS["accumulation"].parts["memory"])
     return Verdict(c.model, claim, f"k={k}: memory x{memory:.2f}, {speed.describe()}", verdict,
                    f"{basis}; smaller micro-batches keep fewer activations (gradients and "
                    f"optimizer state stay); the price is {k} sequential micro-steps",
@@ -291,7 +313,8 @@ def _not_applicable(c: _Cases, claim: str, why: str, chart: str) -> Verdict:
 
 
 def check_loader_workers(c: _Cases) -> list[Verdict]:
-    claim = "more DataLoader workers and pinned, asynchronous copies speed training ~30%"
+    spec = CLAIMS["loader-workers"]
+    claim = spec.text
     own = _own_datasets(c)
     if own == []:
         return [_not_applicable(c, claim, "the workload has no dataset of its own: its batches "
@@ -310,7 +333,7 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
         return [_missing(c.model, claim, "loader.png", "on-disk data with 0 and more workers")]
     best = max(tuned, key=lambda r: r["samples_per_s"])
     speed = compare_speed(base, best)
-    verdict = speed.judge(CLAIMED["loader-time"])
+    verdict = speed.judge(spec.parts["time"])
     why = (f"separate cases; best: {best['case_id']}; stall {base['loader_stall_fraction']:.0%} -> "
            f"{best['loader_stall_fraction']:.0%}")
     if c.device == "cpu":
@@ -320,19 +343,18 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
 
 
 def check_cache(c: _Cases) -> list[Verdict]:
-    claim = "caching decoded samples removes the loading cost"
+    spec = CLAIMS["cache"]
+    claim = spec.text
     own = _own_datasets(c)
     if own == []:
         return [_not_applicable(c, claim, "the workload has no dataset of its own: nothing is "
                                 "decoded", "loader.png")]
-    files = own[0] if own else None
-    base = c.find(dataset=files) if files else None
-    cached = c.find(dataset=files, cached=True) if files else None
+    base, cached = c.claim_case(spec.key, "base"), c.claim_case(spec.key)
     pair = c.pairs.get("cache")
     if (base is None or cached is None) and pair is None:
         return [_missing(c.model, claim, "loader.png", "cached and uncached on-disk data")]
     speed, basis = c.speed("cache", base, cached)
-    resident = c.find(dataset="device-resident")
+    resident = c.find()  # the baseline: its batches are already on the device
     why = f"{basis}; the cache keeps the decode, augmentation still runs"
     if base is not None and cached is not None:
         why += (f"; stall {base['loader_stall_fraction']:.0%} -> "
@@ -342,13 +364,14 @@ def check_cache(c: _Cases) -> list[Verdict]:
         # "Removes the loading cost": the cached case reaches the no-loading bound.
         bound = cached["samples_per_s"] / resident["samples_per_s"]
         why += f"; {bound:.0%} of the device-resident bound (claimed: all of it)"
-        if verdict == "holds" and bound < CLAIMED["cache-time"][0]:
+        if verdict == "holds" and bound < spec.parts["time"][0]:
             verdict = "smaller than claimed"
     return [Verdict(c.model, claim, speed.describe(), verdict, why, "loader.png")]
 
 
 def check_ddp(c: _Cases) -> list[Verdict]:
-    claim = "DDP cuts training time to ~1/N"
+    spec = CLAIMS["ddp"]
+    claim = spec.text
     rows = [r for r in c.rows.values() if r["parallel"] == "ddp" and r["accum_steps"] == 1
             and r["precision"] == "fp32"]
     if not rows:
@@ -356,29 +379,31 @@ def check_ddp(c: _Cases) -> list[Verdict]:
     row = max(rows, key=lambda r: r["world_size"])
     eff = row.get("scaling_efficiency")
     measured = f"{row['case_id']}: scaling efficiency {eff:.0%}" if pd.notna(eff) else "-"
-    if c.device == "cpu":
+    if c.device not in spec.devices:
         return [Verdict(c.model, claim, measured, "not testable here",
                         f"needs {int(row['world_size'])} GPUs: on the CPU the ranks share the same "
                         "cores, so no speedup is possible; the figure shows the cost of gloo "
                         "communication only", "scaling.png")]
-    verdict = "holds" if eff >= 0.8 else "does not hold"
+    least = spec.parts["efficiency"][0]
+    verdict = "holds" if eff >= least else "does not hold"
     return [Verdict(c.model, claim, measured, verdict,
-                    "efficiency >= 80% counts as time cut to ~1/N", "scaling.png")]
+                    f"efficiency >= {least:.0%} counts as time cut to ~1/N", "scaling.png")]
 
 
 def check_empty_cache(c: _Cases) -> list[Verdict]:
-    claim = "torch.cuda.empty_cache() after every step helps"
-    base, row = c.find(), c.find(empty_cache=True)
+    spec = CLAIMS["empty-cache"]
+    claim = spec.text
+    base, row = c.find(), c.claim_case(spec.key)
     if base is None or row is None:
         return [_missing(c.model, claim, "speedup.png", "the emptycache case")]
-    speed, basis = c.speed("empty-cache", base, row)
-    if c.device != "cuda":
+    speed, basis = c.speed(spec.key, base, row)
+    if c.device not in spec.devices:
         return [Verdict(c.model, claim, speed.describe(), "not testable here",
                         "needs CUDA: the CPU allocator has no cache to empty", "speedup.png")]
     reserved = row["peak_reserved_bytes"] / base["peak_reserved_bytes"]
     # It helps if it is faster, or if it lowers the peak reserve without costing speed.
     speed_verdict = speed.decide()
-    lowers_reserve = reserved <= 1 - MIN_MEMORY_EFFECT and speed.ratio >= 1 - MIN_EFFECT
+    lowers_reserve = reserved <= spec.parts["reserved"][1] and speed.ratio >= 1 - MIN_EFFECT
     verdict = "holds" if speed_verdict == "holds" or lowers_reserve else (
         "inconclusive" if speed_verdict == "inconclusive" else "does not hold")
     return [Verdict(c.model, claim, f"{speed.describe()}, peak reserved x{reserved:.2f}",
@@ -387,14 +412,15 @@ def check_empty_cache(c: _Cases) -> list[Verdict]:
 
 
 def check_adamw(c: _Cases) -> list[Verdict]:
-    claim = "AdamW is faster than Adam"
+    spec = CLAIMS["adamw"]
+    claim = spec.text
     out = []
     for impl in ("default", "foreach", "fused"):
-        adam = c.find(optimizer="adam", optimizer_impl=impl)
-        adamw = c.find(optimizer="adamw", optimizer_impl=impl)
+        adam = c.find(**spec.base, optimizer_impl=impl)
+        adamw = c.find(**spec.new, optimizer_impl=impl)
         if adam is None or adamw is None:
             continue
-        speed, basis = c.speed("adamw", adam, adamw) if impl == "default" else (
+        speed, basis = c.speed(spec.key, adam, adamw) if impl == "default" else (
             compare_speed(adam, adamw), "separate cases")
         out.append(Verdict(c.model, f"{claim} ({impl})",
                            speed.describe(), speed.decide(),
@@ -405,10 +431,10 @@ def check_adamw(c: _Cases) -> list[Verdict]:
 
 
 def check_no_sync(c: _Cases) -> list[Verdict]:
-    claim = "no_sync during accumulation saves communication"
-    rows = {r["ddp_no_sync"]: r for r in c.rows.values()
-            if r["parallel"] == "ddp" and r["accum_steps"] > 1}
-    if set(rows) != {False, True}:
+    spec = CLAIMS["no-sync"]
+    claim = spec.text
+    rows = {False: c.claim_case(spec.key, "base"), True: c.claim_case(spec.key)}
+    if rows[False] is None or rows[True] is None:
         return [_missing(c.model, claim, "scaling.png", "DDP accumulation with and without "
                          "no_sync")]
     speed = compare_speed(rows[False], rows[True])
@@ -419,8 +445,40 @@ def check_no_sync(c: _Cases) -> list[Verdict]:
     return [Verdict(c.model, claim, speed.describe(), speed.decide(), why, "scaling.png")]
 
 
+def check_sharding(c: _Cases) -> list[Verdict]:
+    """S4: per-rank model state of DDP and FSDP at 2 ranks against one device's (exact bytes:
+    testable on any device). DDP keeps a full replica of the parameters, gradients and
+    optimizer state on every rank; FSDP shards all three."""
+    claim = "DDP keeps each GPU's optimizer state apart, reducing memory (S4)"
+    base, ddp = c.find(), c.find(parallel="ddp", world_size=2)
+    fsdp = c.find(parallel="fsdp", world_size=2)
+    if base is None or ddp is None or not base["optimizer_state_bytes"]:
+        return [_missing(c.model, claim, "memory.png", "the fp32 baseline and ddp2 cases")]
+
+    def ratios(row: pd.Series) -> tuple[float, float]:
+        model = row["param_bytes"] + row["grad_bytes"]
+        return (row["optimizer_state_bytes"] / base["optimizer_state_bytes"],
+                model / (base["param_bytes"] + base["grad_bytes"]))
+
+    ddp_opt, ddp_model = ratios(ddp)
+    verdict = judge_memory(ddp_opt, (0.0, 1 - MIN_MEMORY_EFFECT))
+    measured = (f"optimizer state per rank: DDP x{ddp_opt:.2f} of one device's "
+                f"({ddp['optimizer_state_bytes'] / 2**20:,.2f} MiB)")
+    why = (f"DDP replicates the optimizer state on every rank (and parameters + gradients: "
+           f"x{ddp_model:.2f}); only the all-reduced gradients are shared")
+    if fsdp is not None:
+        fsdp_opt, fsdp_model = ratios(fsdp)
+        measured += (f", FSDP x{fsdp_opt:.2f} "
+                     f"({fsdp['optimizer_state_bytes'] / 2**20:,.2f} MiB)")
+        why += (f"; FSDP shards it: x{fsdp_opt:.2f} per rank at 2 ranks (parameters + "
+                f"gradients x{fsdp_model:.2f})")
+    else:
+        why += "; FSDP, which shards it, not measured (fsdp2 case)"
+    return [Verdict(c.model, claim, measured, verdict, why, "memory.png")]
+
+
 CHECKS = (check_amp, check_accumulation, check_loader_workers, check_cache, check_ddp,
-          check_empty_cache, check_adamw, check_no_sync)
+          check_empty_cache, check_adamw, check_no_sync, check_sharding)
 
 
 def advise(df: pd.DataFrame) -> list[Verdict]:
@@ -459,17 +517,19 @@ def _speed_vs_baseline(baseline: pd.Series, row: pd.Series) -> SpeedComparison:
 
 
 def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recommendation]:
-    """Per model: the fastest single-device configuration (synthetic data, so that techniques
-    compare, not loaders; techniques that do nothing on this device left out) that keeps the
-    baseline's training recipe (the same effective batch and optimizer), whose peak memory fits
-    the budget and that beats the FP32 baseline significantly (Bonferroni-corrected over the
-    candidates, and by at least ``MIN_EFFECT``); the baseline itself when none does. A faster
-    configuration that changes the recipe is named in the note, not recommended."""
+    """Per model: the fastest single-device configuration (device-resident batches, so that
+    techniques compare, not loaders; techniques that do nothing on this device left out) that
+    keeps the baseline's training recipe (the same effective batch and optimizer), whose peak
+    memory fits the budget and that beats the FP32 baseline significantly (Bonferroni-corrected
+    over the candidates, and by at least ``MIN_EFFECT``); the baseline itself when none does. A
+    faster configuration that changes the recipe is named in the note, not recommended."""
     df = with_baseline_ratios(df)
     out = []
     for model in dict.fromkeys(df["model"].dropna()):
-        sub = df[(df["model"] == model) & df["step_time_s"].notna()
-                 & (df["parallel"] == "single") & (df["dataset"] == "synthetic")]
+        measured = df[(df["model"] == model) & df["step_time_s"].notna()]
+        base_rows = measured[measured["is_baseline"] == True]  # noqa: E712
+        dataset = base_rows["dataset"].iloc[0] if len(base_rows) else "device-resident"
+        sub = measured[(measured["parallel"] == "single") & (measured["dataset"] == dataset)]
         if sub.empty:
             continue
         # A technique that does nothing on this device can only "win" by measurement noise.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from gpubench.config import GENERATED_DATASETS, RunConfig
 from gpubench.data import Batch, Placement, WaitTimer, build_loader, endless, seed_worker
 from gpubench.datasets import CachedDataset, default_data_dir
 from gpubench.parallel import (
+    FSDP,
     DataParallel,
     DistributedDataParallel,
     ModelParallel,
@@ -134,7 +136,8 @@ class Case:
     devices: list[torch.device]
     """Every device this process's step runs on (several for dp and model parallelism)."""
     reference_model: nn.Module | None
-    """The plain FP32 model the check compares with (None on pipeline ranks without the loss)."""
+    """The plain FP32 model the check compares with (None on pipeline ranks without the loss;
+    FSDP: an unsharded copy of the initial model)."""
     model: nn.Module
     """The model as trained: wrapped by the parallel strategy, possibly compiled."""
     optimizer: torch.optim.Optimizer
@@ -219,6 +222,8 @@ def _strategy(cfg: RunConfig, rank: int, devices: list[torch.device],
             return DataParallel(cfg.world_size)
         case "ddp":
             return DistributedDataParallel(rank, cfg.world_size, devices[0], cfg.ddp_no_sync)
+        case "fsdp":
+            return FSDP(rank, cfg.world_size, devices[0], cfg.fsdp_mixed_precision)
         case "model":
             if cfg.device != "cuda":  # the stages share the CPU
                 devices = devices * cfg.world_size
@@ -250,8 +255,10 @@ def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset
 
 def _batches(cfg: RunConfig, loader: DataLoader, placement: Placement) -> WaitTimer:
     if cfg.loader.dataset == "device-resident":
-        # The upper bound: a few steps of batches placed on the device once, reused forever.
-        resident = [placement(b) for b in itertools.islice(endless(loader), len(loader))]
+        # One optimizer step of micro-batches, placed on the device once and reused every step:
+        # no collation or host-to-device copy in a timed round (and, held across the step, as
+        # little extra device memory as one step's inputs).
+        resident = [placement(b) for b in itertools.islice(endless(loader), cfg.accum_steps)]
         return WaitTimer(itertools.cycle(resident), lambda batch: batch)
     return WaitTimer(endless(loader), placement)
 
@@ -267,18 +274,23 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     devices = [torch.device(d) for d in cfg.parallelism.process_devices(cfg.device, local)]
     device = devices[0]
     micro_batch = cfg.resolved_micro_batch
-    precision = Precision(cfg.precision, device.type)
+    precision = Precision(cfg.precision, device.type, sharded=cfg.parallel == "fsdp")
     strategy = _strategy(cfg, rank, devices, precision)
     torch.manual_seed(cfg.seed)  # every rank and case of a model starts from the same weights
     eager: TrainModule = build_train_module(workload, checkpointing=cfg.checkpointing)
     memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
     eager = eager.to(device=device, memory_format=memory_format).train()
+    # FSDP shards the model in place (and cannot be copied after): the check's unsharded
+    # reference is copied first, and dropped after the check.
+    unsharded = copy.deepcopy(eager) if cfg.parallel == "fsdp" else None
     wrapped = strategy.wrap(eager)
     match cfg.parallel:
         case "model":
             reference = wrapped  # the split model computes exactly the unsplit function
         case "pipeline":
             reference = eager  # every rank checks its stage's gradients; dropped after the check
+        case "fsdp":
+            reference = unsharded
         case _:
             reference = eager
     if cfg.compile:

@@ -32,6 +32,43 @@ class BenchCase:
     def id(self) -> str:
         return self.cfg.id
 
+    def skip_reason(self) -> str | None:
+        """Why this machine does not run the case in its profile (``build.unsupported_reason``,
+        or ``budget_reason``), or None."""
+        from gpubench.build import unsupported_reason
+
+        return unsupported_reason(self.cfg) or budget_reason(self.cfg)
+
+
+def native_cpu_precisions() -> set[str]:
+    """Reduced precisions this CPU computes in hardware (AVX512-BF16 or AMX for bf16, AMX-FP16
+    for fp16); the others torch emulates, 5-15x slower than fp32."""
+    import torch
+
+    native = set()
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        native.add("bf16")
+    if torch.cpu._is_amx_fp16_supported():
+        native.add("fp16")
+    return native
+
+
+def budget_reason(cfg: RunConfig) -> str | None:
+    """Why the profile leaves out a case on this machine to keep within its time budget: on a
+    CPU that emulates the case's reduced precision, the precision group measures it alone
+    (answering the AMP claim) and its combinations with other techniques are left out (each
+    emulated step costs seconds and says nothing about a device with the units). ``gpubench
+    case`` runs any of them on request."""
+    if cfg.device != "cpu" or cfg.precision not in ("bf16", "fp16"):
+        return None
+    if cfg == cfg.baseline.with_(precision=cfg.precision):
+        return None
+    if cfg.precision in native_cpu_precisions():
+        return None
+    return (f"{cfg.precision} is emulated on this CPU (no AVX512-BF16/AMX units), about 10x "
+            f"slower than fp32: the precision group measures it alone, its combinations are "
+            f"left out of the {cfg.profile} profile's time budget (run it with gpubench case)")
+
 
 GROUPS = ("precision", "accumulation", "optimizer", "memory", "layout", "parallel", "loader",
           "compile")
@@ -99,6 +136,10 @@ def parallel_cases(base: RunConfig) -> list[RunConfig]:
         base.with_(parallel="ddp", world_size=2, accum_steps=2, ddp_no_sync=True),
         base.with_(parallel="ddp", world_size=2, precision="bf16"),
     ]
+    fsdp = [
+        base.with_(parallel="fsdp", world_size=2),
+        base.with_(parallel="fsdp", world_size=2, fsdp_mixed_precision=True),
+    ]
     dp = [base.with_(parallel="dp", world_size=n) for n in (1, 2)]
     split = []
     workload = base.workload
@@ -113,7 +154,7 @@ def parallel_cases(base: RunConfig) -> list[RunConfig]:
             base.with_(parallel="pipeline", world_size=2, chunks=chunks),
             base.with_(parallel="pipeline", world_size=2, chunks=chunks, schedule="1f1b"),
         ]
-    return [*ddp, *dp, *split]
+    return [*ddp, *fsdp, *dp, *split]
 
 
 def worker_counts() -> list[int]:
@@ -123,24 +164,25 @@ def worker_counts() -> list[int]:
 
 
 def loader_cases(base: RunConfig) -> list[RunConfig]:
-    """The data path: real on-disk data through every DataLoader knob, against the upper bound
-    of batches already on the device."""
-    resident = base.with_(loader=LoaderConfig(dataset="device-resident"))
+    """The data path: real on-disk data through every DataLoader knob, and in-memory samples
+    through the loader, against the baseline's batches already on the device (the upper
+    bound)."""
+    synthetic = base.with_(loader=LoaderConfig(dataset="synthetic"))
     workload = base.workload
     # The workload's own data path, else samples made by make_batch, through the loader.
     names = workload.dataset_names
     main = names[0] if names else "synthetic"
     if workload.dataset is None and names:  # only extra datasets: each with the defaults
-        return [resident] + [base.with_(loader=LoaderConfig(dataset=n)) for n in names]
+        return [synthetic] + [base.with_(loader=LoaderConfig(dataset=n)) for n in names]
     files = LoaderConfig(dataset=main)
     w = min(2, max(worker_counts()))
     many = LoaderConfig(dataset=main, num_workers=w)
     batch = base.resolved_micro_batch
     if main == "synthetic":
-        return [resident, *(base.with_(loader=LoaderConfig(num_workers=n))
-                             for n in worker_counts() if n)]
+        return [synthetic, *(base.with_(loader=replace(synthetic.loader, num_workers=n))
+                              for n in worker_counts() if n)]
     return [
-        resident,
+        synthetic,
         *(base.with_(loader=replace(files, num_workers=n)) for n in worker_counts()),
         base.with_(loader=replace(many, pin_memory=True)),
         base.with_(loader=replace(many, pin_memory=True, non_blocking=True)),
@@ -213,7 +255,8 @@ SMOKE_VARIANTS = frozenset({
     "-fp32", "-bf16", "-fp16", "-fp32-accum2-mb4", "-fp32-accum2-mb2", "-fp32-accum2-mb1",
     "-fp32-adamw_fused", "-fp32-zerofill", "-fp32-ckpt", "-fp32-cl", "-fp32-ddp2", "-fp32-dp2",
     "-fp32-pipeline2-chunks4", "-fp32-pipeline2-chunks2", "-fp32-model2",
-    "-fp32-device-resident", "-fp32-files", "-fp32-files-w2", "-fp32-files-cached", "-fp32-w2",
+    "-fp32-synthetic", "-fp32-files", "-fp32-files-w2", "-fp32-files-cached",
+    "-fp32-synthetic-w2",
 })
 """The smoke profile (tests, CI): a few cases per workload covering every code path of the
 step (``smoke_variant`` of each case)."""

@@ -52,6 +52,19 @@ class CheckResult:
     update_norm_ratio: float | None = None
 
 
+def check_precision(cfg) -> str:
+    """The precision whose tolerances apply: FSDP's mixed precision computes in bf16."""
+    return "bf16" if cfg.fsdp_mixed_precision else cfg.precision
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a sharded one (FSDP's DTensors: gathered from every rank, a
+    collective), the tensor itself otherwise."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def reference_chunks(case: Case) -> int:
     """How the technique splits each micro-batch for the loss (pipeline chunks; DataParallel
     replicas), so the reference normalizes the same way (BatchNorm statistics per chunk)."""
@@ -87,26 +100,39 @@ def reference_loss(case: Case, fixed: list) -> float | None:
 class _Reference:
     """The plain FP32 gradient of the same samples at the initial weights, and the update the
     same optimizer (default implementation, same hyper-parameters) makes from it, for every
-    trained parameter the reference model shares (DDP: averaged over the ranks, as DDP does)."""
+    trained parameter the reference model shares (DDP, FSDP: averaged over the ranks, as they
+    do).
+
+    FSDP trains sharded parameters of its own (DTensors) and keeps an unsharded copy of the
+    initial model as the reference: parameters are paired by name, and the trained side's
+    gradients and updates are compared whole (``_full``: gathered from all ranks)."""
 
     def __init__(self, case: Case, fixed: list):
         trained = [p for g in case.optimizer.param_groups for p in g["params"]]
-        shared = {id(p) for p in case.reference_model.parameters()}
-        self.params = [p for p in trained if id(p) in shared and p.requires_grad]
+        if case.cfg.parallel == "fsdp":
+            by_name = dict(case.reference_model.named_parameters())
+            named = [(p, by_name.get(n)) for n, p in case.strategy.module.named_parameters()]
+            own = {id(p): r for p, r in named if r is not None}
+            self.params = [p for p in trained if id(p) in own and p.requires_grad]
+            ref_params = [own[id(p)] for p in self.params]
+        else:
+            shared = {id(p) for p in case.reference_model.parameters()}
+            self.params = [p for p in trained if id(p) in shared and p.requires_grad]
+            ref_params = self.params
         objective = _reference_objective(case.reference_model, fixed, reference_chunks(case))
-        grads = torch.autograd.grad(objective, self.params, allow_unused=True)
+        grads = torch.autograd.grad(objective, ref_params, allow_unused=True)
         self.grads = [torch.zeros_like(p) if g is None else g.detach().float()
-                      for p, g in zip(self.params, grads, strict=True)]
-        if case.cfg.parallel == "ddp" and torch.distributed.is_initialized():
+                      for p, g in zip(ref_params, grads, strict=True)]
+        if case.cfg.parallel in ("ddp", "fsdp") and torch.distributed.is_initialized():
             flat = torch.cat([g.flatten() for g in self.grads])
             torch.distributed.all_reduce(flat)
             flat /= torch.distributed.get_world_size()
             self.grads = list(flat.split([g.numel() for g in self.grads]))
-            self.grads = [g.view_as(p) for g, p in zip(self.grads, self.params, strict=True)]
-        self.before = [p.detach().float().clone() for p in self.params]
+            self.grads = [g.view_as(p) for g, p in zip(self.grads, ref_params, strict=True)]
+        self.before = [p.detach().float().clone() for p in ref_params]
         from gpubench.build import build_optimizer
 
-        copies = [p.detach().float().clone().requires_grad_() for p in self.params]
+        copies = [p.detach().float().clone().requires_grad_() for p in ref_params]
         opt = build_optimizer(case.cfg.optimizer, "default", copies)
         for c, g in zip(copies, self.grads, strict=True):
             c.grad = g.clone()
@@ -117,12 +143,13 @@ class _Reference:
 
     def before_step(self, optimizer, args, kwargs) -> None:
         if self.seen_grads is None:
-            self.seen_grads = [torch.zeros_like(p, dtype=torch.float32) if p.grad is None
-                               else p.grad.detach().float().clone() for p in self.params]
+            self.seen_grads = [torch.zeros_like(b) if p.grad is None
+                               else _full(p.grad.detach()).float().clone()
+                               for p, b in zip(self.params, self.before, strict=True)]
 
     def after_step(self, optimizer, args, kwargs) -> None:
         if self.seen_updates is None:
-            self.seen_updates = [p.detach().float() - b
+            self.seen_updates = [_full(p.detach()).float() - b
                                  for p, b in zip(self.params, self.before, strict=True)]
 
 
@@ -176,16 +203,18 @@ def check_case(case: Case, steps: int = CHECK_STEPS) -> CheckResult:
     finally:
         for hook in hooks:
             hook.remove()
-    if case.cfg.parallel == "pipeline":
-        case.reference_model = None  # the full model would inflate this stage's peak memory
-    rtol = case.workload.tolerances.get(case.cfg.precision, LOSS_RTOL[case.cfg.precision])
+    if case.cfg.parallel in ("pipeline", "fsdp"):
+        # The full model would inflate this stage's (this shard's) peak memory.
+        case.reference_model = None
+    precision = check_precision(case.cfg)
+    rtol = case.workload.tolerances.get(precision, LOSS_RTOL[precision])
     if len(losses) < steps:
         raise TrainingCheckError(f"{cid}: GradScaler skipped {skipped} steps (gradients overflow)")
     agreement = {}
     if grad_ref is not None and grad_ref.params:
         if grad_ref.seen_grads is None or grad_ref.seen_updates is None:
             raise TrainingCheckError(f"{cid}: the optimizer never stepped")
-        cos_tol, norm_tol = GRAD_TOL[case.cfg.precision]
+        cos_tol, norm_tol = GRAD_TOL[precision]
         for what, got, want in (("gradient", grad_ref.seen_grads, grad_ref.grads),
                                 ("update", grad_ref.seen_updates, grad_ref.updates)):
             cosine, ratio = _agreement(got, want)

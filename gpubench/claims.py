@@ -1,25 +1,110 @@
-"""Paired, interleaved measurements for the advice check.
+"""The claims of the source articles as data (``CLAIMS``), and the interleaved pairs of those
+whose comparison side is not the baseline.
 
 Two cases measured one after the other see different machine conditions: on a shared 2-core
 machine, blocks of steps taken tens of seconds apart differ by 10-20%, more than most of the
-effects the claims are about. So each claim's pair (the baseline and the technique) is built
-side by side and timed in alternating rounds (A B, B A, A B, ...), and the verdict compares those
-rounds. Each pair is one benchmark in the ``claims`` group.
+effects the claims are about. Every case's rounds are already paired with baseline rounds
+(``measure.PairedBaseline``); a claim comparing two other configurations (Adam against AdamW,
+uncached against cached data) has its two sides built side by side and timed in alternating
+rounds (A B, B A, A B, ...), one benchmark in the ``claims`` group.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gpubench.build import Unsupported, unsupported_reason
 from gpubench.config import LoaderConfig, RunConfig
-from gpubench.measure import InProcess
+
+
+def _own_dataset(base: RunConfig) -> str | None:
+    names = base.workload.dataset_names
+    return names[0] if names else None
+
+
+def _quarter_batch(base: RunConfig) -> int:
+    return max(base.workload.min_batch, base.resolved_micro_batch // 4)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the source articles, as data: what it says, how large each part of the
+    effect is claimed to be, and which two configurations it compares. The verdicts
+    (``gpubench.advice``) and the interleaved pairs (``claim_pairs``) both read it."""
+
+    key: str
+    text: str
+    parts: dict
+    """Part -> claimed range: speed ratios (above 1 is faster) for ``time``, ratios to the
+    base's for ``memory``."""
+    new: dict
+    """Fields of the technique's configuration (values may be functions of the baseline
+    ``RunConfig``; a ``loader`` dict becomes a ``LoaderConfig``)."""
+    base: dict = field(default_factory=dict)
+    """Fields of the side it is compared with ({}: the model's baseline)."""
+    interleaved: bool = False
+    """Timed as its own pair in alternating rounds (``claim_pairs``): for a base that is not
+    the baseline (whose rounds every case is already paired with)."""
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    """Where the claim can show (elsewhere: *not testable here*)."""
+
+    def fields(self, side: str, base: RunConfig) -> dict | None:
+        """The side's configuration fields for ``base`` (None: not applicable to it)."""
+        out = {}
+        for name, value in (self.new if side == "new" else self.base).items():
+            value = value(base) if callable(value) else value
+            if value is None:
+                return None
+            out[name] = value
+        return out
+
+    def config(self, side: str, base: RunConfig) -> RunConfig | None:
+        fields = self.fields(side, base)
+        if fields is None:
+            return None
+        loader = fields.pop("loader", None)
+        if loader is not None:
+            fields["loader"] = LoaderConfig(**loader)
+        return base.with_(**fields)
+
+
+_CACHED = {"loader": lambda b: None if _own_dataset(b) is None
+           else {"dataset": _own_dataset(b), "cached": True}}
+_FILES = {"loader": lambda b: None if _own_dataset(b) is None else {"dataset": _own_dataset(b)}}
+
+CLAIMS = {c.key: c for c in (
+    Claim("amp-fp16", "AMP cuts training time ~30% and memory ~50%",
+          {"time": (1.25, 1.67), "memory": (0.4, 0.6)}, {"precision": "fp16"}),
+    Claim("amp-bf16", "AMP cuts training time ~30% and memory ~50%",
+          {"time": (1.25, 1.67), "memory": (0.4, 0.6)}, {"precision": "bf16"}),
+    Claim("accumulation", "gradient accumulation keeps the effective batch at lower memory",
+          {"memory": (0.0, 0.95)}, {"accum_steps": 4, "micro_batch": _quarter_batch}),
+    Claim("loader-workers",
+          "more DataLoader workers and pinned, asynchronous copies speed training ~30%",
+          {"time": (1.2, 1.5)}, {"loader": lambda b: None if _own_dataset(b) is None
+                                 else {"dataset": _own_dataset(b), "num_workers": 2}},
+          base=_FILES),
+    Claim("cache", "caching decoded samples removes the loading cost",
+          {"time": (0.95, float("inf"))}, _CACHED, base=_FILES, interleaved=True),
+    Claim("ddp", "DDP cuts training time to ~1/N",
+          {"efficiency": (0.8, float("inf"))}, {"parallel": "ddp", "world_size": 2},
+          devices=("cuda",)),
+    Claim("empty-cache", "torch.cuda.empty_cache() after every step helps",
+          {"time": (1.05, float("inf")), "reserved": (0.0, 0.95)}, {"empty_cache": True},
+          devices=("cuda",)),
+    Claim("adamw", "AdamW is faster than Adam", {"time": (1.05, float("inf"))},
+          {"optimizer": "adamw"}, base={"optimizer": "adam"}, interleaved=True),
+    Claim("no-sync", "no_sync during accumulation saves communication",
+          {"time": (1.05, float("inf"))},
+          {"parallel": "ddp", "world_size": 2, "accum_steps": 2, "ddp_no_sync": True},
+          base={"parallel": "ddp", "world_size": 2, "accum_steps": 2}),
+)}
+"""Every claim the verdicts judge; the interleaved ones also get their own paired benchmark."""
 
 
 @dataclass(frozen=True)
 class ClaimPair:
     claim: str
-    """Key of the claim in ``gpubench.advice`` (amp-bf16, accumulation, adamw, ...)."""
+    """Key of the claim in ``CLAIMS``."""
     base: RunConfig
     new: RunConfig
 
@@ -29,31 +114,23 @@ class ClaimPair:
 
 
 def claim_pairs(model: str, profile: str, device: str) -> list[ClaimPair]:
-    base = RunConfig(model=model, profile=profile, device=device)
-    # Accumulation at constant effective batch: k=4 micro-batches of a quarter of the batch.
-    quarter = max(base.workload.min_batch, base.resolved_micro_batch // 4)
-    pairs = [
-        ClaimPair("amp-bf16", base, base.with_(precision="bf16")),
-        ClaimPair("accumulation", base, base.with_(accum_steps=4, micro_batch=quarter)),
-        ClaimPair("adamw", base.with_(optimizer="adam"), base.with_(optimizer="adamw")),
-    ]
-    if device == "cuda":
-        pairs += [
-            ClaimPair("amp-fp16", base, base.with_(precision="fp16")),
-            ClaimPair("empty-cache", base, base.with_(empty_cache=True)),
-        ]
-    own = base.workload.dataset_names
-    if own:
-        # Not the loader-workers claim: a side with workers keeps prefetching while the other
-        # side runs, which would bias alternating rounds; it is judged from the loader cases.
-        files = LoaderConfig(dataset=own[0])
-        pairs.append(ClaimPair("cache", base.with_(loader=files),
-                               base.with_(loader=LoaderConfig(dataset=own[0], cached=True))))
+    """The interleaved pairs of ``CLAIMS`` that apply to ``model`` on ``device``."""
+    baseline = RunConfig(model=model, profile=profile, device=device)
+    pairs = []
+    for claim in CLAIMS.values():
+        if not claim.interleaved or device not in claim.devices:
+            continue
+        base, new = claim.config("base", baseline), claim.config("new", baseline)
+        if base is not None and new is not None:
+            pairs.append(ClaimPair(claim.key, base, new))
     return pairs
 
 
 def measure_pair(benchmark, pair: ClaimPair, rounds: int, warmup_rounds: int) -> dict:
     """Check both sides, then time them in alternating rounds; fill ``benchmark.extra_info``."""
+    from gpubench.build import Unsupported, unsupported_reason
+    from gpubench.measure import InProcess
+
     for cfg in (pair.base, pair.new):
         reason = unsupported_reason(cfg)
         if reason:

@@ -110,6 +110,10 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
         cmd.append(f"--gpubench-threads={args.threads}")
     if args.data_dir:
         cmd.append(f"--gpubench-data-dir={args.data_dir}")
+    if getattr(args, "trace", False):  # traces beside the results: <out>/traces/
+        from gpubench.trace import TRACES_DIR_NAME
+
+        cmd.append(f"--gpubench-trace={json_path.parent / TRACES_DIR_NAME}")
     if args.k:
         cmd += ["-k", args.k]
     return cmd
@@ -139,13 +143,21 @@ def _folder_problem(path: Path) -> str | None:
 
 def _ours_only(folder: Path) -> bool:
     """Whether ``folder`` holds only files of the kinds a run writes (results, tables, charts,
-    report), so that replacing it as a whole loses nothing of the user's."""
+    report; traces in ``traces/``), so that replacing it as a whole loses nothing of the
+    user's."""
     import os
 
+    from gpubench.trace import TRACES_DIR_NAME
+
+    def ours(e: os.DirEntry) -> bool:
+        if e.name == TRACES_DIR_NAME and e.is_dir(follow_symlinks=False):
+            return all(t.is_file(follow_symlinks=False) and t.name.endswith(".json")
+                       for t in os.scandir(e.path))
+        return (e.is_file(follow_symlinks=False)
+                and e.name.endswith((".json", ".md", ".html", ".png", ".svg", ".csv")))
+
     try:
-        return all(e.is_file(follow_symlinks=False)
-                   and e.name.endswith((".json", ".md", ".html", ".png", ".svg", ".csv"))
-                   for e in os.scandir(folder))
+        return all(ours(e) for e in os.scandir(folder))
     except OSError:
         return False
 
@@ -181,6 +193,9 @@ def _publish_folder(staging: Path, out: Path) -> None:
     else:
         names = sorted(p.name for p in staging.iterdir())
         for name in sorted(names, key=lambda n: n == "benchmark.json"):  # the results last
+            if (staging / name).is_dir() and (out / name).is_dir() \
+                    and not (out / name).is_symlink():  # traces/: the new run's replace it
+                shutil.rmtree(out / name)
             os.replace(staging / name, out / name)
 
 
@@ -318,12 +333,10 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from gpubench.build import unsupported_reason
-
     device, profile = _resolve(args.device, args.profile)
     models = check_specs(model_specs(args), profile) or None
     for case in profile_cases(profile, device, models, group_list(args.groups) or None):
-        reason = unsupported_reason(case.cfg)
+        reason = case.skip_reason()
         extra = " (slow)" if case.slow else ""
         extra += f"  skips here: {reason}" if reason else ""
         print(f"{case.id:42s} {case.group:13s}{extra}")
@@ -488,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="folder for generated on-disk datasets "
                      "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
     run.add_argument("-k", help="pytest -k expression selecting cases by id")
+    run.add_argument("--trace", action="store_true",
+                     help="after each case's timed rounds, profile a few steps: a Chrome trace "
+                     "per case (and rank) in <out>/traces/ and its top operators in the record")
     run.add_argument("--no-charts", action="store_true", help="skip the charts and report")
     run.set_defaults(func=cmd_run)
 

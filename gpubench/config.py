@@ -17,14 +17,15 @@ DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
-PARALLELS = ("single", "dp", "ddp", "model", "pipeline")
-MULTIPROCESS_PARALLELS = ("ddp", "pipeline")
-"""Strategies that run one process per rank (DDP replicas, pipeline stages)."""
+PARALLELS = ("single", "dp", "ddp", "fsdp", "model", "pipeline")
+MULTIPROCESS_PARALLELS = ("ddp", "fsdp", "pipeline")
+"""Strategies that run one process per rank (DDP and FSDP replicas, pipeline stages)."""
 SPLIT_PARALLELS = ("model", "pipeline")
 """Strategies that split the model into stages (workloads with ``stages``)."""
-GENERATED_DATASETS = ("synthetic", "device-resident")
-"""Datasets every workload has: samples made by its ``make_batch``, held in host memory and
-collated by the loader, or already on the device. Other names are the workload's own."""
+GENERATED_DATASETS = ("device-resident", "synthetic")
+"""Datasets every workload has: batches made by its ``make_batch`` and placed on the device once
+(the default: the technique groups measure the step, not the host), or samples held in host
+memory, collated by the loader and copied each step. Other names are the workload's own."""
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -49,10 +50,12 @@ def _check_positive_int(name: str, value: object, *, allow_none: bool = False) -
 class LoaderConfig:
     """How batches reach the training step (a ``torch.utils.data.DataLoader``)."""
 
-    dataset: str = "synthetic"
-    """Where samples come from: ``synthetic`` (samples made by the workload's ``make_batch``,
-    held in host memory, collated by the loader); ``device-resident`` (batches already on the
-    device: the no-loading upper bound); or one of the workload's own datasets by name (the
+    dataset: str = "device-resident"
+    """Where samples come from: ``device-resident`` (the default: one optimizer step of batches
+    made by the workload's ``make_batch``, placed on the device once and reused, so that a timed
+    step measures the technique, not collation and host-to-device copies; the no-loading upper
+    bound of the loader cases); ``synthetic`` (the same samples held in host memory, collated by
+    the loader and copied every step); or one of the workload's own datasets by name (the
     built-in image models: ``images-jpeg`` / ``images-png``, encoded files decoded with PIL and
     augmented with torchvision; the built-in token models: ``tokens-mmap``, windows of a
     memory-mapped token file)."""
@@ -89,9 +92,13 @@ class LoaderConfig:
                 f"cached applies to a workload's own datasets; got dataset {self.dataset!r}"
             )
         resident = self.dataset == "device-resident"
-        if resident and replace(self, dataset="synthetic") != LoaderConfig():
-            raise ValueError("dataset 'device-resident' bypasses the loader: leave its other "
-                             "settings at their defaults")
+        if resident and replace(self, dataset="synthetic") != LoaderConfig(dataset="synthetic"):
+            raise ValueError(
+                "dataset 'device-resident' (the default) bypasses the loader: loader settings "
+                "need dataset 'synthetic' or one of the workload's own datasets; got "
+                + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                            if f.name != "dataset"
+                            and getattr(self, f.name) != getattr(LoaderConfig(), f.name)))
         if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
             raise ValueError(
                 "prefetch_factor and persistent_workers need num_workers > 0; "
@@ -138,13 +145,20 @@ class RunConfig:
     """Wrap the model in ``torch.compile`` (needs a C++ compiler on the CPU)."""
     parallel: str = "single"
     """How the step is spread over devices: single; dp (``nn.DataParallel``, one process, CUDA
-    only); ddp (``DistributedDataParallel``, one process per rank); model (the workload's stages
-    over devices in one process); pipeline (stages in one process each, fed micro-batches by a
+    only); ddp (``DistributedDataParallel``, one process per rank); fsdp (FSDP2's
+    ``fully_shard``, one process per rank: parameters, gradients and optimizer state sharded over
+    the ranks, each block gathered for its forward and backward; with accumulation, gradients
+    are reduced on the last micro-batch only); model (the workload's stages over devices in one
+    process); pipeline (stages in one process each, fed micro-batches by a
     ``torch.distributed.pipelining`` schedule)."""
     world_size: int = 1
-    """Devices (dp, model) or processes (ddp, pipeline) taking part in the step."""
+    """Devices (dp, model) or processes (ddp, fsdp, pipeline) taking part in the step."""
     ddp_no_sync: bool = False
     """DDP with accumulation: skip the gradient all-reduce on all but the last micro-batch."""
+    fsdp_mixed_precision: bool = False
+    """FSDP's own mixed precision (``MixedPrecisionPolicy``: bf16 parameters for forward and
+    backward, gradients reduced in fp32, fp32 sharded parameters for the optimizer) instead of
+    autocast; needs parallel fsdp and precision fp32."""
     chunks: int = 1
     """Pipeline micro-batches per micro-batch (the schedule splits each batch into this many)."""
     schedule: str = "gpipe"
@@ -162,7 +176,7 @@ class RunConfig:
         _check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _check_choice("parallel", self.parallel, PARALLELS)
         for name in ("zero_grad_set_to_none", "empty_cache", "checkpointing", "channels_last",
-                     "compile", "ddp_no_sync"):
+                     "compile", "ddp_no_sync", "fsdp_mixed_precision"):
             _check_bool(name, getattr(self, name))
         _check_positive_int("accum_steps", self.accum_steps)
         _check_positive_int("micro_batch", self.micro_batch, allow_none=True)
@@ -185,6 +199,9 @@ class RunConfig:
                                  f"got {self.world_size!r}")
         if self.ddp_no_sync and self.parallel != "ddp":
             raise ValueError(f"ddp_no_sync needs parallel 'ddp'; got {self.parallel!r}")
+        if self.fsdp_mixed_precision and (self.parallel != "fsdp" or self.precision != "fp32"):
+            raise ValueError("fsdp_mixed_precision needs parallel 'fsdp' and precision 'fp32'; "
+                             f"got parallel {self.parallel!r}, precision {self.precision!r}")
         if self.parallel != "pipeline" and (self.chunks != 1 or self.schedule != "gpipe"):
             raise ValueError(
                 f"chunks and schedule apply to parallel 'pipeline'; got {self.parallel!r}"
@@ -273,6 +290,8 @@ class RunConfig:
             parts.append(f"{self.parallel}{self.world_size}")
         if self.ddp_no_sync:
             parts.append("nosync")
+        if self.fsdp_mixed_precision:
+            parts.append("mp")
         if self.chunks != 1:
             parts.append(f"chunks{self.chunks}")
         if self.schedule != "gpipe":
@@ -317,7 +336,7 @@ class Parallelism:
 
     @property
     def multiprocess(self) -> bool:
-        """One worker process per rank (DDP replicas, pipeline stages)."""
+        """One worker process per rank (DDP and FSDP replicas, pipeline stages)."""
         return self.kind in MULTIPROCESS_PARALLELS
 
     @property
@@ -326,9 +345,10 @@ class Parallelism:
 
     @property
     def replicas(self) -> int:
-        """Model replicas that each consume their own micro-batches (DDP); DataParallel splits
-        one micro-batch over its devices, model and pipeline stages share one."""
-        return self.world_size if self.kind == "ddp" else 1
+        """Model replicas that each consume their own micro-batches (DDP, FSDP: each rank a
+        data-parallel replica, FSDP's holding a shard of the state); DataParallel splits one
+        micro-batch over its devices, model and pipeline stages share one."""
+        return self.world_size if self.kind in ("ddp", "fsdp") else 1
 
     @property
     def splits_model(self) -> bool:
@@ -379,7 +399,7 @@ def config_from_record(record: dict) -> RunConfig:
 
 
 def loader_id(loader: LoaderConfig) -> str:
-    parts = [loader.dataset] if loader.dataset != "synthetic" else []
+    parts = [loader.dataset] if loader.dataset != "device-resident" else []
     if loader.dataset_size is not None:
         parts.append(f"n{loader.dataset_size}")
     if loader.cached:

@@ -33,13 +33,15 @@ def add_dist_arguments(p: argparse.ArgumentParser) -> None:
                    "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE")
     p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
-    p.add_argument("--parallel", default="ddp", choices=("ddp", "pipeline"))
+    p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp", "pipeline"))
     p.add_argument("--precision", default="fp32", choices=PRECISIONS)
     p.add_argument("--accum-steps", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=None)
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
     p.add_argument("--optimizer-impl", default="default", choices=OPTIMIZER_IMPLS)
     p.add_argument("--no-sync", action="store_true", help="DDP: no_sync while accumulating")
+    p.add_argument("--fsdp-mixed-precision", action="store_true",
+                   help="FSDP: its MixedPrecisionPolicy (bf16 compute, fp32 reduction)")
     p.add_argument("--chunks", type=int, default=1, help="pipeline micro-batches per batch")
     p.add_argument("--schedule", default="gpipe", choices=SCHEDULES)
     p.add_argument("--rounds", type=int, default=10)
@@ -72,6 +74,7 @@ def dist_main(args: argparse.Namespace) -> int:
         accum_steps=args.accum_steps, micro_batch=args.micro_batch, optimizer=args.optimizer,
         optimizer_impl=args.optimizer_impl, parallel=args.parallel, world_size=world,
         ddp_no_sync=args.no_sync, chunks=args.chunks, schedule=args.schedule,
+        fsdp_mixed_precision=args.fsdp_mixed_precision,
     )
     dist.init_process_group(backend_for(device))
     try:

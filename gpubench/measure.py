@@ -32,6 +32,7 @@ from gpubench.config import RunConfig
 from gpubench.data import measure_loader
 from gpubench.flops import count_flops_detailed
 from gpubench.memory import SavedActivations, read_peak, reset_peak, state_breakdown
+from gpubench.telemetry import Sampler
 
 LOADER_PROBE_BATCHES = 10
 """Batches the loader-only measurement reads after its first one."""
@@ -174,6 +175,14 @@ class CaseProgram:
     def noop(self) -> None:
         """Nothing: timing it measures gpubench's per-step process-management cost."""
 
+    def trace(self, path_prefix: str) -> dict:
+        """Profile a few steps, after the timed rounds: a Chrome trace ``<path_prefix>.json``
+        (``-rank<r>.json`` per rank of a multi-process case) and this process's top operators
+        (``gpubench.trace``)."""
+        from gpubench.trace import trace_steps
+
+        return trace_steps(self, path_prefix)
+
     def close(self) -> None:
         self.case.close()
 
@@ -281,28 +290,33 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
             max_time_s: float | None = None, baseline: PairedBaseline | None = None) -> dict:
     """Drive the protocol through ``group.call`` (any launcher) and return the combined figures.
 
-    The warm-up rounds run before the measured window, so peaks, loader waits and per-rank
-    times cover the timed rounds only; ``rounds`` shrinks for slow steps (``budget_rounds``).
+    The warm-up rounds (at least one) run before the measured window, so peaks, loader waits and
+    per-rank times cover the timed rounds only; ``rounds`` shrinks for slow steps
+    (``budget_rounds``, from the last warm-up round's time).
     With ``baseline``, every timed round is preceded by a baseline step in its worker process
     (untimed for the case); the paired baseline times are recorded as
     ``paired_baseline_rounds_s``, round i paired with the case's round i."""
     prepared = group.call("prepare")
     checks = group.call("check")
     counts = group.call("count")
-    start = time.perf_counter()
-    group.call("step")
-    rounds = budget_rounds(rounds, time.perf_counter() - start, max_time_s)
-    for _ in range(warmup_rounds):
+    # Warm-up rounds (at least one: the check's steps ran on other code paths' state), the
+    # last of which sizes the timed rounds.
+    for _ in range(max(1, warmup_rounds)):
+        start = time.perf_counter()
         group.call("step")
+    rounds = budget_rounds(rounds, time.perf_counter() - start, max_time_s)
     group.call("reset_peak")
-    if baseline is None:
-        benchmark.pedantic(group.call, args=("step",), rounds=rounds, warmup_rounds=0,
-                           iterations=1)
-    else:
-        baseline.times = []
-        benchmark.pedantic(group.call, args=("step",), setup=baseline.step, rounds=rounds,
-                           warmup_rounds=0, iterations=1)
+    with Sampler.for_case(cfg, group, baseline, rounds) as telemetry:  # gpubench.telemetry
+        if baseline is None:
+            benchmark.pedantic(group.call, args=("step",), rounds=rounds, warmup_rounds=0,
+                               iterations=1)
+        else:
+            baseline.times = []
+            benchmark.pedantic(group.call, args=("step",),
+                               setup=telemetry.untimed(baseline.step), rounds=rounds,
+                               warmup_rounds=0, iterations=1)
     info = combine(prepared, checks, counts, group.call("read_peak"))
+    info.update(telemetry.summary())
     if baseline is not None:
         info["paired_baseline_rounds_s"] = list(baseline.times)
         info["paired_baseline_case_id"] = baseline.cfg.id

@@ -117,12 +117,20 @@ class _Saved:
             pass
 
 
+def _is_parameter(t: torch.Tensor) -> bool:
+    """A parameter or a view of one, also one the model did not hold when the counter started:
+    FSDP's parameters gathered for a block's forward (saved by reference; FSDP frees and
+    gathers them again for backward)."""
+    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)
+
+
 class SavedActivations:
     """Counts the bytes autograd saves for backward (activations), exactly and on any device,
     through ``torch.autograd.graph.saved_tensors_hooks``.
 
     A storage counts once per micro-batch however many ops save it (or views of it), and the
-    model's own parameters (saved by reference, not copied) not at all. Storages are told apart
+    model's own parameters (saved by reference, not copied; also those FSDP gathers) not at
+    all. Storages are told apart
     by identity, not by address: the counter holds a weak reference to each storage it has seen,
     so a storage freed by one micro-batch's backward and an other allocated at the same address
     by the next micro-batch are two storages.
@@ -179,7 +187,7 @@ class SavedActivations:
             return t
         key = storage._cdata
         nbytes = storage.nbytes()
-        if key in self._params or nbytes == 0:
+        if key in self._params or nbytes == 0 or _is_parameter(t):
             return t
         self._begin()
         if key not in self._seen:
@@ -235,12 +243,18 @@ class SavedActivations:
 
 
 def _nbytes(t: torch.Tensor) -> int:
+    """Bytes this process holds of ``t``: of a sharded tensor (FSDP's DTensors), its local
+    shard."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        t = t.to_local()
     return t.numel() * t.element_size()
 
 
 def state_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Exact bytes of parameters, their gradients (as allocated during backward) and optimizer
-    state (momentum, Adam moments)."""
+    state (momentum, Adam moments) held by this process: with FSDP, its shards of each."""
     params = [p for p in model.parameters()]
     state = [
         v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)

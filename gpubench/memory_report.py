@@ -50,6 +50,10 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    f"{MAX_BATCH['cuda']} on CUDA, enough for a 141 GB H200, "
                    f"{MAX_BATCH['cpu']} on the CPU)")
     p.add_argument("--no-leaks", action="store_true", help="skip the leak check")
+    p.add_argument("--snapshot", metavar="PATH",
+                   help="CUDA only: write a memory snapshot (pickle for "
+                   "https://pytorch.org/memory_viz) of the first technique's first "
+                   "out-of-memory try and one step at its largest micro-batch")
     p.add_argument("--out", help="folder for memory.json and memory.md")
 
 
@@ -62,6 +66,10 @@ def memory_main(args: argparse.Namespace) -> int:
     from gpubench.machine import default_device
 
     device = default_device() if args.device == "auto" else args.device
+    if getattr(args, "snapshot", None) and device != "cuda":
+        from gpubench.snapshot import CPU_MESSAGE
+
+        raise ValueError(CPU_MESSAGE)  # one line, exit 2, before anything runs
     profile = default_profile(device) if args.profile == "auto" else args.profile
     budget = parse_bytes(args.budget) if args.budget else None
     max_batch = args.max_batch or MAX_BATCH[device]
@@ -72,12 +80,22 @@ def memory_main(args: argparse.Namespace) -> int:
              "| technique | largest micro-batch that fits | tries |", "|---|---:|---:|"]
     report = {"model": base.name, "workload": args.model, "profile": profile, "device": device,
               "budget_bytes": budget, "frontier": [], "leaks": [], "allocator": None}
+    snapshot_line = None
     for cfg in configs:
         print(f"gpubench memory: searching the frontier of {cfg.id} ...", flush=True)
-        frontier = find_frontier(cfg, budget, limit=max_batch)
+        if getattr(args, "snapshot", None) and cfg is configs[0]:
+            from gpubench.snapshot import frontier_with_snapshot
+
+            frontier, snapshot_line = frontier_with_snapshot(cfg, budget, max_batch,
+                                                             args.snapshot)
+            report["snapshot"] = str(args.snapshot)
+        else:
+            frontier = find_frontier(cfg, budget, limit=max_batch)
         capped = f" (search limit {max_batch})" if frontier.capped else ""
         lines.append(f"| {cfg.id} | {frontier.max_batch}{capped} | {len(frontier.tries)} |")
         report["frontier"].append(asdict(frontier))
+    if snapshot_line:
+        lines += ["", snapshot_line]
     if not args.no_leaks:
         lines += ["", "## Leak check (classic leaky loops and their fixes)", "",
                   "| loop | growth per step (MiB) | verdict |", "|---|---:|---|"]

@@ -123,6 +123,65 @@ class DistributedDataParallel(Single):
         return model.no_sync() if enabled and self.skip_sync else contextlib.nullcontext()
 
 
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP shards (and gathers) one at a time: every child holding parameters of
+    the model's ``nn.ModuleList`` / ``nn.Sequential`` containers (transformer layers, ResNet
+    blocks), outermost first, none inside another; the rest stays with the root."""
+    units: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside or not isinstance(module, nn.ModuleList | nn.Sequential):
+            continue
+        for child in module.children():
+            if id(child) not in inside and any(True for _ in child.parameters()):
+                units.append(child)
+                inside.update(id(m) for m in child.modules())
+    return units
+
+
+class FSDP(Single):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``): one data-parallel replica per process
+    whose parameters, gradients and optimizer state are sharded over the ranks. Each block
+    (``shard_units``) is its own unit: its parameters are all-gathered before its forward and
+    backward and freed after; gradients are reduce-scattered to their shards. With accumulation,
+    gradients are reduced on the last micro-batch only (``set_requires_gradient_sync``).
+
+    ``mixed_precision``: FSDP's ``MixedPrecisionPolicy`` (bf16 parameters gathered for compute,
+    fp32 gradient reduction, fp32 shards for the optimizer). Normalization layers with running
+    statistics (BatchNorm) are units of their own kept in fp32 (bf16 output), since their fp32
+    buffers do not mix with bf16 parameters."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device,
+                 mixed_precision: bool = False):
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.mixed_precision = mixed_precision
+        self.module: nn.Module | None = None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.nn.modules.batchnorm import _BatchNorm
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        policy = MixedPrecisionPolicy()
+        if self.mixed_precision:
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                        output_dtype=torch.bfloat16)
+            for norm in [m for m in model.modules() if isinstance(m, _BatchNorm)]:
+                fully_shard(norm, mesh=mesh, mp_policy=fp32)
+        for unit in shard_units(getattr(model, "net", model)):
+            fully_shard(unit, mesh=mesh, mp_policy=policy)
+        self.module = fully_shard(model, mesh=mesh, mp_policy=policy)
+        return self.module
+
+    def no_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+        # Set before each micro-batch's backward: reduce on the last one only, gradients of the
+        # others accumulating unsharded on each rank.
+        self.module.set_requires_gradient_sync(not enabled)
+        return contextlib.nullcontext()
+
+
 class SplitModel(nn.Module):
     """Model parallelism in one process: stage i on device i, activations copied between them.
     Behaves like the ``TrainModule`` it was split from: ``forward(inputs, targets) -> loss``."""
@@ -193,12 +252,17 @@ class Pipeline(Single):
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule_name]
         accum, loss_fn = self.accum_steps, self.loss_fn
 
-        def chunk_loss(output, target):
-            # The schedule averages over chunks (scale_grads); dividing by k averages over
-            # accumulated micro-batches as in the single-device step.
-            return loss_fn(output, target) / accum
+        chunks = self.chunks
 
-        self.schedule = cls(pipe_stage, n_microbatches=self.chunks, loss_fn=chunk_loss)
+        def chunk_loss(output, target):
+            # The mean over chunks and accumulated micro-batches, as in the single-device step,
+            # taken here: with scale_grads (the default) the schedule would divide *all* of the
+            # stage's gradients by the chunk count after every step, the ones accumulated from
+            # earlier micro-batches too (k micro-batches: the first divided k times).
+            return loss_fn(output, target) / (chunks * accum)
+
+        self.schedule = cls(pipe_stage, n_microbatches=chunks, loss_fn=chunk_loss,
+                            scale_grads=False)
         return module
 
     def forward_backward(self, model, inputs, targets, precision, accum_steps):
@@ -210,5 +274,6 @@ class Pipeline(Single):
             return None
         losses: list[torch.Tensor] = []
         self.schedule.step(target=targets, losses=losses)
-        # Chunk losses are means over equal chunks: their mean is the micro-batch's loss.
-        return torch.stack([x.detach() for x in losses]).mean()
+        # Chunk losses are means over equal chunks divided by chunks * k: their sum is the
+        # micro-batch's loss divided by k, as the single-device step returns it.
+        return torch.stack([x.detach() for x in losses]).sum()

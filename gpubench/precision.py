@@ -15,12 +15,20 @@ _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class Precision:
-    def __init__(self, name: str, device_type: str):
+    def __init__(self, name: str, device_type: str, sharded: bool = False):
         self.name = name
         self.device_type = device_type
         self.autocast_dtype = _AUTOCAST_DTYPES.get(name)
         # Only fp16 needs loss scaling: its narrow exponent underflows small gradients.
-        self.scaler = torch.amp.GradScaler(device_type, enabled=name == "fp16")
+        if sharded and name == "fp16":
+            # Gradients sharded over ranks (FSDP): each rank sees only its shard, so the
+            # overflow check must be agreed on by all ranks, or some would skip a step the
+            # others take.
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(device_type)
+        else:
+            self.scaler = torch.amp.GradScaler(device_type, enabled=name == "fp16")
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

@@ -143,6 +143,12 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str])
         sections.append(Section("advice", "Advice: the common speed-up claims, on these "
                                 "measurements", advice_markdown(df)))
     sections.append(Section("summary", "Summary", summary_markdown(df)))
+    from gpubench.trace import op_changes_markdown
+
+    changed = op_changes_markdown(df)  # runs with --trace only
+    if changed:
+        sections.append(Section("top-operators", "Operators whose time changed most against "
+                                "the FP32 baseline (traced steps)", changed))
     return sections
 
 

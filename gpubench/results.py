@@ -34,10 +34,10 @@ INT64_MAX = 2**63 - 1
 _STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl", "parallel",
         "case_id", "kind", "group", "note", "dataset", "schedule", "claim", "peak_memory_method",
         "device_name", "single_case_id", "case_id_base", "case_id_new", "workload",
-        "paired_baseline_case_id")
+        "paired_baseline_case_id", "contention_reason", "telemetry_note", "top_ops_time")
 _BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
-         "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
-         "zero_grad_set_to_none", "timed")
+         "fsdp_mixed_precision", "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
+         "zero_grad_set_to_none", "timed", "contended")
 _COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
            "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
 _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
@@ -50,7 +50,15 @@ _NON_NEGATIVE = ("tflops", "mfu", "peak_tflops", "allreduce_time_s", "comm_time_
                  "comm_fraction", "loader_samples_per_s", "loader_stall_fraction",
                  "loader_wait_s", "epoch_restart_s", "time_to_first_batch_s",
                  "process_overhead_s", "step_time_iqr_s", "gpubench_step_time_s",
-                 "handwritten_step_time_s", "speedup_paired_p")
+                 "handwritten_step_time_s", "speedup_paired_p",
+                 # gpubench.telemetry: the machine during the timed rounds
+                 "telemetry_period_s", "telemetry_window_s", "telemetry_cpu_util",
+                 "telemetry_cpu_freq_mhz", "telemetry_load_avg", "telemetry_run_queue",
+                 "telemetry_steal_pct", "telemetry_foreign_cpu", "telemetry_gpu_util",
+                 "telemetry_sm_clock_mhz", "telemetry_mem_clock_mhz", "telemetry_power_w",
+                 "telemetry_energy_j", "energy_j_per_step", "samples_per_kj",
+                 "telemetry_sampler_cpu_s", "telemetry_on_step_time_s",
+                 "telemetry_off_step_time_s", "telemetry_sample_cpu_s", "telemetry_cpu_share")
 _LOSSES = ("loss_first", "last_loss", "loss_reference", "loss_rtol", "check_grad_cosine",
            "check_grad_norm_ratio", "check_update_cosine", "check_update_norm_ratio")
 EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
@@ -62,6 +70,9 @@ EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
     **{f: ("float", ">0") for f in _POSITIVE},
     **{f: ("float", ">=0") for f in _NON_NEGATIVE},
     "harness_overhead": ("float", "any"),
+    "telemetry_overhead": ("float", "any"),
+    "telemetry_temp_c": ("float", "any"),
+    "telemetry_samples": ("int", ">=0"),
     **{f: ("float", "loss") for f in _LOSSES},
     "input_shape": ("ints", ">=0"),
     "check_losses": ("floats", "loss"),
@@ -443,7 +454,8 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
     which numbers to distrust: a no-op technique off 1.0 by more than ``NOOP_TOLERANCE`` with an
     interval that excludes 1.0; a speedup above the device count for a parallel case (or above
     what the baseline's spread allows); scaling efficiency above 100%; and a noisy baseline
-    (IQR / median above ``SPREAD_LIMIT``)."""
+    (IQR / median above ``SPREAD_LIMIT``); and a case timed while the machine was contended
+    (``contended``, see ``gpubench.telemetry``)."""
     from gpubench.config import inert_techniques
 
     flags = []
@@ -473,6 +485,8 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
         if (row.get("is_baseline") is True and isinstance(iqr, float) and median
                 and iqr / median > SPREAD_LIMIT):
             out.append(f"noisy baseline (IQR {100 * iqr / median:.0f}% of the median)")
+        if row.get("contended") is True:  # gpubench.telemetry
+            out.append(f"measured under contention: {row.get('contention_reason')}")
         flags.append("; ".join(out))
     df["flags"] = flags
     return df

@@ -20,6 +20,7 @@ from gpubench.distributed import backend_for
 from gpubench.flops import step_peak_flops
 from gpubench.machine import device_name
 from gpubench.measure import MIN_ROUNDS, CaseProgram, InProcess, budget_rounds, measure
+from gpubench.trace import trace_case
 from gpubench.workers import DEFAULT_TIMEOUT_S, WorkerGroup
 
 __all__ = ["MIN_ROUNDS", "budget_rounds", "launcher", "record", "run_case"]
@@ -37,22 +38,28 @@ def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S):
 
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
              timeout_s: float = DEFAULT_TIMEOUT_S, max_time_s: float | None = None,
-             group=None, baseline=None) -> dict:
+             group=None, baseline=None, trace_dir=None) -> dict:
     """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``.
 
     ``rounds`` shrinks for slow steps so the timed rounds take about ``max_time_s`` (never below
     ``MIN_ROUNDS``). Multi-process cases start their own worker processes, unless ``group`` (the
     ranks of an existing job, see ``LocalRanks``) is given. ``baseline`` (a ``PairedBaseline``
-    of ``cfg.baseline``) pairs every timed round with a baseline round (drift-robust speedup)."""
+    of ``cfg.baseline``) pairs every timed round with a baseline round (drift-robust speedup).
+    With ``trace_dir``, a few more steps are profiled after the timed rounds
+    (``gpubench.trace``: a trace per case and rank in that folder, ``top_ops`` in the record)."""
     reason = unsupported_reason(cfg, check_devices=group is None)
     if reason:
         raise Unsupported(reason)
     if group is not None:
         measured = measure(benchmark, cfg, group, rounds, warmup_rounds, max_time_s, baseline)
+        if trace_dir:
+            measured.update(trace_case(group, cfg, trace_dir))
     else:
         with launcher(cfg, timeout_s) as own:
             measured = measure(benchmark, cfg, own, rounds, warmup_rounds, max_time_s,
                                baseline)
+            if trace_dir:
+                measured.update(trace_case(own, cfg, trace_dir))
     return record(benchmark, cfg, measured)
 
 
@@ -66,9 +73,9 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
                 **{k: v for k, v in measured.items() if k.startswith(("loss_", "check_"))}}
         benchmark.extra_info.update(info)
         return info
-    rounds_s = list(benchmark.stats.stats.data)
-    step_time_s = statistics.median(rounds_s)
-    q1, _, q3 = statistics.quantiles(rounds_s, n=4) if len(rounds_s) > 1 else (0, 0, 0)
+    stats = benchmark.stats.stats  # pytest-benchmark's Stats: its median and IQR, as it prints
+    rounds_s = list(stats.data)
+    step_time_s = stats.median
     micro_batch = cfg.resolved_micro_batch
     global_batch = cfg.global_batch
     achieved = measured["flops_per_step"] / step_time_s
@@ -90,7 +97,7 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "dynamo_recompiles": (sum(map(len, torch._dynamo.utils.guard_failures.values()))
                               if cfg.compile and not cfg.multiprocess else None),
         "step_time_s": step_time_s,
-        "step_time_iqr_s": q3 - q1,
+        "step_time_iqr_s": stats.iqr,
         "samples_per_s": global_batch / step_time_s,
         **measured,
         "tflops": achieved / 1e12,
@@ -100,7 +107,7 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
     }
     if cfg.parallel != "single":
         single = cfg.with_(parallel="single", world_size=1, ddp_no_sync=False, chunks=1,
-                           schedule="gpipe")
+                           schedule="gpipe", fsdp_mixed_precision=False)
         info["single_case_id"] = single.id  # what scaling efficiency compares with
     info.update(paired_speedup(cfg, rounds_s, measured.get("paired_baseline_rounds_s")))
     if "comm_time_s" in info:

@@ -97,6 +97,18 @@ def summary_markdown(df: pd.DataFrame) -> str:
                            handwritten_ms=over["handwritten_step_time_s"] * 1e3)
         parts.append("### Harness overhead (interleaved rounds)\n\n"
                      + markdown_table(over, cols) + "\n")
+    if "telemetry_overhead" in df:
+        tele = df.dropna(subset=["telemetry_overhead"])
+        if not tele.empty:
+            tele = tele.assign(on_ms=tele["telemetry_on_step_time_s"] * 1e3,
+                               off_ms=tele["telemetry_off_step_time_s"] * 1e3,
+                               sample_us=tele["telemetry_sample_cpu_s"] * 1e6,
+                               harness_overhead=tele["telemetry_overhead"])
+            cols = {"case_id": "case", "on_ms": "step, sampling (ms)",
+                    "off_ms": "step, not sampling (ms)", "harness_overhead": "overhead",
+                    "sample_us": "CPU per sample (us)"}
+            parts.append("### Telemetry sampling cost (alternating rounds)\n\n"
+                         + markdown_table(tele, cols) + "\n")
     if "process_overhead_s" in df:
         procs = df.dropna(subset=["process_overhead_s"])
         procs = procs.assign(overhead_us=procs["process_overhead_s"] * 1e6)

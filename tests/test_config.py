@@ -28,7 +28,7 @@ def test_invalid_config_names_bad_value_and_valid_ones(changes, bad, valid):
 
 def test_invalid_loader_config():
     with pytest.raises(ValueError, match="num_workers > 0"):
-        LoaderConfig(prefetch_factor=2)
+        LoaderConfig(dataset="synthetic", prefetch_factor=2)
     with pytest.raises(ValueError, match="-1"):
         LoaderConfig(num_workers=-1)
 
@@ -43,11 +43,17 @@ def test_id_lists_only_what_differs_from_baseline():
     full = base.with_(
         optimizer="adamw", optimizer_impl="fused", checkpointing=True, channels_last=True,
         zero_grad_set_to_none=False, empty_cache=True, compile=True, micro_batch=2,
-        loader=LoaderConfig(num_workers=2, pin_memory=True, non_blocking=True),
+        loader=LoaderConfig(dataset="synthetic", num_workers=2, pin_memory=True,
+                            non_blocking=True),
     )
     assert full.id == (
-        "resnet18-fp32-mb2-adamw_fused-zerofill-emptycache-ckpt-cl-compile-w2-pin-nb"
+        "resnet18-fp32-mb2-adamw_fused-zerofill-emptycache-ckpt-cl-compile-synthetic-w2-pin-nb"
     )
+    # The default feeds device-resident batches; loader settings need a dataset read through
+    # the loader, and the error names the setting.
+    assert base.loader.dataset == "device-resident"
+    with pytest.raises(ValueError, match="num_workers=2"):
+        LoaderConfig(num_workers=2)
 
 
 def test_flatten_has_the_documented_names():

@@ -124,7 +124,8 @@ def test_cache_returns_the_same_samples_and_is_bounded(tmp_path):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_shuffle_with_seed_is_reproducible_across_worker_counts(tmp_path, workers):
     ds = ImageFolderDataset(_folder(tmp_path), 16)
-    order = [build_loader(ds, LoaderConfig(num_workers=w), 4, seed=7) for w in (0, workers)]
+    order = [build_loader(ds, LoaderConfig(dataset="synthetic", num_workers=w), 4, seed=7)
+             for w in (0, workers)]
     labels = [[tuple(b[1].tolist()) for b in loader] for loader in order]
     assert labels[0] == labels[1]
 
@@ -139,7 +140,8 @@ class _Slow(torch.utils.data.Dataset):
 
 
 def test_stall_is_near_zero_for_resident_data_and_large_for_a_slow_dataset():
-    slow = WaitTimer(endless(build_loader(_Slow(), LoaderConfig(), 4, 0)), lambda b: b)
+    slow = WaitTimer(endless(build_loader(_Slow(), LoaderConfig(dataset="synthetic"), 4, 0)),
+                     lambda b: b)
     start = time.perf_counter()
     for _ in range(5):
         next(slow)

@@ -76,23 +76,28 @@ class PipelineOneStep:
 
     def run(self):
         case = build(self.cfg, self.rank)
-        batch = _global_batch(self.cfg, self.cfg.micro_batch)
-        loss = case.step(iter([batch]))
+        k = self.cfg.accum_steps
+        inputs, targets = _global_batch(self.cfg, self.cfg.micro_batch * k)
+        loss = case.step(iter(zip(inputs.chunk(k), targets.chunk(k), strict=True)))
         params = {n: p.detach().clone() for n, p in case.model.stage.named_parameters()}
         return params, None if loss is None else loss.item()
 
 
-@pytest.mark.parametrize("model, schedule", [("resnet18", "gpipe"), ("resnet18", "1f1b"),
-                                             ("bert", "gpipe")])
-def test_pipeline_step_equals_unsplit_model_accumulating_over_chunks(model, schedule):
+@pytest.mark.parametrize("model, schedule, accum", [
+    ("resnet18", "gpipe", 1), ("resnet18", "1f1b", 1), ("bert", "gpipe", 1),
+    # Accumulation over schedule steps: torch's default scale_grads would divide the gradients
+    # accumulated from the first micro-batch by the chunk count a second time.
+    ("bert", "1f1b", 2)])
+def test_pipeline_step_equals_unsplit_model_accumulating_over_chunks(model, schedule, accum):
     cfg = RunConfig(model=model, profile="smoke", parallel="pipeline", world_size=2,
-                    micro_batch=8, chunks=4, schedule=schedule)
+                    micro_batch=8, chunks=4, schedule=schedule, accum_steps=accum)
     with WorkerGroup(2, PipelineOneStep, (cfg,)) as group:
         results = group.call("run")
-    # The unsplit model trained on the same batch as 4 accumulated chunks of 2.
-    single = build(RunConfig(model=model, profile="smoke", micro_batch=2, accum_steps=4))
-    inputs, targets = _global_batch(cfg, 8)
-    loss = single.step(iter(zip(inputs.chunk(4), targets.chunk(4), strict=True)))
+    # The unsplit model trained on the same samples as 4 * accum accumulated chunks of 2.
+    n = 4 * accum
+    single = build(RunConfig(model=model, profile="smoke", micro_batch=2, accum_steps=n))
+    inputs, targets = _global_batch(cfg, 8 * accum)
+    loss = single.step(iter(zip(inputs.chunk(n), targets.chunk(n), strict=True)))
     assert results[1][1] == pytest.approx(loss.item(), rel=1e-5)
     stages = single.workload.stages(single.model.net, 2)
     for rank, (params, _) in enumerate(results):

@@ -1,0 +1,230 @@
+"""Device telemetry during the timed rounds (``gpubench.telemetry``): the CPU fields of a real
+case, contention from a busy neighbour, NVML's absence reported cleanly, the GPU path against a
+stand-in NVML, and the flags the summary and advice raise for a contended case."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import time
+import types
+
+import pandas as pd
+import pytest
+import torch
+
+from gpubench.config import RunConfig
+from gpubench.results import load_results, with_baseline_ratios
+from gpubench.runner import run_case
+from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+from gpubench.summary import summary_markdown
+from gpubench.telemetry import FIELDS, PERIOD_S, Sampler, sampling_cost
+
+
+@pytest.fixture(scope="module")
+def record():
+    cfg = RunConfig(model="bert", profile="smoke")
+    bench = StandaloneBenchmark(cfg.id, "bert-smoke-cpu")
+    info = run_case(bench, cfg, rounds=6, warmup_rounds=0, timeout_s=120)
+    return bench, info
+
+
+def test_record_of_a_real_case_holds_the_cpu_telemetry(record):
+    _, info = record
+    assert set(FIELDS) <= set(info)
+    assert info["telemetry_period_s"] == PERIOD_S
+    assert info["telemetry_samples"] >= 1  # one on entry, then one per period
+    assert 0 <= info["telemetry_cpu_util"] <= 100
+    assert info["telemetry_load_avg"] >= 0 and info["telemetry_run_queue"] >= 0
+    assert 0 <= info["telemetry_steal_pct"] <= 100 and info["telemetry_foreign_cpu"] >= 0
+    assert isinstance(info["contended"], bool)
+    assert (info["contention_reason"] is None) == (not info["contended"])
+    # A CPU case opens no NVML: its GPU fields are unknown, and nothing needs saying about
+    # them. A smoke case's rounds are too short to judge the CPU figures.
+    assert info["telemetry_gpu_util"] is None and info["energy_j_per_step"] is None
+    assert info["telemetry_note"] is None or info["telemetry_note"].startswith(
+        "timed rounds too short")
+    if info["telemetry_window_s"] < 0.5:
+        assert not info["contended"]
+
+
+def _contended_file(record, tmp_path):
+    bench = copy.copy(record[0])
+    bench.extra_info = {**bench.extra_info, "contended": True,
+                        "contention_reason": "CPU steal 9% (test)"}
+    write_benchmark_json(tmp_path / "r.json", [bench], {"device": "cpu"})
+    return load_results([tmp_path / "r.json"])
+
+
+def test_a_contended_case_is_flagged_in_the_summary(record, tmp_path):
+    df = _contended_file(record, tmp_path)
+    assert df["contended"].dtype == "boolean"  # a known field of the schema
+    flags = with_baseline_ratios(df)["flags"].iloc[0]
+    assert "measured under contention: CPU steal 9% (test)" in flags
+    assert "measured under contention: CPU steal 9% (test)" in summary_markdown(df)
+
+
+def test_advice_says_when_its_cases_were_contended():
+    from gpubench.advice import _Cases
+
+    def row(contended):
+        return pd.Series({"rounds_s": [0.1, 0.11, 0.1, 0.12, 0.1, 0.1], "global_batch": 8,
+                          "is_baseline": False, "contended": contended})
+
+    cases = types.SimpleNamespace(pairs={})
+    _, basis = _Cases.speed(cases, "claim", row(False), row(True))
+    assert basis.endswith("(measured under contention)")
+    _, basis = _Cases.speed(cases, "claim", row(False), row(pd.NA))
+    assert "contention" not in basis
+
+
+def _busy(seconds: float) -> None:
+    """Keep this process's cores busy (torch's threads) for ``seconds``."""
+    a = torch.randn(256, 256)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+
+
+def test_a_busy_neighbour_makes_the_window_contended():
+    """Spinning processes that are not the case's (started detached: not descendants of this
+    process), one per core, take the cores the case wants."""
+    spin = "yes >/dev/null 2>&1 </dev/null & echo $!"
+    launcher = subprocess.run(
+        ["sh", "-c", f"({'; '.join([spin] * min(64, os.cpu_count() or 1))})"],
+        capture_output=True, text=True, timeout=10, check=True)
+    pids = [int(p) for p in launcher.stdout.split()]
+    try:
+        time.sleep(0.3)
+        with Sampler("cpu") as sampler:
+            _busy(1.5)
+        info = sampler.summary()
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+    assert info["contended"] is True, info
+    assert info["telemetry_foreign_cpu"] >= 0.25, info
+    assert info["telemetry_samples"] >= 10
+
+
+def test_the_case_own_child_processes_are_not_foreign():
+    """A child of this process (a loader worker, a rank) is the case itself: its CPU time is
+    the case's utilisation."""
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        with Sampler("cpu") as sampler:
+            time.sleep(1.0)
+    finally:
+        child.kill()
+        child.wait()
+    info = sampler.summary()
+    cores = os.cpu_count() or 1
+    assert info["telemetry_cpu_util"] * cores / 100 >= 0.2, info  # the child's spinning
+
+
+def test_without_nvml_or_an_nvidia_device_the_note_says_so(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with Sampler("cuda", gpus=[0], steps=4, samples_per_step=8) as sampler:
+        time.sleep(0.15)
+    info = sampler.summary()
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        assert "no GPU telemetry: NVML bindings not installed" in info["telemetry_note"]
+    else:
+        if torch.cuda.is_available():
+            pytest.skip("this machine has an NVIDIA device")
+        assert "no NVIDIA device (NVML: " in info["telemetry_note"], info
+    assert info["telemetry_gpu_util"] is None and info["samples_per_kj"] is None
+    assert info["telemetry_cpu_util"] is not None  # the CPU side still reports
+
+
+class _Proc:
+    def __init__(self, pid):
+        self.pid, self.usedGpuMemory = pid, 1 << 30
+
+
+def fake_nvml(watts: float = 500.0, pids=None, reasons: int = 0x4 | 0x40):
+    """A stand-in ``pynvml`` with one device: a counter of ``watts`` since import, ``pids`` on
+    the device, clock-event ``reasons``."""
+    m = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's names
+        pass
+
+    m.NVMLError, m.NVMLError_NotSupported = NVMLError, NVMLError_NotSupported
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_TEMPERATURE_GPU = 1, 2, 0
+    start = time.perf_counter()
+    m.calls = []
+    m.nvmlInit = lambda: m.calls.append("init")
+    m.nvmlShutdown = lambda: m.calls.append("shutdown")
+    m.nvmlDeviceGetCount = lambda: 1
+    m.nvmlDeviceGetHandleByIndex = lambda i: f"gpu{i}"
+    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=90, memory=40)
+    m.nvmlDeviceGetClockInfo = lambda h, clock: {1: 1980, 2: 3201}[clock]
+    m.nvmlDeviceGetPowerUsage = lambda h: int(watts * 1000)
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 71
+
+    def reasons_fn(h):
+        raise NVMLError_NotSupported("old driver")
+
+    m.nvmlDeviceGetCurrentClocksEventReasons = reasons_fn  # falls back to the old name
+    m.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: reasons
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [_Proc(p) for p in (pids or [])]
+    m.nvmlDeviceGetTotalEnergyConsumption = lambda h: int(
+        1e9 + watts * 1000 * (time.perf_counter() - start))
+    return m
+
+
+def test_gpu_telemetry_energy_throttling_and_foreign_processes(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = fake_nvml(pids=[os.getpid(), 1])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with Sampler("cuda", gpus=[0], steps=10, samples_per_step=32) as sampler:
+        time.sleep(0.3)
+        sampler.untimed(lambda: time.sleep(0.3))()  # a paired baseline's step: left out
+        time.sleep(0.2)
+    info = sampler.summary()
+    assert info["telemetry_note"] is None, info
+    assert info["telemetry_gpu_util"] == 90 and info["telemetry_sm_clock_mhz"] == 1980
+    assert info["telemetry_mem_clock_mhz"] == 3201 and info["telemetry_temp_c"] == 71
+    assert info["telemetry_power_w"] == pytest.approx(500)
+    # 500 W over the 0.5 s outside the baseline's step: 250 J, 25 J per step.
+    assert info["energy_j_per_step"] == pytest.approx(25, rel=0.15)
+    assert info["samples_per_kj"] == pytest.approx(320 / 0.25, rel=0.15)
+    assert "hw_thermal_slowdown 100%" in info["telemetry_throttle_reasons"]
+    assert "sw_power_cap 100%" in info["telemetry_throttle_reasons"]
+    assert info["contended"] is True
+    reason = info["contention_reason"]
+    assert "GPU throttled: hw_thermal_slowdown" in reason and "sw_power_cap" not in reason
+    assert "other processes on the GPU: pid 1 " in reason  # ours is not listed
+    foreign = info["telemetry_foreign_processes"]
+    assert len(foreign) == 1 and foreign[0].startswith("pid 1 ("), foreign
+    assert nvml.calls == ["init", "shutdown"]
+
+
+def test_nvml_process_ids_of_another_pid_namespace_are_not_called_foreign(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(pids=[4_000_000], reasons=0x4))
+    with Sampler("cuda", gpus=[0], steps=2, samples_per_step=8) as sampler:
+        time.sleep(0.15)
+    info = sampler.summary()
+    assert "another PID namespace" in info["telemetry_note"]
+    assert info["telemetry_foreign_processes"] is None
+    assert not info["contended"] or "GPU" not in info["contention_reason"]
+
+
+def test_sampling_costs_well_under_one_percent_of_a_step():
+    cost = sampling_cost(lambda: time.sleep(0.02), rounds=15)
+    assert len(cost["rounds_on_s"]) == len(cost["rounds_off_s"]) == 15
+    # The sampling thread's own CPU time per period: the share of one core it takes.
+    assert 0 < cost["telemetry_cpu_share"] < 0.01, cost
