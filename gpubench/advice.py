@@ -464,8 +464,8 @@ def check_sharding(c: _Cases) -> list[Verdict]:
     verdict = judge_memory(ddp_opt, (0.0, 1 - MIN_MEMORY_EFFECT))
     measured = (f"optimizer state per rank: DDP x{ddp_opt:.2f} of one device's "
                 f"({ddp['optimizer_state_bytes'] / 2**20:,.2f} MiB)")
-    why = (f"DDP replicates the optimizer state on every rank (and parameters + gradients: "
-           f"x{ddp_model:.2f}); only the all-reduced gradients are shared")
+    why = (f"DDP replicates the optimizer state on every rank, like the parameters and "
+           f"gradients (x{ddp_model:.2f}: gradients are all-reduced, not split)")
     if fsdp is not None:
         fsdp_opt, fsdp_model = ratios(fsdp)
         measured += (f", FSDP x{fsdp_opt:.2f} "

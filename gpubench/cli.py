@@ -572,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from gpubench.launch import add_dist_arguments, dist_main
 
-    dst = sub.add_parser("dist", help="one DDP/pipeline case as a rank of a torchrun job")
+    dst = sub.add_parser("dist", help="one DDP/FSDP/pipeline case as a rank of a torchrun job")
     add_dist_arguments(dst)
     dst.set_defaults(func=dist_main)
     return parser

@@ -50,7 +50,8 @@ def add_dist_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def dist_main(args: argparse.Namespace) -> int:
-    import torch.distributed as dist  # heavy imports here: the command line's --help stays fast
+    import torch  # heavy imports here: the command line's --help stays fast
+    import torch.distributed as dist
 
     from gpubench.distributed import LocalRanks, backend_for
     from gpubench.machine import default_device, machine_info
@@ -76,7 +77,14 @@ def dist_main(args: argparse.Namespace) -> int:
         ddp_no_sync=args.no_sync, chunks=args.chunks, schedule=args.schedule,
         fsdp_mixed_precision=args.fsdp_mixed_precision,
     )
-    dist.init_process_group(backend_for(device))
+    if device == "cuda":
+        # This rank's device before the process group: NCCL binds its communicator to it
+        # (device_id), and nothing of this rank lands on GPU 0.
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend_for(device),
+                                device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group(backend_for(device))
     try:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         group = LocalRanks(CaseProgram(rank, world, cfg, local_rank, local_world))

@@ -88,10 +88,11 @@ class CaseProgram:
         if cfg.multiprocess:
             if cfg.device == "cuda":
                 torch.cuda.set_device(local_rank)
-            else:
-                # Ranks share the CPU: split its cores instead of oversubscribing them.
-                per_machine = local_world_size or world_size
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
+            # The ranks of a machine share its CPU cores (on CUDA too: the host side of each
+            # step, the loader's collation, the optimizer's CPU work): split them instead of
+            # every rank starting a thread per core.
+            per_machine = local_world_size or world_size
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
         self.rank = rank
         self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
         self.start_bytes: list[int | None] = []

@@ -473,7 +473,7 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
             devices = row.get("world_size")
             devices = int(devices) if isinstance(devices, int | float) and devices == devices \
                 else 1
-            if row.get("parallel") == "ddp" and speedup > devices * 1.05:
+            if row.get("parallel") in ("ddp", "fsdp") and speedup > devices * 1.05:
                 out.append(f"speedup above {devices} devices: implausible")
         mfu = row.get("mfu")
         if isinstance(mfu, float) and mfu > 1.0:

@@ -52,6 +52,7 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
         raise Unsupported(reason)
     if group is not None:
         measured = measure(benchmark, cfg, group, rounds, warmup_rounds, max_time_s, baseline)
+        measured["peak_flops_per_device"] = _shared_peak(cfg)
         if trace_dir:
             measured.update(trace_case(group, cfg, trace_dir))
     else:
@@ -80,7 +81,9 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
     global_batch = cfg.global_batch
     achieved = measured["flops_per_step"] / step_time_s
     # MFU of a multi-device case: against the peak of all the devices it occupies.
-    peak = step_peak_flops(str(_device(cfg)), cfg.precision) * cfg.parallelism.devices
+    per_device = (measured.pop("peak_flops_per_device", None)
+                  or step_peak_flops(str(_device(cfg)), cfg.precision))
+    peak = per_device * cfg.parallelism.devices
     info = {
         "kind": "step",
         **cfg.flatten(),
@@ -137,7 +140,24 @@ def paired_speedup(cfg: RunConfig, rounds_s: list[float],
 
 
 def _device(cfg: RunConfig) -> torch.device:
-    return torch.device("cuda", 0) if cfg.device == "cuda" else torch.device("cpu")
+    """This process's device (a torchrun rank's own GPU, set before its process group)."""
+    if cfg.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _shared_peak(cfg: RunConfig) -> float:
+    """The matmul peak MFU divides by, for the ranks of a job (``LocalRanks``): measured once,
+    by rank 0 on its own device while the others wait, then broadcast, so that no two ranks
+    measure at the same time (a contended peak) or on the same GPU."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return step_peak_flops(str(_device(cfg)), cfg.precision)
+    peak = [step_peak_flops(str(_device(cfg)), cfg.precision) if dist.get_rank() == 0
+            else None]
+    dist.broadcast_object_list(peak, src=0)
+    return float(peak[0])
 
 
 def _note(cfg: RunConfig, measured: dict) -> str:

@@ -154,3 +154,16 @@ def test_recommendation_ignores_techniques_that_do_nothing_on_this_device():
     rows = [_row("bert-fp32", 1.0), _row("bert-fp32-emptycache", 0.7, empty_cache=True)]
     (rec,) = recommend(pd.DataFrame(rows))
     assert rec.case_id == "bert-fp32"
+
+
+def test_claims_are_one_list_read_by_the_verdicts_and_the_pairs():
+    from gpubench.claims import CLAIMS, claim_pairs
+
+    pairs = claim_pairs("resnet18", "cpu", "cpu")
+    assert {p.claim for p in pairs} == {k for k, c in CLAIMS.items() if c.interleaved}
+    for pair in pairs:  # each side is the claim's configuration, found by its fields
+        claim = CLAIMS[pair.claim]
+        assert pair.base == claim.config("base", pair.base.baseline)
+        assert pair.new == claim.config("new", pair.base.baseline)
+    texts = {v.claim.split(" (")[0] for v in advise(pd.DataFrame([_row("bert-fp32", 1.0)]))}
+    assert {c.text for c in CLAIMS.values()} <= texts

@@ -36,3 +36,51 @@ def test_budget_rounds_shrinks_slow_cases_but_keeps_a_sample():
     assert budget_rounds(10, 10.0, 4.0) == MIN_ROUNDS
     assert budget_rounds(3, 10.0, 4.0) == 3  # never more than asked
     assert budget_rounds(10, 10.0, 0) == 10
+
+
+def test_only_the_loader_group_reads_through_a_loader():
+    """Technique cases time the step on device-resident batches; the loader group alone
+    measures loading (collation, copies, workers)."""
+    for c in profile_cases("cpu", "cpu"):
+        resident = c.cfg.loader.dataset == "device-resident"
+        assert resident == (c.group != "loader") or c.cfg.is_baseline, c.id
+        if c.group == "loader":
+            assert not resident, c.id
+
+
+def test_gpu_small_has_the_promised_shapes_and_is_a_subset_of_gpu_full():
+    from gpubench.workload import resolve
+
+    small = {c.id: c for c in profile_cases("gpu-small", "cuda")}
+    full = {c.id: c for c in profile_cases("gpu-full", "cuda")}
+    assert set(small) < set(full)
+    assert resolve("resnet50", "gpu-small").input_shape(1) == [1, 3, 224, 224]
+    assert resolve("gpt2", "gpu-small").input_shape(1) == [1, 1024]
+    assert resolve("bert", "gpu-small").input_shape(1) == [1, 128]
+    left_out = set(full) - set(small)
+    assert "gpt2-fp32-adamw_fused" in small and "gpt2-fp32-adam_fused" in left_out
+    assert "resnet50-fp32-accum4" in small and "resnet50-fp32-accum2" in left_out
+
+
+def test_worker_sweep_goes_above_the_core_count(monkeypatch):
+    import gpubench.cases as cases
+
+    monkeypatch.setattr(cases.os, "cpu_count", lambda: 2)
+    assert cases.worker_counts() == [0, 1, 2, 4]
+    monkeypatch.setattr(cases.os, "cpu_count", lambda: 16)
+    assert cases.worker_counts()[-1] == 32
+    assert cases.knob_workers("cpu") == 2
+
+
+def test_emulated_precision_combinations_leave_the_cpu_profile():
+    from gpubench.cases import budget_reason, native_cpu_precisions
+    from gpubench.config import RunConfig
+
+    base = RunConfig(model="resnet18", profile="cpu")
+    assert budget_reason(base.with_(precision="bf16")) is None  # the precision group's case
+    stacked = budget_reason(base.with_(precision="bf16", checkpointing=True))
+    if "bf16" in native_cpu_precisions():
+        assert stacked is None
+    else:
+        assert "emulated" in stacked and "gpubench case" in stacked
+    assert budget_reason(base.with_(device="cuda", precision="bf16", checkpointing=True)) is None
