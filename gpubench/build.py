@@ -33,6 +33,7 @@ from gpubench.workload import (
     TrainModule,
     Workload,
     build_train_module,
+    initial_train_module,
 )
 
 LEARNING_RATES = {"sgd": 0.01, "adam": 1e-3, "adamw": 1e-3}
@@ -276,8 +277,8 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     micro_batch = cfg.resolved_micro_batch
     precision = Precision(cfg.precision, device.type, sharded=cfg.parallel == "fsdp")
     strategy = _strategy(cfg, rank, devices, precision)
-    torch.manual_seed(cfg.seed)  # every rank and case of a model starts from the same weights
-    eager: TrainModule = build_train_module(workload, checkpointing=cfg.checkpointing)
+    # Every rank and case of a model starts from the same weights (initialised once).
+    eager: TrainModule = initial_train_module(workload, cfg.seed, cfg.checkpointing)
     memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
     eager = eager.to(device=device, memory_format=memory_format).train()
     # FSDP shards the model in place (and cannot be copied after): the check's unsharded

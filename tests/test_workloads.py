@@ -193,3 +193,21 @@ def test_case_command_runs_one_configuration(tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())["benchmarks"][0]["extra_info"]
     assert record["case_id"] == "kws-bf16-accum2-mb4" and record["global_batch"] == 8
+
+
+def test_initial_weights_are_built_once_and_copied_with_the_rng_where_a_build_leaves_it():
+    from gpubench import workload as wl
+
+    w = wl.resolve("bert", "smoke")
+    torch.manual_seed(0)
+    fresh = wl.build_train_module(w)
+    after_fresh = torch.rand(3)
+    wl._INITIAL.clear()
+    first = wl.initial_train_module(w, 0)
+    after_first = torch.rand(3)
+    second = wl.initial_train_module(w, 0, checkpointing=True)
+    after_second = torch.rand(3)
+    assert torch.equal(after_fresh, after_first) and torch.equal(after_fresh, after_second)
+    for a, b, c in zip(fresh.parameters(), first.parameters(), second.parameters(), strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert second is not first and next(second.parameters()) is not next(first.parameters())
