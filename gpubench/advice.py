@@ -601,10 +601,13 @@ def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommen
 
 def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,
                     recommendations: list[Recommendation] | None = None) -> str:
-    lines = ["| model | claim | measured | verdict | why | chart |", "|---|---|---|---|---|---|"]
-    for v in advise(df):
-        lines.append(f"| {v.model} | {v.claim} | {v.measured} | **{v.verdict}** | {v.why} | "
-                     f"[{v.chart}]({v.chart}) |")
+    from gpubench.tables import markdown_table
+
+    rows = [{"model": v.model, "claim": v.claim, "measured": v.measured,
+             "verdict": f"**{v.verdict}**", "why": v.why, "chart": f"[{v.chart}]({v.chart})"}
+            for v in advise(df)]
+    lines = [markdown_table(rows, columns=("model", "claim", "measured", "verdict", "why",
+                                           "chart"))]
     recs = recommend(df, budget_bytes) if recommendations is None else recommendations
     if recs:
         budget = "" if budget_bytes is None else f" within {budget_bytes / 2**20:,.0f} MiB"

@@ -1,10 +1,11 @@
-"""argparse types for bounded numbers: a bad value is argparse's one-line error (exit 2) naming
-the value and what was expected."""
+"""argparse types for bounded numbers and byte sizes: a bad value is argparse's one-line error
+(exit 2) naming the value and what was expected."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 
@@ -40,3 +41,42 @@ positive_int = bounded(int, low=1)
 non_negative_int = bounded(int, low=0)
 non_negative = bounded(float, low=0)
 positive = bounded(float, low=0, open_low=True)
+
+
+BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30,
+    "t": 2**40, "tib": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+"""Byte-size suffixes (any case): K, M, G, T and KiB ... TiB are powers of 2 (``8G`` = ``8GiB``
+= 8 x 2**30 bytes); KB ... TB are powers of 10 (``8GB`` = 8 x 10**9 bytes)."""
+
+BYTE_SIZE_HELP = ("a byte size: a number with an optional unit, K/M/G/T or KiB/MiB/GiB/TiB "
+                  "(powers of 2: 8G = 8GiB = 8 x 2**30 bytes) or KB/MB/GB/TB (powers of 10: "
+                  "8GB = 8 x 10**9 bytes)")
+
+_BYTE_SIZE = re.compile(r"^\s*(?P<number>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?P<unit>[a-z]*)\s*$")
+
+
+def parse_bytes(text: str) -> int:
+    """``8G``, ``8GiB`` (8 x 2**30), ``8GB`` (8 x 10**9), ``1.5 MiB``, ``1000000`` -> bytes;
+    ``ValueError`` (one line) for anything else or a size that is not positive."""
+    match = _BYTE_SIZE.match(str(text).lower())
+    if not match or match["unit"] not in BYTE_UNITS:
+        raise ValueError(f"memory size must be {BYTE_SIZE_HELP}; got {text!r}")
+    value = float(match["number"]) * BYTE_UNITS[match["unit"]]
+    if not math.isfinite(value) or int(value) <= 0:
+        raise ValueError(f"memory size must be positive; got {text!r}")
+    return int(value)
+
+
+def byte_size(text: str) -> int:
+    """argparse type of a byte size (``parse_bytes``)."""
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+byte_size.__name__ = "byte size"

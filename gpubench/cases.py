@@ -59,13 +59,14 @@ def budget_reason(cfg: RunConfig) -> str | None:
     (answering the AMP claim) and its combinations with other techniques are left out (each
     emulated step costs seconds and says nothing about a device with the units). ``gpubench
     case`` runs any of them on request."""
-    if cfg.device != "cpu" or cfg.precision not in ("bf16", "fp16"):
+    precision = "bf16" if cfg.fsdp_mixed_precision else cfg.precision
+    if cfg.device != "cpu" or precision not in ("bf16", "fp16"):
         return None
     if cfg == cfg.baseline.with_(precision=cfg.precision):
         return None
-    if cfg.precision in native_cpu_precisions():
+    if precision in native_cpu_precisions():
         return None
-    return (f"{cfg.precision} is emulated on this CPU (no AVX512-BF16/AMX units), about 10x "
+    return (f"{precision} is emulated on this CPU (no AVX512-BF16/AMX units), about 10x "
             f"slower than fp32: the precision group measures it alone, its combinations are "
             f"left out of the {cfg.profile} profile's time budget (run it with gpubench case)")
 
@@ -126,9 +127,10 @@ def layout_cases(base: RunConfig) -> list[RunConfig]:
 
 
 def parallel_cases(base: RunConfig) -> list[RunConfig]:
-    """DDP (also with k=2 accumulation, with and without no_sync, and bf16), DataParallel, and for
-    workloads with ``stages`` model and pipeline parallelism. On CUDA, DDP also at 4 and 8 GPUs:
-    those cases skip with their requirement on a smaller machine."""
+    """DDP (also with k=2 accumulation, with and without no_sync, and bf16), FSDP2 (also with its
+    bf16 ``MixedPrecisionPolicy``), DataParallel, and for workloads with ``stages`` model and
+    pipeline parallelism. On CUDA, DDP and FSDP also at 4 and 8 GPUs: those cases skip with
+    their requirement on a smaller machine."""
     world_sizes = (2, 4, 8) if base.device == "cuda" else (2,)
     ddp = [base.with_(parallel="ddp", world_size=n) for n in world_sizes]
     ddp += [
@@ -137,7 +139,7 @@ def parallel_cases(base: RunConfig) -> list[RunConfig]:
         base.with_(parallel="ddp", world_size=2, precision="bf16"),
     ]
     fsdp = [
-        base.with_(parallel="fsdp", world_size=2),
+        *(base.with_(parallel="fsdp", world_size=n) for n in world_sizes),
         base.with_(parallel="fsdp", world_size=2, fsdp_mixed_precision=True),
     ]
     dp = [base.with_(parallel="dp", world_size=n) for n in (1, 2)]

@@ -9,7 +9,14 @@ import tempfile
 from pathlib import Path
 
 from gpubench import atomic
-from gpubench.argtypes import non_negative, non_negative_int, positive, positive_int
+from gpubench.argtypes import (
+    BYTE_SIZE_HELP,
+    byte_size,
+    non_negative,
+    non_negative_int,
+    positive,
+    positive_int,
+)
 from gpubench.cases import GROUPS, default_profile, profile_cases
 from gpubench.config import DEVICES, PROFILES
 
@@ -423,9 +430,11 @@ def cmd_case(args: argparse.Namespace) -> int:
     bench = StandaloneBenchmark(f"case[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
     bench.extra_info["group"] = "case"
     print(f"gpubench case: {cfg.id} ({profile}, {device}) ...", flush=True)
-    try:
-        run_case(bench, cfg, rounds=args.rounds, warmup_rounds=args.warmup,
-                 timeout_s=args.timeout, max_time_s=args.max_time)
+    from gpubench.progress import with_progress
+
+    try:  # a live "case: round i/n" line on stderr, where that is a terminal
+        run_case(with_progress(bench, cfg.id), cfg, rounds=args.rounds,
+                 warmup_rounds=args.warmup, timeout_s=args.timeout, max_time_s=args.max_time)
     except Unsupported as why:
         print(f"gpubench case: {cfg.id} cannot run here: {why}", file=sys.stderr)
         return 3
@@ -534,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--results", help="use this benchmark JSON instead of running")
     adv.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
     adv.add_argument("--device", default="auto", choices=("auto", *DEVICES))
-    adv.add_argument("--budget", help="memory budget for the recommendation, e.g. 8GiB")
+    adv.add_argument("--budget", type=byte_size,
+                     help="memory budget for the recommendation, e.g. 8G; " + BYTE_SIZE_HELP)
     adv.add_argument("--out", help="folder for advice.md (default: beside the results)")
     adv.set_defaults(func=cmd_advise)
 
@@ -578,8 +588,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """``warnings.formatwarning`` for the command line: one line, without the source line
+    Python prints under a warning (``gpubench: warning: <message>``; where the warning is not
+    gpubench's own ``UserWarning``, its category and origin too)."""
+    text = " ".join(str(message).split())
+    if category is UserWarning:
+        return f"gpubench: warning: {text}\n"
+    return f"gpubench: {category.__name__}: {text} ({Path(filename).name}:{lineno})\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     args = build_parser().parse_args(argv)
+    previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:
         return args.func(args)
     except ValueError as err:  # bad input: results files, workload specs, configurations
@@ -587,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gpubench: {err}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = previous
 
 
 if __name__ == "__main__":

@@ -139,19 +139,8 @@ def find_frontier(cfg: RunConfig, budget_bytes: int | None = None,
 
 
 def parse_bytes(text: str) -> int:
-    """'2GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1}
-    raw = text.strip().lower()
-    unit = next((u for u in units if raw.endswith(u)), "")
-    number, factor = raw[: len(raw) - len(unit)].strip(), units.get(unit, 1)
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(
-            f"memory size must be a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, "
-            f"MB, GB, TB); got {text!r}"
-        ) from None
-    if value <= 0:
-        raise ValueError(f"memory size must be positive; got {text!r}")
-    return int(value * factor)
+    """'8G' and '8GiB' (8 x 2**30), '8GB' (8 x 10**9), '512MiB', '1000000' -> bytes
+    (``gpubench.argtypes.parse_bytes``)."""
+    from gpubench.argtypes import parse_bytes as parse
+
+    return parse(text)

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from gpubench.argtypes import non_negative_int, positive_int
 from gpubench.config import (
     DEVICES,
     OPTIMIZER_IMPLS,
@@ -35,17 +36,18 @@ def add_dist_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
     p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp", "pipeline"))
     p.add_argument("--precision", default="fp32", choices=PRECISIONS)
-    p.add_argument("--accum-steps", type=int, default=1)
-    p.add_argument("--micro-batch", type=int, default=None)
+    p.add_argument("--accum-steps", type=positive_int, default=1)
+    p.add_argument("--micro-batch", type=positive_int, default=None)
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
     p.add_argument("--optimizer-impl", default="default", choices=OPTIMIZER_IMPLS)
     p.add_argument("--no-sync", action="store_true", help="DDP: no_sync while accumulating")
     p.add_argument("--fsdp-mixed-precision", action="store_true",
                    help="FSDP: its MixedPrecisionPolicy (bf16 compute, fp32 reduction)")
-    p.add_argument("--chunks", type=int, default=1, help="pipeline micro-batches per batch")
+    p.add_argument("--chunks", type=positive_int, default=1,
+                   help="pipeline micro-batches per batch")
     p.add_argument("--schedule", default="gpipe", choices=SCHEDULES)
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=10)
+    p.add_argument("--warmup", type=non_negative_int, default=2)
     p.add_argument("--out", required=True, help="pytest-benchmark JSON written by rank 0")
 
 
@@ -53,9 +55,11 @@ def dist_main(args: argparse.Namespace) -> int:
     import torch  # heavy imports here: the command line's --help stays fast
     import torch.distributed as dist
 
+    from gpubench.build import unsupported_reason
     from gpubench.distributed import LocalRanks, backend_for
     from gpubench.machine import default_device, machine_info
     from gpubench.measure import CaseProgram
+    from gpubench.progress import with_progress
     from gpubench.runner import run_case
     from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
 
@@ -70,13 +74,28 @@ def dist_main(args: argparse.Namespace) -> int:
     device = default_device() if args.device == "auto" else args.device
     profile = args.profile if args.profile != "auto" else (
         "gpu-small" if device == "cuda" else "cpu")
-    cfg = RunConfig(
-        model=args.model, profile=profile, device=device, precision=args.precision,
-        accum_steps=args.accum_steps, micro_batch=args.micro_batch, optimizer=args.optimizer,
-        optimizer_impl=args.optimizer_impl, parallel=args.parallel, world_size=world,
-        ddp_no_sync=args.no_sync, chunks=args.chunks, schedule=args.schedule,
-        fsdp_mixed_precision=args.fsdp_mixed_precision,
-    )
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    # Every argument is checked before the process group: a bad one is one line and exit 2 on
+    # each rank, not a hang at the rendezvous or a traceback per rank.
+    try:
+        cfg = RunConfig(
+            model=args.model, profile=profile, device=device, precision=args.precision,
+            accum_steps=args.accum_steps, micro_batch=args.micro_batch,
+            optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
+            parallel=args.parallel, world_size=world, ddp_no_sync=args.no_sync,
+            chunks=args.chunks, schedule=args.schedule,
+            fsdp_mixed_precision=args.fsdp_mixed_precision,
+        )
+        # The device count is per node here (a job spans machines): each rank needs its GPU.
+        reason = unsupported_reason(cfg, check_devices=False)
+        if reason is None and device == "cuda" and local_world > torch.cuda.device_count():
+            reason = (f"{local_world} ranks on this node need {local_world} CUDA devices; "
+                      f"it has {torch.cuda.device_count()}")
+    except ValueError as err:
+        reason = str(err)
+    if reason:
+        print(f"gpubench dist: {' '.join(reason.split())}", file=sys.stderr)
+        return 2
     if device == "cuda":
         # This rank's device before the process group: NCCL binds its communicator to it
         # (device_id), and nothing of this rank lands on GPU 0.
@@ -86,12 +105,12 @@ def dist_main(args: argparse.Namespace) -> int:
     else:
         dist.init_process_group(backend_for(device))
     try:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         group = LocalRanks(CaseProgram(rank, world, cfg, local_rank, local_world))
         bench = StandaloneBenchmark(f"torchrun[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
         bench.extra_info["group"] = "parallel"
         bench.extra_info["launcher"] = "torchrun"
-        run_case(bench, cfg, rounds=args.rounds, warmup_rounds=args.warmup, group=group)
+        shown = with_progress(bench, cfg.id) if rank == 0 else bench  # stderr a terminal
+        run_case(shown, cfg, rounds=args.rounds, warmup_rounds=args.warmup, group=group)
         if rank == 0:
             write_benchmark_json(args.out, [bench], machine_info(device))
             print(f"gpubench dist: {cfg.id}: median step {bench.extra_info['step_time_s']:.4f} s,"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 
@@ -18,16 +19,17 @@ def device_name(device: torch.device) -> str:
     return cpu_model()
 
 
+@functools.cache
 def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo (Linux), else what platform knows."""
+    """The CPU's marketing name from py-cpuinfo (``brand_raw``, the name pytest-benchmark
+    records in ``machine_info.cpu``), else what platform knows."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        import cpuinfo  # py-cpuinfo, installed with pytest-benchmark
+
+        name = cpuinfo.get_cpu_info().get("brand_raw")
+    except Exception:  # a probe of the machine: fall back, never fail a run
+        name = None
+    return name or platform.processor() or platform.machine()
 
 
 def default_device() -> str:

@@ -9,8 +9,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpubench import atomic
+from gpubench.argtypes import BYTE_SIZE_HELP, byte_size
 from gpubench.cases import baseline, default_profile
 from gpubench.config import DEVICES, PROFILES, RunConfig
+from gpubench.tables import markdown_table
 
 TECHNIQUES = {
     "fp32": {},
@@ -22,6 +24,9 @@ TECHNIQUES = {
     "sgd-zerofill": {"zero_grad_set_to_none": False},
 }
 """Technique sets the frontier can compare, by name."""
+
+FRONTIER_COLUMNS = ("technique", "largest micro-batch that fits", "tries")
+LEAK_COLUMNS = ("loop", "growth per step (MiB)", "verdict")
 
 MAX_BATCH = {"cuda": 65536, "cpu": 1024}
 """Default upper limit of the frontier search per device: on CUDA large enough that a small
@@ -43,8 +48,9 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
     p.add_argument("--techniques", default="fp32,bf16,bf16+ckpt",
                    help=f"comma-separated, from {', '.join(TECHNIQUES)}")
-    p.add_argument("--budget", help="memory budget standing in for the device on the CPU "
-                   "(process peak), e.g. 2GiB; on CUDA the device is the limit")
+    p.add_argument("--budget", type=byte_size,
+                   help="memory budget standing in for the device on the CPU (process peak), "
+                   "e.g. 2G; on CUDA the device is the limit; " + BYTE_SIZE_HELP)
     p.add_argument("--max-batch", type=int, default=None,
                    help="upper limit of the search (default: "
                    f"{MAX_BATCH['cuda']} on CUDA, enough for a 141 GB H200, "
@@ -76,8 +82,8 @@ def memory_main(args: argparse.Namespace) -> int:
     base = baseline(args.model, profile, device)
     configs = [technique_config(base, t) for t in args.techniques.split(",") if t]
     lines = [f"# gpubench memory: {base.name} ({profile}, {device})", "",
-             "## OOM frontier", "",
-             "| technique | largest micro-batch that fits | tries |", "|---|---:|---:|"]
+             "## OOM frontier", ""]
+    frontier_rows = []
     report = {"model": base.name, "workload": args.model, "profile": profile, "device": device,
               "budget_bytes": budget, "frontier": [], "leaks": [], "allocator": None}
     snapshot_line = None
@@ -92,19 +98,25 @@ def memory_main(args: argparse.Namespace) -> int:
         else:
             frontier = find_frontier(cfg, budget, limit=max_batch)
         capped = f" (search limit {max_batch})" if frontier.capped else ""
-        lines.append(f"| {cfg.id} | {frontier.max_batch}{capped} | {len(frontier.tries)} |")
+        frontier_rows.append({"technique": cfg.id,
+                              "largest micro-batch that fits": f"{frontier.max_batch}{capped}",
+                              "tries": len(frontier.tries)})
         report["frontier"].append(asdict(frontier))
+    lines.append(markdown_table(frontier_rows, ["left", "right", "right"], FRONTIER_COLUMNS))
     if snapshot_line:
         lines += ["", snapshot_line]
     if not args.no_leaks:
-        lines += ["", "## Leak check (classic leaky loops and their fixes)", "",
-                  "| loop | growth per step (MiB) | verdict |", "|---|---:|---|"]
+        lines += ["", "## Leak check (classic leaky loops and their fixes)", ""]
+        leak_rows = []
         # On the CPU the budget stands in for the device: a leaky loop stops when above it.
         leak_budget = budget if device == "cpu" else None
         for r in check_loops(lambda: build(base), budget_bytes=leak_budget):
-            lines.append(f"| {r.name} | {r.growth_bytes_per_step / 2**20:.2f} | {r.verdict} |")
+            leak_rows.append({"loop": r.name,
+                              "growth per step (MiB)": f"{r.growth_bytes_per_step / 2**20:.2f}",
+                              "verdict": r.verdict})
             report["leaks"].append({**asdict(r), "leaks": r.leaks,
                                     "out_of_memory": r.out_of_memory})
+        lines.append(markdown_table(leak_rows, ["left", "right", "left"], LEAK_COLUMNS))
     stats = allocator_stats(torch.device(device))
     report["allocator"] = stats
     lines += ["", "## Allocator", ""]

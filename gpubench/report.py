@@ -20,6 +20,7 @@ from gpubench.advice import advice_markdown
 from gpubench.charts import CHARTS, CannotPlot
 from gpubench.results import load_results
 from gpubench.summary import summary_markdown
+from gpubench.tables import markdown_table
 
 READING_GUIDE = """\
 - **Speedup** is the ratio of throughputs: the case's samples/s divided by the samples/s of the
@@ -127,9 +128,7 @@ def runs_markdown(df: pd.DataFrame) -> str:
             "date": _first(g["datetime"])[:19].replace("T", " "),
             "cases": str(int(steps["step_time_s"].notna().sum())),
         })
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(r.values()) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(rows, [*["left"] * 6, "right"])
 
 
 def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str]) -> list[Section]:

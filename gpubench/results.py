@@ -34,16 +34,19 @@ INT64_MAX = 2**63 - 1
 _STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl", "parallel",
         "case_id", "kind", "group", "note", "dataset", "schedule", "claim", "peak_memory_method",
         "device_name", "single_case_id", "case_id_base", "case_id_new", "workload",
-        "paired_baseline_case_id", "contention_reason", "telemetry_note", "top_ops_time")
+        "paired_baseline_case_id", "contention_reason", "telemetry_note", "top_ops_time",
+        "launcher")
 _BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
          "fsdp_mixed_precision", "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
-         "zero_grad_set_to_none", "timed", "contended")
+         "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark")
 _COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
            "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
 _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
           "activation_bytes", "activation_bytes_base", "activation_bytes_new",
           "step_memory_bytes", "peak_reserved_bytes", "flops_per_step", "num_workers",
-          "check_skipped_steps", "cache_items", "dataset_size")
+          "check_skipped_steps", "cache_items", "dataset_size", "dynamo_recompiles",
+          # kind "transfer" (benchmarks/test_transfer.py): host-to-device copies
+          "bytes", "copies_per_round", "matmuls_per_round")
 _POSITIVE = ("step_time_s", "samples_per_s", "speedup_paired", "speedup_paired_low",
              "speedup_paired_high", "baseline_step_time_s")
 _NON_NEGATIVE = ("tflops", "mfu", "peak_tflops", "allreduce_time_s", "comm_time_s",
@@ -58,7 +61,10 @@ _NON_NEGATIVE = ("tflops", "mfu", "peak_tflops", "allreduce_time_s", "comm_time_
                  "telemetry_sm_clock_mhz", "telemetry_mem_clock_mhz", "telemetry_power_w",
                  "telemetry_energy_j", "energy_j_per_step", "samples_per_kj",
                  "telemetry_sampler_cpu_s", "telemetry_on_step_time_s",
-                 "telemetry_off_step_time_s", "telemetry_sample_cpu_s", "telemetry_cpu_share")
+                 "telemetry_off_step_time_s", "telemetry_sample_cpu_s", "telemetry_cpu_share",
+                 # kind "transfer": copy bandwidth (GB/s, 10^9 bytes), times, overlap
+                 "bandwidth_gb_s", "copy_time_s", "matmul_time_s", "overlapped_time_s",
+                 "overlap_fraction")
 _LOSSES = ("loss_first", "last_loss", "loss_reference", "loss_rtol", "check_grad_cosine",
            "check_grad_norm_ratio", "check_update_cosine", "check_update_norm_ratio")
 EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
@@ -335,8 +341,9 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
       ``datetime`` (of the run), ``name`` (pytest-benchmark's test name), ``bench_group``;
     - ``kind``: ``step`` (one training-step case: the timing rows), ``claim`` (a paired A/B
       check of a speed-up claim: ``claim``, ``case_id_base``/``case_id_new``, per-round
-      ``rounds_base_s``/``rounds_new_s``) or ``overhead`` (gpubench's own cost, e.g.
-      ``process_overhead_s``); records without a kind (older files) are ``step``;
+      ``rounds_base_s``/``rounds_new_s``), ``overhead`` (gpubench's own cost, e.g.
+      ``process_overhead_s``) or ``transfer`` (CUDA host-to-device copies: ``bytes``,
+      ``bandwidth_gb_s``); records without a kind (older files) are ``step``;
     - pytest-benchmark's statistics in **seconds**: ``time_min``, ``time_max``, ``time_mean``,
       ``time_stddev``, ``time_median``, ``time_iqr``, ``time_q1``, ``time_q3``,
       ``time_rounds`` (a count) and ``rounds_s`` (the list of round times);
@@ -348,7 +355,7 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
       ``flops_per_step`` (FLOPs), ``tflops`` (achieved 10^12 FLOP/s), ``mfu`` (fraction of
       the measured matmul peak), ``accum_steps``, ``micro_batch``, ``global_batch``,
       ``world_size`` (counts), ``is_baseline``; other fields follow the same convention
-      (``_s`` seconds, ``_bytes`` bytes, ``_fraction`` a ratio).
+      (``_s`` seconds, ``_bytes`` bytes, ``_fraction`` a ratio; README, "Python API").
 
     Integer and boolean fields have pandas' nullable dtypes (``Int64``, ``boolean``): a field
     that a record kind lacks is ``<NA>``, not a float NaN or ``None``. Step records lacking
@@ -406,9 +413,47 @@ def training_memory(df: pd.DataFrame) -> pd.Series:
     return peak.where(df["device"] == "cuda", pd.Series(exact, index=df.index))
 
 
+MACHINE_IDENTITY = ("machine_cpu", "device_name")
+"""What makes two runs' records comparable when one borrows the other's baseline: the same CPU
+and device names (with the same model, profile and device)."""
+
+
+def baseline_runs(df: pd.DataFrame) -> pd.Series:
+    """The run whose FP32 baseline (and single-device cases) each row is compared with: its
+    own where it has one for the row's model, profile and device; otherwise another run of the
+    same model, profile, device and machine (``MACHINE_IDENTITY``) that has one, one on the
+    same node first. A case run on its own, such as ``gpubench dist`` under torchrun or
+    ``gpubench case``, so gets its speedup and scaling efficiency from a baseline in another
+    file (``gpubench summary base.json ddp.json``). Rows without any stay on their own run."""
+    def col(frame: pd.DataFrame, name: str) -> list:
+        values = frame[name] if name in frame else pd.Series(None, index=frame.index)
+        return [None if pd.isna(v) else v for v in values.astype(object)]
+
+    keys = ("run", "model", "profile", "device")
+    rows = list(zip(*(col(df, k) for k in (*keys, *MACHINE_IDENTITY, "machine_node")),
+                    strict=True))
+    is_base = (df["is_baseline"] == True).fillna(False).tolist()  # noqa: E712
+    own, by_machine = set(), {}
+    for row, base in zip(rows, is_base, strict=True):
+        if base:
+            own.add(row[:4])
+            by_machine.setdefault((*row[1:4], *row[4:6]), {}).setdefault(row[0], row[6])
+    runs = []
+    for row in rows:
+        if row[:4] in own:
+            runs.append(row[0])
+            continue
+        candidates = by_machine.get((*row[1:4], *row[4:6]), {})
+        same_node = [r for r, node in candidates.items() if node == row[6]]
+        runs.append((same_node or list(candidates) or [row[0]])[0])
+    return pd.Series(runs, index=df.index, dtype=object)
+
+
 def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """Add ``speedup`` and ``memory_ratio`` against the FP32 single-device baseline of the same
-    run, model, profile and device.
+    run, model, profile and device; for a run without one (a torchrun record of
+    ``gpubench dist``, a ``gpubench case`` file), the baseline of another run of the same
+    model, profile, device and machine, named in ``baseline_run`` (see ``baseline_runs``).
 
     ``speedup`` is the ratio of throughputs (samples/s of the global batch): for cases with the
     baseline's global batch it equals baseline step time / step time, and it stays fair for
@@ -420,12 +465,14 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     ``memory_ratio`` compares ``training_memory_bytes`` (see ``training_memory``)."""
     df = df.copy()
     df["training_memory_bytes"] = training_memory(df)
+    df["baseline_run"] = baseline_runs(df)
     keys = ["run", "model", "profile", "device"]
     cols = ["step_time_s", "samples_per_s", "global_batch", "peak_memory_bytes",
             "training_memory_bytes"]
     base = df[df["is_baseline"] == True][keys + cols]  # noqa: E712
     base = base.drop_duplicates(keys).rename(columns={c: f"base_{c}" for c in cols})
-    df = df.merge(base, on=keys, how="left")
+    base = base.rename(columns={"run": "baseline_run"})
+    df = df.merge(base, on=["baseline_run", *keys[1:]], how="left")
     separate = (df["samples_per_s"] / df["base_samples_per_s"]).astype(float)
     paired = (df["speedup_paired"].astype(float) if "speedup_paired" in df
               else pd.Series(float("nan"), index=df.index))
@@ -494,18 +541,26 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
 
 def with_scaling(df: pd.DataFrame) -> pd.DataFrame:
     """Add ``scaling_efficiency`` to parallel cases: samples/s / (devices x samples/s of the
-    single-device case with the same per-device settings, ``single_case_id``). 1.0 is perfect
-    scaling; single-device cases get 1.0 by definition. Where both cases have paired speedups
-    against the same baseline, their ratio is used (drift-robust)."""
+    single-device case with the same per-device settings, ``single_case_id``, of the same run,
+    else of ``baseline_run``). 1.0 is perfect scaling; single-device cases get 1.0 by
+    definition. Where both cases have paired speedups against the same baseline, their ratio
+    is used (drift-robust)."""
     if "single_case_id" not in df:
         df["scaling_efficiency"] = float("nan")
         return df
     single = df[["run", "case_id", "samples_per_s", "speedup", "speedup_method"]].rename(
         columns={"case_id": "single_case_id", "samples_per_s": "single_samples_per_s",
                  "speedup": "single_speedup", "speedup_method": "single_speedup_method"}
-    )
-    df = df.merge(single.drop_duplicates(["run", "single_case_id"]),
-                  on=["run", "single_case_id"], how="left")
+    ).drop_duplicates(["run", "single_case_id"])
+    single_cols = [c for c in single if c not in ("run", "single_case_id")]
+    df = df.merge(single, on=["run", "single_case_id"], how="left")
+    if "baseline_run" in df:  # a run without the single-device case: its baseline's run
+        other = df[["baseline_run", "single_case_id"]].merge(
+            single.rename(columns={"run": "baseline_run"}),
+            on=["baseline_run", "single_case_id"], how="left")
+        missing = df["single_samples_per_s"].isna()
+        for c in single_cols:
+            df[c] = df[c].where(~missing, other[c].to_numpy())
     devices = df["world_size"].where(df["parallel"] != "single", 1).astype(float)
     separate = df["samples_per_s"] / (devices * df["single_samples_per_s"])
     both_paired = (df["speedup_method"] == "paired") & (df["single_speedup_method"] == "paired")

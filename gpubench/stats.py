@@ -55,6 +55,10 @@ def _ratio_of_medians(a, b, axis=-1):
     return np.median(a, axis=axis) / np.median(b, axis=axis)
 
 
+def _median_ratio(a, b, axis=-1):
+    return np.median(a / b, axis=axis)
+
+
 def ratio_of_medians(a: ArrayLike, b: ArrayLike) -> float:
     a, b = _array(a), _array(b)
     if not a.size or not b.size:
@@ -102,14 +106,15 @@ def per_round_ratios(a: ArrayLike, b: ArrayLike) -> np.ndarray:
 
 def paired_ratio_ci(a: ArrayLike, b: ArrayLike, *, confidence: float = CONFIDENCE,
                     n_resamples: int = N_RESAMPLES, seed: int = 0) -> tuple[float, float]:
-    """Bootstrap interval of the median per-round ratio a[i] / b[i] (rounds resampled as
-    pairs). Fewer than two rounds: the point itself (NaNs when there is none)."""
+    """Bootstrap interval of the median per-round ratio a[i] / b[i] (``scipy.stats.bootstrap``
+    with ``paired=True``: rounds resampled as pairs). Fewer than two rounds: the point itself
+    (NaNs when there is none)."""
     ratios = per_round_ratios(a, b)
     if not ratios.size:
         return math.nan, math.nan
     if ratios.size == 1:
         return float(ratios[0]), float(ratios[0])
-    return _interval((ratios,), lambda r, axis=-1: np.median(r, axis=axis), paired=False,
+    return _interval((_array(a), _array(b)), _median_ratio, paired=True,
                      confidence=confidence, n_resamples=n_resamples, seed=seed)
 
 

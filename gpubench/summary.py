@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from gpubench import tables
 from gpubench.results import with_baseline_ratios
 
 COLUMNS = {
@@ -42,9 +43,11 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
             "speedup": df["speedup"],
             "speedup_ci": [
                 f"{lo:.2f}-{hi:.2f}" if method == "paired" and lo == lo else
-                ("separate runs" if sp == sp else "-")
-                for lo, hi, method, sp in zip(df["speedup_low"], df["speedup_high"],
-                                              df["speedup_method"], df["speedup"], strict=True)],
+                (("separate runs" if run == base_run else f"separate runs (baseline: {base_run})")
+                 if sp == sp else "-")
+                for lo, hi, method, sp, run, base_run in zip(
+                    df["speedup_low"], df["speedup_high"], df["speedup_method"], df["speedup"],
+                    df["run"], df["baseline_run"], strict=True)],
             "memory_ratio": df["memory_ratio"],
             "mfu": df["mfu"],
             # Single-device cases scale perfectly by definition: show the figure only where
@@ -57,7 +60,7 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fmt(value: object, column: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if column == "scaling_efficiency":
         return f"{100 * value:.0f}%"
@@ -73,14 +76,11 @@ def _fmt(value: object, column: str) -> str:
 
 
 def markdown_table(frame: pd.DataFrame, columns: dict[str, str]) -> str:
-    """A GitHub-flavoured Markdown table of ``columns`` (source name -> header)."""
-    lines = [
-        "| " + " | ".join(columns.values()) + " |",
-        "|" + "|".join("---" if c == "case_id" else "---:" for c in columns) + "|",
-    ]
-    for _, row in frame.iterrows():
-        lines.append("| " + " | ".join(_fmt(row[c], c) for c in columns) + " |")
-    return "\n".join(lines)
+    """A GitHub-flavoured Markdown table of ``columns`` (source name -> header), written by
+    pandas (``gpubench.tables``): the case left-aligned, the figures right-aligned."""
+    cells = pd.DataFrame({header: [_fmt(v, c) for v in frame[c]]
+                          for c, header in columns.items()})
+    return tables.markdown_table(cells, ["left" if c == "case_id" else "right" for c in columns])
 
 
 def summary_markdown(df: pd.DataFrame) -> str:

@@ -126,6 +126,8 @@ def trace_case(group, cfg, trace_dir: str | Path) -> dict:
 CHANGED_OPS = 5
 """Operators listed per case in the report's comparison."""
 
+OP_COLUMNS = ("operator", "baseline (ms)", "case (ms)", "change")
+
 
 def _ops_by_name(value) -> dict[str, float] | None:
     if not isinstance(value, list) or not value:
@@ -154,6 +156,8 @@ def op_changes_markdown(df) -> str:
     """For each traced precision case (each other traced case when a run has none) against
     its run's traced FP32 baseline: the operators whose time per step changed most. Empty when
     no case was traced."""
+    from gpubench.tables import markdown_table  # pandas: only where a report is written
+
     if "top_ops" not in df:
         return ""
     traced = df[df["top_ops"].map(lambda v: isinstance(v, list) and len(v) > 0)]
@@ -170,16 +174,16 @@ def op_changes_markdown(df) -> str:
             others = others[others["group"] == "precision"]
         kind = base_row.get("top_ops_time") or "cpu"
         for _, row in others.iterrows():
-            lines = [f"#### {row['case_id']} vs {base_row['case_id']} ({run}, self {kind} "
-                     "time per step)", "",
-                     "| operator | baseline (ms) | case (ms) | change |", "|---|---:|---:|---:|"]
+            rows = []
             for c in op_changes(base_row["top_ops"], row["top_ops"]):
                 ratio = ("new in top ops" if not c["in_base"] else
                          "left top ops" if not c["in_case"] else
                          f"{c['case_s'] / c['base_s']:.2f}x" if c["base_s"] > 0 else "-")
-                name = c["name"].replace("|", "\\|")
-                lines.append(f"| `{name}` | {_ms(c['base_s'])} | {_ms(c['case_s'])} | {ratio} |")
-            parts.append("\n".join(lines) + "\n")
+                rows.append({"operator": f"`{c['name']}`", "baseline (ms)": _ms(c["base_s"]),
+                             "case (ms)": _ms(c["case_s"]), "change": ratio})
+            table = markdown_table(rows, ["left", "right", "right", "right"], OP_COLUMNS)
+            parts.append(f"#### {row['case_id']} vs {base_row['case_id']} ({run}, self {kind} "
+                         f"time per step)\n\n{table}\n")
     return "\n".join(parts)
 
 

@@ -71,6 +71,26 @@ def test_intervals_are_reproducible_and_bracket_the_estimate():
     assert paired_ratio_ci(a, b) == (paired.low, paired.high)
 
 
+def test_intervals_are_scipy_bootstrap_paired_where_rounds_are_paired():
+    """The intervals are ``scipy.stats.bootstrap``'s (percentile, seeded): independent samples
+    each resampled on its own, paired rounds resampled as pairs (``paired=True``)."""
+    from scipy import stats
+
+    rng = np.random.default_rng(5)
+    a, b = _rounds(rng, 10), _rounds(rng, 10, 0.9)
+    common = {"vectorized": True, "axis": -1, "n_resamples": 500, "confidence_level": 0.95,
+              "method": "percentile"}
+    paired = stats.bootstrap((a, b), lambda x, y, axis=-1: np.median(x / y, axis=axis),
+                             paired=True, rng=np.random.default_rng(4), **common)
+    assert paired_ratio_ci(a, b, n_resamples=500, seed=4) == pytest.approx(
+        (paired.confidence_interval.low, paired.confidence_interval.high))
+    separate = stats.bootstrap(
+        (a, b), lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis),
+        paired=False, rng=np.random.default_rng(4), **common)
+    assert bootstrap_ratio_ci(a, b, n_resamples=500, seed=4) == pytest.approx(
+        (separate.confidence_interval.low, separate.confidence_interval.high))
+
+
 def test_degenerate_samples():
     assert bootstrap_ratio_ci([2.0], [1.0]) == (2.0, 2.0)
     low, high = bootstrap_ratio_ci([2.0], [1.0, 1.0, 1.0])
