@@ -383,9 +383,10 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
                 stacklevel=2,
             )
     df = pd.DataFrame(rows)
-    for col in (*REQUIRED_FIELDS, *EXTRA_SCHEMA):  # a stable set of columns, whatever the file
-        if col not in df:
-            df[col] = None
+    # A stable set of columns, whatever the file (added at once: one by one fragments the frame).
+    absent = [c for c in dict.fromkeys((*REQUIRED_FIELDS, *EXTRA_SCHEMA)) if c not in df]
+    df = pd.concat([df, pd.DataFrame({c: pd.Series([None] * len(df), index=df.index,
+                                                    dtype=object) for c in absent})], axis=1)
     for col in df.columns:
         dtype = _dtype(col)
         if dtype is not None:

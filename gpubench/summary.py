@@ -75,12 +75,17 @@ def _fmt(value: object, column: str) -> str:
     return str(value)
 
 
+TEXT_COLUMNS = ("case_id", "flags", "status")
+"""Left-aligned columns; the others hold figures, right-aligned."""
+
+
 def markdown_table(frame: pd.DataFrame, columns: dict[str, str]) -> str:
     """A GitHub-flavoured Markdown table of ``columns`` (source name -> header), written by
-    pandas (``gpubench.tables``): the case left-aligned, the figures right-aligned."""
+    pandas (``gpubench.tables``): text left-aligned, figures right-aligned."""
     cells = pd.DataFrame({header: [_fmt(v, c) for v in frame[c]]
                           for c, header in columns.items()})
-    return tables.markdown_table(cells, ["left" if c == "case_id" else "right" for c in columns])
+    return tables.markdown_table(cells, ["left" if c in TEXT_COLUMNS else "right"
+                                         for c in columns])
 
 
 def summary_markdown(df: pd.DataFrame) -> str:
@@ -89,8 +94,8 @@ def summary_markdown(df: pd.DataFrame) -> str:
     parts = []
     for (run, model), group in frame.groupby(["run", "model"], sort=False):
         parts.append(f"### {model} ({run})\n\n{markdown_table(group, COLUMNS)}\n")
-    if "harness_overhead" in df:
-        over = df.dropna(subset=["harness_overhead"])
+    over = df.dropna(subset=["harness_overhead"]) if "harness_overhead" in df else df.iloc[:0]
+    if not over.empty:
         cols = {"case_id": "case", "gpubench_ms": "gpubench step (ms)",
                 "handwritten_ms": "hand-written step (ms)", "harness_overhead": "overhead"}
         over = over.assign(gpubench_ms=over["gpubench_step_time_s"] * 1e3,
@@ -109,8 +114,9 @@ def summary_markdown(df: pd.DataFrame) -> str:
                     "sample_us": "CPU per sample (us)"}
             parts.append("### Telemetry sampling cost (alternating rounds)\n\n"
                          + markdown_table(tele, cols) + "\n")
-    if "process_overhead_s" in df:
-        procs = df.dropna(subset=["process_overhead_s"])
+    procs = (df.dropna(subset=["process_overhead_s"]) if "process_overhead_s" in df
+             else df.iloc[:0])
+    if not procs.empty:
         procs = procs.assign(overhead_us=procs["process_overhead_s"] * 1e6)
         cols = {"case_id": "case", "world_size": "processes",
                 "overhead_us": "per-step command round trip (us)"}

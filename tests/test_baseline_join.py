@@ -15,7 +15,7 @@ from gpubench.config import RunConfig
 from gpubench.machine import cpu_model
 from gpubench.results import load_results, with_baseline_ratios
 from gpubench.runner import run_case
-from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+from gpubench.standalone import StandaloneBenchmark
 from gpubench.summary import summary_frame
 
 SPEEDUP = 1.5  # the hand-made ddp record's throughput over the baseline's
@@ -70,6 +70,7 @@ def test_torchrun_record_joins_the_baseline_of_another_file(baseline_record, tmp
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if "-ddp2" in line)
     assert "1.50x" in line and "75%" in line and "baseline: base" in line
+    assert "Harness overhead" not in out and "Multi-process" not in out  # no empty sections
 
 
 def test_no_join_across_machines_and_own_baselines_win(baseline_record, tmp_path):

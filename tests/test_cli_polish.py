@@ -1,0 +1,167 @@
+"""The command line's polish: a live progress line on terminals only, byte sizes with units,
+one-line warnings, tox passing the project's variables, ordinary file permissions."""
+
+from __future__ import annotations
+
+import configparser
+import io
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import warnings
+from pathlib import Path
+
+import pytest
+
+from gpubench import cli
+from gpubench.argtypes import parse_bytes
+from gpubench.progress import with_progress
+from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_on_a_terminal_shows_case_and_round():
+    screen, setups = Terminal(), []
+    bench = with_progress(StandaloneBenchmark("x"), "bert-bf16", stream=screen)
+    result = bench.pedantic(lambda: 7, setup=lambda: setups.append(1), rounds=3,
+                            warmup_rounds=1)
+    text = screen.getvalue()
+    assert result == 7 and len(setups) == 4  # the case's own setup still runs every round
+    assert "bert-bf16: warm-up 1/1" in text
+    for i in (1, 2, 3):
+        assert f"bert-bf16: round {i}/3" in text
+    assert len(bench.stats.stats.data) == 3  # the wrapped benchmark's rounds and fields
+    bench.extra_info["x"] = 1
+    assert bench._benchmark.extra_info == {"x": 1}
+
+
+def test_no_progress_line_off_a_terminal():
+    calls = {}
+
+    class Fixture:
+        extra_info: dict = {}
+
+        def pedantic(self, target, **kwargs):
+            calls.update(kwargs)
+            return target()
+
+    log = io.StringIO()
+    assert with_progress(Fixture(), "bert", stream=log).pedantic(
+        lambda: 1, args=(), rounds=2, warmup_rounds=0, iterations=1) == 1
+    assert log.getvalue() == ""
+    assert calls["setup"] is None and calls["iterations"] == 1  # timed exactly as without it
+
+
+def test_gpubench_case_shows_progress_on_a_terminal_stderr(monkeypatch, tmp_path, capsys):
+    import gpubench.machine
+    import gpubench.runner
+
+    def fake_run_case(benchmark, cfg, *, rounds, warmup_rounds, **kwargs):
+        benchmark.pedantic(lambda: None, rounds=rounds, warmup_rounds=warmup_rounds)
+        benchmark.extra_info.update(step_time_s=0.01, samples_per_s=100.0,
+                                    peak_memory_bytes=2**20)
+        return benchmark.extra_info
+
+    monkeypatch.setattr(gpubench.runner, "run_case", fake_run_case)
+    monkeypatch.setattr(gpubench.machine, "machine_info", lambda device: {"device": device})
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    out = tmp_path / "one.json"
+    assert cli.main(["case", "--model", "bert", "--profile", "smoke", "--device", "cpu",
+                     "--precision", "bf16", "--rounds", "2", "--warmup", "0",
+                     "-o", str(out)]) == 0
+    assert "bert-bf16: round 2/2" in screen.getvalue()
+    assert "round" not in capsys.readouterr().out
+    assert json.loads(out.read_text())["benchmarks"][0]["extra_info"]["group"] == "case"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("8G", 8 * 2**30), ("8GiB", 8 * 2**30), ("8gib", 8 * 2**30), ("8GB", 8 * 10**9),
+    ("512M", 512 * 2**20), ("512MB", 512 * 10**6), ("1.5 KiB", 1536), ("2T", 2 * 2**40),
+    ("1000", 1000), ("64B", 64),
+])
+def test_byte_sizes_binary_and_decimal(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "0", "-1G", "8Gx", "G", "inf", "nan", ""])
+def test_bad_byte_sizes_are_one_line_errors(text):
+    with pytest.raises(ValueError, match="memory size must be") as err:
+        parse_bytes(text)
+    assert "\n" not in str(err.value)
+
+
+def test_budget_options_take_byte_sizes():
+    parser = cli.build_parser()
+    assert parser.parse_args(["advise", "--results", "r.json", "--budget", "8G"]).budget \
+        == 8 * 2**30
+    assert parser.parse_args(["advise", "--results", "r.json", "--budget", "8GB"]).budget \
+        == 8 * 10**9
+    assert parser.parse_args(["memory", "--model", "bert", "--budget", "2GiB"]).budget \
+        == 2 * 2**30
+
+
+def test_bad_budget_is_argparse_one_line_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["memory", "--model", "bert", "--budget", "lots"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--budget" in err and "lots" in err
+    assert "8G = 8GiB" in err and "8GB = 8 x 10**9" in err
+
+
+def test_warnings_are_one_line(monkeypatch):
+    text = cli.one_line_warning("a.json: records lack\n  step_time_s", UserWarning, "x.py", 3)
+    assert text == "gpubench: warning: a.json: records lack step_time_s\n"
+    other = cli.one_line_warning("old\napi", FutureWarning, "/lib/transformers/m.py", 9)
+    assert other == "gpubench: FutureWarning: old api (m.py:9)\n"
+    seen, before = [], warnings.formatwarning
+    monkeypatch.setattr(cli, "cmd_summary", lambda args: seen.append(warnings.formatwarning))
+    cli.main(["summary", "r.json"])
+    assert seen == [cli.one_line_warning]  # while a command runs
+    assert warnings.formatwarning is before  # and restored after it
+
+
+def test_cli_warning_reaches_stderr_as_one_line(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"machine_info": {}, "version": "5", "benchmarks": [
+        {"name": "test_x", "stats": {"median": 0.1}, "extra_info": {"model": "bert"}}]}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONWARNINGS", None)
+    proc = subprocess.run([sys.executable, "-m", "gpubench", "summary", str(old)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpubench: warning: ")
+    assert "old.json: records lack" in lines[0]
+
+
+def test_tox_passes_the_project_variables():
+    tox = configparser.ConfigParser()
+    tox.read(ROOT / "tox.ini")
+    passed = tox["testenv"]["passenv"].split()
+    assert "GPUBENCH_*" in passed and "OMP_NUM_THREADS" in passed
+
+
+def test_progress_and_tables_libraries_are_declared():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in deps}
+    assert {"tqdm", "tabulate"} <= names
+
+
+def test_result_files_have_normal_permissions(tmp_path):
+    bench = StandaloneBenchmark("x")
+    bench.pedantic(lambda: None, rounds=1)
+    umask = os.umask(0o022)
+    try:
+        write_benchmark_json(tmp_path / "r.json", [bench], {})
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
