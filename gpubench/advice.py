@@ -225,11 +225,7 @@ class _Cases:
                 if any(r.get("contended") is True for r in (base, new)) else "")
         if (base.get("is_baseline") is True and new.get("speedup_method") == "paired"
                 and pd.notna(new.get("speedup_low"))):
-            p = new.get("speedup_paired_p")
-            return SpeedComparison(float(new["speedup"]), float(p) if pd.notna(p) else 1.0,
-                                   float(new["speedup_low"]), float(new["speedup_high"]),
-                                   "Wilcoxon signed-rank"), \
-                "rounds paired with baseline rounds" + busy
+            return _speed_vs_baseline(base, new), "rounds paired with baseline rounds" + busy
         return compare_speed(base, new), "separate cases" + busy
 
 
@@ -509,10 +505,10 @@ class Recommendation:
 def _speed_vs_baseline(baseline: pd.Series, row: pd.Series) -> SpeedComparison:
     """Against the baseline: the paired rounds when the case has them, else separate cases."""
     if row.get("speedup_method") == "paired" and pd.notna(row.get("speedup_low")):
-        p = row.get("speedup_paired_p")
+        p, test = row.get("speedup_paired_p"), row.get("speedup_paired_test")
         return SpeedComparison(float(row["speedup"]), float(p) if pd.notna(p) else 1.0,
                                float(row["speedup_low"]), float(row["speedup_high"]),
-                               "Wilcoxon signed-rank")
+                               test if isinstance(test, str) else "Wilcoxon signed-rank")
     return compare_speed(baseline, row)
 
 

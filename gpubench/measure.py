@@ -31,7 +31,13 @@ from gpubench.checks import check_case
 from gpubench.config import RunConfig
 from gpubench.data import measure_loader
 from gpubench.flops import count_flops_detailed
-from gpubench.memory import SavedActivations, read_peak, reset_peak, state_breakdown
+from gpubench.memory import (
+    SavedActivations,
+    read_peak,
+    release_free_memory,
+    reset_peak,
+    state_breakdown,
+)
 from gpubench.telemetry import Sampler
 
 LOADER_PROBE_BATCHES = 10
@@ -204,33 +210,82 @@ class InProcess:
         self.program.close()
 
 
+WINDOW_WARMUP_ROUNDS = 1
+"""Untimed rounds at the start of a measured window (after a peak reset, which returns freed
+memory to the system on the CPU and empties the allocator cache on CUDA, so the first step
+after it allocates afresh and would read slow)."""
+
+MEMORY_WINDOW_STEPS = 2
+"""Steps of the memory window of a case paired in its own process: its peaks, taken before the
+baseline partner is built beside it."""
+
+
 class PairedBaseline:
-    """The model's FP32 baseline in a worker process of its own, stepped right before every
-    timed round of a case (pytest-benchmark's untimed ``setup``), so that each round of the case
-    has a baseline round measured under the same machine conditions a moment earlier. Machine
-    drift (other jobs, clocks, thermal state) then cancels in the per-round ratios, which a
-    baseline measured minutes apart cannot offer. In its own process it shares no memory with
-    the case (its peaks stay the case's own) and no state (caches, allocator)."""
+    """The model's FP32 baseline, stepped right before every timed round of a case
+    (pytest-benchmark's untimed ``setup``), so that each round of the case has a baseline round
+    measured under the same machine conditions a moment earlier. Machine drift (other jobs,
+    clocks, thermal state) then cancels in the per-round ratios, which a baseline measured
+    minutes apart cannot offer.
+
+    Where it runs: a case measured in this process (single device, dp, model parallel) gets a
+    partner built in this same process (``local``), after the case's memory window so its peaks
+    stay the case's own: two processes running the very same step can differ by several percent
+    for their whole lives on a shared machine (heap state, page placement), which no pairing
+    of rounds removes. Multi-process cases (DDP, pipeline: fresh rank processes) pair with one
+    baseline worker process, started on first use and kept while consecutive cases share it."""
 
     def __init__(self, cfg: RunConfig, timeout_s: float, warmup_rounds: int = 2):
-        from gpubench.workers import WorkerGroup
-
         self.cfg = cfg.baseline
-        self.group = WorkerGroup(1, CaseProgram, (self.cfg,), backend="gloo",
-                                 timeout_s=timeout_s)
+        self.timeout_s, self.warmup_rounds = timeout_s, max(1, warmup_rounds)
+        self.group = None
         self.times: list[float] = []
-        for _ in range(max(1, warmup_rounds)):
-            self.group.call("step")
 
     def matches(self, cfg: RunConfig) -> bool:
         return cfg.baseline == self.cfg
 
     def step(self) -> None:
-        """One baseline step (pytest-benchmark calls this untimed before each timed round)."""
+        """One baseline step in the worker (pytest-benchmark calls this untimed before each
+        timed round)."""
+        if self.group is None:
+            from gpubench.workers import WorkerGroup
+
+            self.group = WorkerGroup(1, CaseProgram, (self.cfg,), backend="gloo",
+                                     timeout_s=self.timeout_s)
+            for _ in range(self.warmup_rounds):
+                self.group.call("step")
         self.times.append(self.group.call("step")[0])
 
+    def local(self) -> LocalBaseline:
+        """A partner in this process (``LocalBaseline``), built and warmed up now."""
+        return LocalBaseline(self.cfg, self.warmup_rounds)
+
     def close(self) -> None:
-        self.group.close()
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+class LocalBaseline:
+    """The baseline built in this process beside an in-process case, for its timed rounds
+    (``PairedBaseline``); ``close`` frees it."""
+
+    def __init__(self, cfg: RunConfig, warmup_rounds: int):
+        self.cfg = cfg
+        self.times: list[float] = []
+        self.partner = InProcess(cfg)
+        try:
+            for _ in range(max(1, warmup_rounds)):
+                self.partner.call("step")
+        except BaseException:
+            self.close()
+            raise
+
+    def step(self) -> None:
+        self.times.append(self.partner.call("step")[0])
+
+    def close(self) -> None:
+        self.partner.program.close()
+        self.partner = None
 
 
 def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
@@ -294,8 +349,10 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     The warm-up rounds (at least one) run before the measured window, so peaks, loader waits and
     per-rank times cover the timed rounds only; ``rounds`` shrinks for slow steps
     (``budget_rounds``, from the last warm-up round's time).
-    With ``baseline``, every timed round is preceded by a baseline step in its worker process
-    (untimed for the case); the paired baseline times are recorded as
+    With ``baseline`` (a ``PairedBaseline``), every timed round is preceded by an untimed
+    baseline step: in this process for an in-process case, whose peaks then come from a memory
+    window of its own before the partner is built (``MEMORY_WINDOW_STEPS``); in the baseline
+    worker for multi-process cases. The paired times are recorded as
     ``paired_baseline_rounds_s``, round i paired with the case's round i."""
     prepared = group.call("prepare")
     checks = group.call("check")
@@ -307,23 +364,53 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
         group.call("step")
     rounds = budget_rounds(rounds, time.perf_counter() - start, max_time_s)
     group.call("reset_peak")
-    with Sampler.for_case(cfg, group, baseline, rounds) as telemetry:  # gpubench.telemetry
-        if baseline is None:
-            benchmark.pedantic(group.call, args=("step",), rounds=rounds, warmup_rounds=0,
-                               iterations=1)
-        else:
-            baseline.times = []
-            benchmark.pedantic(group.call, args=("step",),
-                               setup=telemetry.untimed(baseline.step), rounds=rounds,
-                               warmup_rounds=0, iterations=1)
-    info = combine(prepared, checks, counts, group.call("read_peak"))
+    partner, memory = baseline, None
+    if baseline is not None and isinstance(group, InProcess):
+        # The memory window (the case alone), then the partner built beside it.
+        for _ in range(MEMORY_WINDOW_STEPS):
+            group.call("step")
+        memory = group.call("read_peak")
+        partner = _local_partner(baseline)
+        group.call("reset_peak")  # the timed window: step times and loader waits
+    try:
+        with Sampler.for_case(cfg, group, partner, rounds) as telemetry:  # gpubench.telemetry
+            if partner is None:
+                benchmark.pedantic(group.call, args=("step",), rounds=rounds,
+                                   warmup_rounds=WINDOW_WARMUP_ROUNDS, iterations=1)
+            else:
+                partner.times = []
+                benchmark.pedantic(group.call, args=("step",),
+                                   setup=telemetry.untimed(partner.step), rounds=rounds,
+                                   warmup_rounds=WINDOW_WARMUP_ROUNDS, iterations=1)
+                partner.times = partner.times[-rounds:]  # the warm-up round's pair left out
+        timing = group.call("read_peak")
+    finally:
+        if isinstance(partner, LocalBaseline):
+            partner.close()
+    if memory is not None:  # memory from the case's own window, the rest from the timed one
+        timing = [{**t, **{k: m[k] for k in ("devices", "param_bytes", "grad_bytes",
+                                              "optimizer_state_bytes")}}
+                  for t, m in zip(timing, memory, strict=True)]
+    info = combine(prepared, checks, counts, timing)
     info.update(telemetry.summary())
-    if baseline is not None:
-        info["paired_baseline_rounds_s"] = list(baseline.times)
-        info["paired_baseline_case_id"] = baseline.cfg.id
+    if partner is not None:
+        info["paired_baseline_rounds_s"] = list(partner.times)
+        info["paired_baseline_case_id"] = partner.cfg.id
+        info["paired_partner"] = ("this process" if isinstance(partner, LocalBaseline)
+                                  else "worker process")
     if cfg.parallel == "ddp":
         allreduce_s = max(group.call("allreduce_probe"))
         syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
         info["allreduce_time_s"] = allreduce_s
         info["comm_time_s"] = allreduce_s * syncs
     return info
+
+
+def _local_partner(baseline: PairedBaseline):
+    """The in-process partner; the worker where it does not fit beside the case (a device
+    out of memory), so a large case is still measured."""
+    try:
+        return baseline.local()
+    except torch.OutOfMemoryError:
+        release_free_memory()
+        return baseline

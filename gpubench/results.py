@@ -35,7 +35,7 @@ _STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl"
         "case_id", "kind", "group", "note", "dataset", "schedule", "claim", "peak_memory_method",
         "device_name", "single_case_id", "case_id_base", "case_id_new", "workload",
         "paired_baseline_case_id", "contention_reason", "telemetry_note", "top_ops_time",
-        "launcher")
+        "launcher", "speedup_paired_test", "paired_partner")
 _BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
          "fsdp_mixed_precision", "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
          "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark")

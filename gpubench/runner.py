@@ -123,7 +123,7 @@ def paired_speedup(cfg: RunConfig, rounds_s: list[float],
                    baseline_rounds_s: list[float] | None) -> dict:
     """Throughput relative to the baseline from rounds measured in alternation: the median of
     the per-round ratios baseline time / case time, times the ratio of global batches, with a
-    bootstrap interval over the round pairs (``gpubench.stats``)."""
+    bootstrap interval over the round pairs and a Wilcoxon test (``gpubench.stats``)."""
     if not baseline_rounds_s or len(baseline_rounds_s) != len(rounds_s):
         return {}
     from gpubench.stats import compare_paired
@@ -135,6 +135,7 @@ def paired_speedup(cfg: RunConfig, rounds_s: list[float],
         "speedup_paired_low": est.low * batches,
         "speedup_paired_high": est.high * batches,
         "speedup_paired_p": est.p_value,
+        "speedup_paired_test": est.test,
         "baseline_step_time_s": statistics.median(baseline_rounds_s),
     }
 

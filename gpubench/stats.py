@@ -13,6 +13,10 @@ means ``b`` is faster). Two designs:
   log ratios (``scipy.stats.wilcoxon``). Machine drift slower than one round moves both sides of
   a pair alike and cancels in its ratio, which is why paired rounds are the drift-robust design.
 
+Paired rounds cancel drift, not a difference between the two *processes* the sides run in (on
+a shared VM, two processes running the same step can differ by several percent for their whole
+lives), so ``measure.PairedBaseline`` steps an in-process case's baseline in the same process.
+
 Bootstrap intervals are percentile intervals (BCa needs a non-degenerate jackknife, which medians
 of a few rounds often lack), seeded, so the same rounds always give the same interval.
 """
@@ -168,3 +172,4 @@ def compare_paired(a: ArrayLike, b: ArrayLike, *, confidence: float = CONFIDENCE
     ratio = float(np.median(ratios)) if ratios.size else math.nan
     low, high = paired_ratio_ci(a, b, confidence=confidence, n_resamples=n_resamples, seed=seed)
     return RatioEstimate(ratio, low, high, wilcoxon_paired_p(a, b), "Wilcoxon signed-rank")
+

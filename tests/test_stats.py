@@ -111,3 +111,4 @@ def test_mann_whitney_floor_with_few_rounds():
     assert can_reach_significance(5, 5)  # 2 / 252
     # Complete separation reaches the floor exactly.
     assert mann_whitney_p([1, 2, 3], [4, 5, 6]) == pytest.approx(min_mann_whitney_p(3, 3))
+
