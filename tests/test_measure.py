@@ -1,0 +1,33 @@
+"""The measurement protocol's pairing: an in-process case is paired with a baseline partner in
+its own process, built after the case's memory window, so the case's peaks stay its own."""
+
+from __future__ import annotations
+
+from gpubench.config import RunConfig
+from gpubench.measure import InProcess, PairedBaseline, measure
+from gpubench.standalone import StandaloneBenchmark
+
+
+def _measure(cfg: RunConfig, baseline=None) -> dict:
+    with InProcess(cfg) as group:
+        return measure(StandaloneBenchmark(cfg.id), cfg, group, rounds=6, warmup_rounds=1,
+                       baseline=baseline)
+
+
+def test_an_in_process_case_pairs_in_its_own_process_and_keeps_its_own_peak():
+    cfg = RunConfig(model="resnet18", profile="smoke", precision="tf32")
+    alone = _measure(cfg)
+    baseline = PairedBaseline(cfg, timeout_s=60)
+    try:
+        paired = _measure(cfg, baseline)
+        assert baseline.group is None  # no worker process was needed
+    finally:
+        baseline.close()
+    assert paired["paired_partner"] == "this process"
+    assert len(paired["paired_baseline_rounds_s"]) == 6
+    assert paired["paired_baseline_case_id"] == "resnet18-fp32"
+    # The partner (ResNet-18: 45 MB of weights, as much of gradients and of momentum) is built
+    # after the memory window: the case's figures do not include it.
+    for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
+        assert paired[key] == alone[key]
+    assert paired["peak_memory_bytes"] < alone["peak_memory_bytes"] + 100 * 2**20
