@@ -14,7 +14,7 @@ from gpubench.machine import machine_info as describe_machine
 from gpubench.workers import DEFAULT_TIMEOUT_S
 from gpubench.workload import WorkloadError, builtin_names, resolve, validate
 
-ROUNDS = {"smoke": (3, 1), "cpu": (16, 1), "gpu-small": (30, 5), "gpu-full": (30, 5)}
+ROUNDS = {"smoke": (3, 1), "cpu": (12, 1), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
 
 MAX_TIME_S = {"smoke": 2.0, "cpu": 3.0, "gpu-small": 5.0, "gpu-full": 10.0}

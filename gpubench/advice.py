@@ -145,19 +145,30 @@ def compare_paired_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
 
 BASELINE_FIELDS = {
     "precision": "fp32", "accum_steps": 1, "optimizer": "sgd", "optimizer_impl": "default",
-    "zero_grad_set_to_none": True, "empty_cache": False, "checkpointing": False,
-    "channels_last": False, "compile": False, "parallel": "single",
+    "zero_grad_set_to_none": True, "empty_cache": False, "expandable_segments": False,
+    "checkpointing": False, "channels_last": False, "compile": False, "parallel": "single",
     "dataset": "device-resident",
     "num_workers": 0, "cached": False, "pin_memory": False, "non_blocking": False,
+    "prefetch_factor": None, "persistent_workers": False, "ddp_no_sync": False,
     "fsdp_mixed_precision": False,
 }
 """The baseline's configuration: ``_Cases.find`` matches every field not named otherwise."""
 
+_ANY = object()
 
-def _same(value, wanted) -> bool:
+
+def _same(value, wanted, default=_ANY) -> bool:
+    """Whether a record's ``value`` is the ``wanted`` one. A field the record lacks (an older
+    file) or leaves empty (``prefetch_factor`` of a loader without one) is taken at its
+    ``default`` (the baseline's), and matches anything when the default is not known."""
     if value is None or value is pd.NA or (isinstance(value, float) and value != value):
-        return True  # a field the record lacks: an older file, taken at its default
+        return default is _ANY or bool(default == wanted)
     return bool(value == wanted)
+
+
+def _flag(value) -> bool:
+    """A boolean field that is set (not False, missing or <NA>)."""
+    return isinstance(value, bool | np.bool_) and bool(value)
 
 
 def _memory(row: pd.Series) -> float:
@@ -168,7 +179,10 @@ def _memory(row: pd.Series) -> float:
 class _Cases:
     """The measured step cases of one model in one run, by id, and its paired claims."""
 
-    def __init__(self, df: pd.DataFrame, model: str):
+    def __init__(self, df: pd.DataFrame, model: str, memory: dict | None = None):
+        self.memory = memory
+        """This model's ``gpubench memory`` report (``memory.json``: frontier, hygiene), or
+        None when the results come without one."""
         sub = df[(df["model"] == model) & df["step_time_s"].notna()]
         self.rows = {r["case_id"]: r for _, r in sub.iterrows()}
         claims = df[df["kind"] == "claim"] if "kind" in df else df.iloc[0:0]
@@ -193,24 +207,34 @@ class _Cases:
         configuration."""
         wanted = {**self.defaults, **fields}
         for row in self.rows.values():
-            if all(_same(row.get(k), v) for k, v in wanted.items()):
+            if all(_same(row.get(k), v, self.defaults.get(k, _ANY)) for k, v in wanted.items()):
                 return row
         return None
 
-    def claim_case(self, claim: str, side: str = "new") -> pd.Series | None:
+    def knob_workers(self) -> int | None:
+        """The worker count this model's loader knobs (pinning, prefetch, persistence) were
+        measured at (``cases.knob_workers`` on the measuring machine), or None."""
+        for row in self.rows.values():
+            if _flag(row.get("pin_memory")) or _flag(row.get("persistent_workers")) or (
+                    pd.notna(row.get("prefetch_factor"))):
+                return int(row["num_workers"])
+        return None
+
+    def claim_case(self, claim: str, side: str = "new", **extra) -> pd.Series | None:
         """The measured case of one side of ``CLAIMS[claim]``, found by its configuration
-        (the claim's fields evaluated for this model's records), or None (not measured, or
-        the claim does not apply to this workload)."""
+        (the claim's fields evaluated for this model's records, then ``extra`` fields), or None
+        (not measured, or the claim does not apply to this workload)."""
         base = self.find()
         if base is None:
             return None
         described = SimpleNamespace(  # what the claims' field functions read of a baseline
             workload=SimpleNamespace(dataset_names=_own_datasets(self) or [], min_batch=1),
-            resolved_micro_batch=int(base["micro_batch"]))
+            resolved_micro_batch=int(base["micro_batch"]), device=self.device,
+            knob_workers=self.knob_workers())
         fields = CLAIMS[claim].fields(side, described)
         if fields is None:
             return None
-        return self.find(**fields.pop("loader", {}), **fields)
+        return self.find(**{**fields.pop("loader", {}), **fields, **extra})
 
     def speed(self, claim: str, base: pd.Series, new: pd.Series) -> tuple[SpeedComparison, str]:
         """From the claim's interleaved pair when measured; else, against the baseline, from
@@ -473,16 +497,294 @@ def check_sharding(c: _Cases) -> list[Verdict]:
     return [Verdict(c.model, claim, measured, verdict, why, "memory.png")]
 
 
-CHECKS = (check_amp, check_accumulation, check_loader_workers, check_cache, check_ddp,
-          check_empty_cache, check_adamw, check_no_sync, check_sharding)
+def _bytes(n: float) -> str:
+    if n >= 2**20:
+        return f"{n / 2**20:,.2f} MiB"
+    if n >= 2**10:
+        return f"{n / 2**10:,.1f} KiB"
+    return f"{int(n)} B"
 
 
-def advise(df: pd.DataFrame) -> list[Verdict]:
-    """Every claim, for every model in the results (one run)."""
+def _device_imbalance(row: pd.Series) -> float:
+    """Max over min of a case's per-device peaks (``device_peak_memory_bytes``), NaN without
+    two of them."""
+    peaks = row.get("device_peak_memory_bytes")
+    if not isinstance(peaks, list | tuple | np.ndarray):
+        return float("nan")
+    peaks = [float(p) for p in peaks if p is not None and p == p]
+    if len(peaks) < 2 or min(peaks) <= 0:
+        return float("nan")
+    return max(peaks) / min(peaks)
+
+
+def check_dp_vs_ddp(c: _Cases) -> list[Verdict]:
+    """S4, S0: DDP against DataParallel over 2 GPUs, per sample, and the memory of their GPUs."""
+    spec = CLAIMS["dp-vs-ddp"]
+    claim = spec.text
+    if c.device not in spec.devices:
+        return [Verdict(c.model, claim, "-", "not testable here",
+                        "needs 2 GPUs: DataParallel runs on CUDA only (its cases skip on the "
+                        "CPU), and DDP ranks on a CPU share its cores", "scaling.png")]
+    base = c.find()
+    ddp, dp = c.claim_case(spec.key), c.claim_case(spec.key, "base")
+    same_batch = dp is not None
+    if dp is None and base is not None:  # DataParallel at the baseline's micro-batch
+        dp = c.find(parallel="dp", world_size=2, micro_batch=int(base["micro_batch"]))
+    if dp is None or ddp is None:
+        return [_missing(c.model, claim, "scaling.png", "the fp32 dp2 and ddp2 cases")]
+    speed = compare_speed(dp, ddp)  # per sample: the global batches may differ
+    dp_imb, ddp_imb = _device_imbalance(dp), _device_imbalance(ddp)
+    peak = float(ddp["peak_memory_bytes"]) / float(dp["peak_memory_bytes"])
+    parts = {"time": speed.judge(spec.parts["time"]),
+             "imbalance": judge_memory(ddp_imb / dp_imb, spec.parts["imbalance"])}
+    why = ("separate cases, per sample; DataParallel is one process that every step copies the "
+           "module to each GPU, scatters the batch from GPU 0, gathers the outputs and reduces "
+           "the gradients on GPU 0, its threads sharing one GIL; DDP runs a process per GPU, "
+           "each with its own micro-batch, and all-reduces gradients during backward")
+    if same_batch:
+        parts["peak"] = judge_memory(peak, spec.parts["peak"])
+        why += (f"; both at global batch {int(ddp['global_batch'])}, "
+                f"{int(ddp['micro_batch'])} samples per GPU")
+    else:
+        why += (f"; busiest-GPU memory not judged: {dp['case_id']} puts "
+                f"{int(dp['micro_batch']) // 2} samples on each GPU, DDP "
+                f"{int(ddp['micro_batch'])} (DataParallel at twice the micro-batch not measured)")
+    measured = (f"DDP vs DataParallel {speed.describe()}; busiest GPU "
+                f"{_bytes(float(dp['peak_memory_bytes']))} (DP), "
+                f"{_bytes(float(ddp['peak_memory_bytes']))} (DDP), x{peak:.2f}; GPUs' peaks "
+                f"apart x{dp_imb:.2f} (DP), x{ddp_imb:.2f} (DDP)")
+    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "scaling.png")]
+
+
+def _stall(rows: list[pd.Series]) -> str:
+    fractions = [r.get("loader_stall_fraction") for r in rows]
+    if any(f is None or f is pd.NA or f != f for f in fractions):
+        return ""
+    return "; stall " + " -> ".join(f"{f:.0%}" for f in fractions)
+
+
+def _knob_sides(c: _Cases, key: str) -> tuple[pd.Series | None, pd.Series | None]:
+    """The base and new cases of a loader-knob claim at the baseline's micro-batch."""
+    base = c.find()
+    if base is None:
+        return None, None
+    micro = int(base["micro_batch"])
+    return (c.claim_case(key, "base", micro_batch=micro), c.claim_case(key, micro_batch=micro))
+
+
+PIN_PARTS = {"pin_memory": "pin_memory", "non_blocking": "pin_memory + non_blocking"}
+
+
+def check_pinning(c: _Cases) -> list[Verdict]:
+    """S0: pinned against pageable host memory at the same worker count, alone and with
+    ``non_blocking`` copies."""
+    spec = CLAIMS["pin-memory"]
+    claim = spec.text
+    if _own_datasets(c) == []:
+        return [_not_applicable(c, claim, "the workload has no dataset of its own: no loader "
+                                "batches to pin", "loader.png")]
+    pageable, both = _knob_sides(c, spec.key)
+    pinned = None if pageable is None else c.find(
+        **{**{k: pageable[k] for k in ("dataset", "num_workers", "micro_batch")},
+           "pin_memory": True})
+    if pageable is None or (pinned is None and both is None):
+        if c.device not in spec.devices:
+            return [Verdict(c.model, claim, "-", "not testable here", "needs CUDA: "
+                            + inert_techniques({"pin_memory": True})[0], "loader.png")]
+        return [_missing(c.model, claim, "loader.png",
+                         "pageable and pinned on-disk data at the same worker count")]
+    parts, figures = {}, []
+    for part, row in (("pin_memory", pinned), ("non_blocking", both)):
+        if row is None:
+            parts[part] = "inconclusive"
+            continue
+        speed = compare_speed(pageable, row)
+        parts[part] = speed.judge(spec.parts[part])
+        figures.append(f"{PIN_PARTS[part]}: {speed.describe()}")
+    measured = "; ".join(figures)
+    workers = int(pageable["num_workers"])
+    if c.device not in spec.devices:
+        return [Verdict(c.model, claim, measured, "not testable here",
+                        "needs CUDA: " + inert_techniques({"pin_memory": True})[0]
+                        + f"; separate cases at {workers} workers", "loader.png")]
+    why = (f"separate cases at {workers} workers against pageable memory"
+           f"{_stall([r for r in (pageable, pinned, both) if r is not None])}; page-locked "
+           "memory lets the GPU's copy engine read the batch directly, without a staging copy; "
+           "the copy is asynchronous only with .to(device, non_blocking=True), which lets it "
+           "overlap the step: pin_memory alone makes it faster, not asynchronous")
+    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "loader.png")]
+
+
+def check_prefetch(c: _Cases) -> list[Verdict]:
+    """S1, S0: ``prefetch_factor=4`` against the default (2) at the same worker count."""
+    spec = CLAIMS["prefetch"]
+    claim = spec.text
+    if _own_datasets(c) == []:
+        return [_not_applicable(c, claim, "the workload has no dataset of its own: no loader "
+                                "workers to prefetch", "loader.png")]
+    plain, deep = _knob_sides(c, spec.key)
+    if plain is None or deep is None:
+        return [_missing(c.model, claim, "loader.png",
+                         "prefetch_factor=4 and the default at the same worker count")]
+    speed = compare_speed(plain, deep)
+    why = (f"separate cases at {int(plain['num_workers'])} workers, prefetch_factor 4 against "
+           f"the default 2{_stall([plain, deep])}; with workers the DataLoader already loads 2 "
+           "batches per worker ahead while the step computes (S1's example sets that default); "
+           "a deeper queue helps only when loading keeps up on average but varies from batch "
+           "to batch, never when the workers are too slow on average")
+    if c.device == "cpu":
+        why += "; on a CPU-only machine the workers take the cores the step computes on"
+    return [Verdict(c.model, claim, speed.describe(), speed.judge(spec.parts["time"]), why,
+                    "loader.png")]
+
+
+def _frontier_entry(report: dict, technique: str) -> dict | None:
+    """One technique's frontier in a ``gpubench memory`` report (by name; older reports, which
+    lack the names, by the configuration's id)."""
+    ids = {"fp32": f"{report.get('model')}-fp32",
+           "emptycache": f"{report.get('model')}-fp32-emptycache"}
+    for entry in report.get("frontier") or []:
+        if entry.get("technique") == technique or (
+                entry.get("technique") is None and entry.get("cfg_id") == ids.get(technique)):
+            return entry
+    return None
+
+
+def check_empty_cache_oom(c: _Cases) -> list[Verdict]:
+    """S0, S4: the largest micro-batch that fits with and without ``empty_cache()`` after every
+    step (the OOM frontier of ``gpubench memory``)."""
+    spec = CLAIMS["empty-cache-oom"]
+    claim = spec.text
+    report = c.memory or {}
+    device = report.get("device", c.device)
+    plain, emptied = _frontier_entry(report, "fp32"), _frontier_entry(report, "emptycache")
+    measured = "-" if plain is None or emptied is None else (
+        f"largest micro-batch that fits: {plain['max_batch']} without, {emptied['max_batch']} "
+        "with empty_cache() after every step")
+    if device not in spec.devices:
+        return [Verdict(c.model, claim, measured, "not testable here",
+                        "needs CUDA: the CPU allocator keeps no cache to empty (on the CPU the "
+                        "frontier runs against a --budget)", "memory.md")]
+    if plain is None or emptied is None:
+        return [_missing(c.model, claim, "memory.md", "the fp32 and emptycache OOM frontiers: "
+                         "gpubench memory --techniques fp32,emptycache, and its memory.json")]
+    why = ("when an allocation fails, PyTorch's caching allocator itself frees its unused "
+           "cached blocks and retries (allocation retries) before raising out of memory, so "
+           "emptying the cache by hand cannot make a larger batch fit in the same process; it "
+           "returns memory to other processes on the GPU, at the cost of new cudaMalloc calls")
+    if plain.get("capped") or emptied.get("capped"):
+        return [Verdict(c.model, claim, measured, "inconclusive",
+                        "the search reached its limit (--max-batch) without running out of "
+                        "memory; " + why, "memory.md")]
+    low = spec.parts["max_batch"][0]
+    ratio = (emptied["max_batch"] / plain["max_batch"] if plain["max_batch"]
+             else float("inf") if emptied["max_batch"] else 1.0)
+    verdict = ("holds" if ratio >= low else "smaller than claimed" if ratio > 1
+               else "does not hold")
+    return [Verdict(c.model, claim, measured + f" (x{ratio:.2f})", verdict, why, "memory.md")]
+
+
+def _hygiene_ratio(new: dict, base: dict) -> tuple[float, str]:
+    """``new`` over ``base`` (``gpubench.hygiene`` figures): the CUDA allocator's peaks where
+    measured, else the exact bytes held (saved activations at their peak + kept tensors)."""
+    if new.get("peak_bytes") is not None and base.get("peak_bytes"):
+        return new["peak_bytes"] / base["peak_bytes"], "CUDA allocator peak"
+    held = base.get("held_bytes")
+    return (new["held_bytes"] / held if held else float("nan"),
+            "exact bytes held: saved activations + kept tensors")
+
+
+def _hygiene(c: _Cases) -> dict | None:
+    return (c.memory or {}).get("hygiene")
+
+
+def check_no_grad(c: _Cases) -> list[Verdict]:
+    """S4: an evaluation pass with autograd on, under ``no_grad`` and ``inference_mode``
+    (``gpubench.hygiene.evaluation``, exact on any device)."""
+    spec = CLAIMS["no-grad"]
+    claim = spec.text
+    h = _hygiene(c)
+    if h is None:
+        return [_missing(c.model, claim, "memory.md",
+                         "the hygiene measurements of gpubench memory, in its memory.json")]
+    ev = h["evaluation"]
+    grad = ev["grad"]
+    parts, ratios = {}, []
+    for mode in ("no_grad", "inference_mode"):
+        ratio, basis = _hygiene_ratio(ev[mode], grad)
+        parts[mode] = judge_memory(ratio, spec.parts[mode])
+        ratios.append(f"{mode} x{ratio:.2f}")
+    measured = (f"evaluation of {h['micro_batch']} samples saves "
+                f"{_bytes(grad['saved_bytes'])} for backward with autograd on, "
+                f"{_bytes(ev['no_grad']['saved_bytes'])} under no_grad, "
+                f"{_bytes(ev['inference_mode']['saved_bytes'])} under inference_mode; "
+                f"{basis}: {', '.join(ratios)}")
+    why = ("autograd saves what backward needs only while grad mode is on; under no_grad and "
+           "inference_mode nothing is saved and each activation is freed once the next layer "
+           "has used it; model.eval() alone switches dropout and BatchNorm, not autograd")
+    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "memory.md")]
+
+
+def check_del(c: _Cases) -> list[Verdict]:
+    """S0: ``del`` of what the training loop keeps: a loss kept with its graph, and the previous
+    step's outputs after ``backward()`` (``gpubench.hygiene``)."""
+    spec = CLAIMS["del"]
+    claim = spec.text
+    h = _hygiene(c)
+    if h is None:
+        return [_missing(c.model, claim, "memory.md",
+                         "the hygiene measurements of gpubench memory, in its memory.json")]
+    graph, outputs = h["kept_graph"], h["kept_outputs"]
+    r_graph, basis = _hygiene_ratio(graph["deleted"], graph["kept"])
+    r_outputs, _ = _hygiene_ratio(outputs["deleted"], outputs["kept"])
+    parts = {"graph": judge_memory(r_graph, spec.parts["graph"]),
+             "outputs": judge_memory(r_outputs, spec.parts["outputs"])}
+    held = graph["kept"]["held_saved_bytes"] - graph["deleted"]["held_saved_bytes"]
+    measured = (f"a loss kept with its graph ({_bytes(graph['kept']['kept_bytes'])}) holds "
+                f"{_bytes(held)} of saved activations: x{r_graph:.2f} after del; the previous "
+                f"step's outputs kept after backward ({_bytes(outputs['kept']['kept_bytes'])}): "
+                f"x{r_outputs:.2f} after del ({basis})")
+    why = ("del drops a name, and the memory goes when nothing else refers to the tensor: a "
+           "tensor computed with autograd on and never backpropagated keeps its whole graph "
+           "(del, .item() or .detach() frees it); after backward() the graph is already freed, "
+           "so deleting the outputs frees only their own storage, until the next forward "
+           "would have rebound the names")
+    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "memory.md")]
+
+
+MEMORY_CHECKS = (check_empty_cache_oom, check_no_grad, check_del)
+"""The verdicts read from a ``gpubench memory`` report (``memory.json``)."""
+
+
+def memory_verdicts(report: dict) -> list[Verdict]:
+    """The ``MEMORY_CHECKS`` verdicts of one ``gpubench memory`` report alone."""
+    c = _Cases(pd.DataFrame({"model": [], "step_time_s": []}), report["model"], memory=report)
+    c.device = report.get("device", c.device)
+    return [v for check in MEMORY_CHECKS for v in check(c)]
+
+
+CHECKS = (check_amp, check_accumulation, check_loader_workers, check_pinning, check_prefetch,
+          check_cache, check_ddp, check_dp_vs_ddp, check_empty_cache, check_empty_cache_oom,
+          check_adamw, check_no_sync, check_sharding, check_no_grad, check_del)
+
+
+def _memory_report(reports: list[dict] | None, model: str, device: str) -> dict | None:
+    """The ``gpubench memory`` report of ``model`` among ``reports`` (the last one; one measured
+    on ``device`` first)."""
+    mine = [r for r in reports or () if r.get("model") == model]
+    same = [r for r in mine if r.get("device") == device]
+    return (same or mine or [None])[-1]
+
+
+def advise(df: pd.DataFrame, memory_reports: list[dict] | None = None) -> list[Verdict]:
+    """Every claim, for every model in the results (one run); the memory claims (the OOM
+    frontier, no_grad, del) from the model's ``gpubench memory`` report among
+    ``memory_reports`` (the ``memory.json`` files), when given."""
     df = with_baseline_ratios(df)
     verdicts = []
     for model in dict.fromkeys(df["model"].dropna()):
         cases = _Cases(df, model)
+        cases.memory = _memory_report(memory_reports, model, cases.device)
         for check in CHECKS:
             verdicts.extend(check(cases))
     return verdicts
@@ -596,12 +898,13 @@ def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommen
 
 
 def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,
-                    recommendations: list[Recommendation] | None = None) -> str:
+                    recommendations: list[Recommendation] | None = None,
+                    memory_reports: list[dict] | None = None) -> str:
     from gpubench.tables import markdown_table
 
     rows = [{"model": v.model, "claim": v.claim, "measured": v.measured,
              "verdict": f"**{v.verdict}**", "why": v.why, "chart": f"[{v.chart}]({v.chart})"}
-            for v in advise(df)]
+            for v in advise(df, memory_reports)]
     lines = [markdown_table(rows, columns=("model", "claim", "measured", "verdict", "why",
                                            "chart"))]
     recs = recommend(df, budget_bytes) if recommendations is None else recommendations

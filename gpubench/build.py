@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from gpubench.config import GENERATED_DATASETS, RunConfig
+from gpubench.config import ALLOC_CONF_VARS, GENERATED_DATASETS, RunConfig
 from gpubench.data import Batch, Placement, WaitTimer, build_loader, endless, seed_worker
 from gpubench.datasets import CachedDataset, default_data_dir
 from gpubench.parallel import (
@@ -95,6 +96,9 @@ def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | N
         return "needs a CUDA device; none is available"
     if cfg.parallel == "dp" and cfg.device != "cuda":
         return "DataParallel needs CUDA devices"
+    if cfg.expandable_segments and cfg.device != "cuda":
+        return ("expandable_segments configures the CUDA caching allocator; the CPU allocator "
+                "has no segments")
     try:
         if check_devices:
             check_world_size(cfg)
@@ -271,6 +275,13 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     its process group must already be initialised). On-disk datasets live in ``data_dir``
     (default ``$GPUBENCH_DATA_DIR`` or ``~/.cache/gpubench/data``)."""
     workload = cfg.workload
+    if cfg.expandable_segments and cfg.device == "cuda" and not any(
+            "expandable_segments:True" in os.environ.get(v, "") for v in ALLOC_CONF_VARS):
+        # The allocator took its settings when CUDA started; building here would measure the
+        # default allocator under this case's name.
+        raise RuntimeError(f"{cfg.id}: expandable_segments needs PYTORCH_CUDA_ALLOC_CONF="
+                           "expandable_segments:True before CUDA starts: run it in a worker "
+                           "process started with it (gpubench.runner.launcher)")
     local = rank if local_rank is None else local_rank
     devices = [torch.device(d) for d in cfg.parallelism.process_devices(cfg.device, local)]
     device = devices[0]

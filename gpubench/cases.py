@@ -112,9 +112,13 @@ def optimizer_cases(base: RunConfig) -> list[RunConfig]:
 
 
 def memory_cases(base: RunConfig) -> list[RunConfig]:
+    """Memory hygiene: zero-filled gradients, ``empty_cache()`` per step, the CUDA allocator's
+    expandable segments (CUDA only: skipped on the CPU, run in a process of its own), activation
+    checkpointing (also with bf16)."""
     return [
         base.with_(zero_grad_set_to_none=False),
         base.with_(empty_cache=True),
+        base.with_(expandable_segments=True),
         base.with_(checkpointing=True),
         base.with_(precision="bf16", checkpointing=True),
     ]
@@ -128,7 +132,8 @@ def layout_cases(base: RunConfig) -> list[RunConfig]:
 
 def parallel_cases(base: RunConfig) -> list[RunConfig]:
     """DDP (also with k=2 accumulation, with and without no_sync, and bf16), FSDP2 (also with its
-    bf16 ``MixedPrecisionPolicy``), DataParallel, and for workloads with ``stages`` model and
+    bf16 ``MixedPrecisionPolicy``), DataParallel (also at twice the micro-batch: DDP's global
+    batch and samples per GPU), and for workloads with ``stages`` model and
     pipeline parallelism. On CUDA, DDP and FSDP also at 4 and 8 GPUs: those cases skip with
     their requirement on a smaller machine."""
     world_sizes = (2, 4, 8) if base.device == "cuda" else (2,)
@@ -143,6 +148,9 @@ def parallel_cases(base: RunConfig) -> list[RunConfig]:
         base.with_(parallel="fsdp", world_size=2, fsdp_mixed_precision=True),
     ]
     dp = [base.with_(parallel="dp", world_size=n) for n in (1, 2)]
+    # DataParallel splits one micro-batch over its GPUs: at twice the micro-batch it has DDP's
+    # global batch and samples per GPU (the DataParallel-vs-DDP claim).
+    dp.append(base.with_(parallel="dp", world_size=2, micro_batch=2 * base.resolved_micro_batch))
     split = []
     workload = base.workload
     if workload.stages is not None and workload.loss_fn is not None:
@@ -202,9 +210,13 @@ def loader_cases(base: RunConfig) -> list[RunConfig]:
     if main == "synthetic":
         return [synthetic, *(base.with_(loader=replace(synthetic.loader, num_workers=n))
                               for n in worker_counts() if n)]
+    sweep = worker_counts()
+    # The knobs' pageable base at their worker count, where the sweep does not have it.
+    knob_base = [] if many.num_workers in sweep else [base.with_(loader=many)]
     return [
         synthetic,
-        *(base.with_(loader=replace(files, num_workers=n)) for n in worker_counts()),
+        *(base.with_(loader=replace(files, num_workers=n)) for n in sweep),
+        *knob_base,
         base.with_(loader=replace(many, pin_memory=True)),
         base.with_(loader=replace(many, pin_memory=True, non_blocking=True)),
         base.with_(loader=replace(many, prefetch_factor=4)),

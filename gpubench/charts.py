@@ -496,6 +496,69 @@ def plot_loader(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def energy_per_sample(df: pd.DataFrame) -> pd.Series:
+    """Joules per training sample of each record: the GPUs' energy per step over the global
+    batch (``energy_j_per_step`` / ``global_batch``), else from ``samples_per_kj``; NaN where
+    a record has neither (no NVML, or not CUDA)."""
+    nan = pd.Series(np.nan, index=df.index)
+    per_step = df["energy_j_per_step"].astype(float) if "energy_j_per_step" in df else nan
+    batch = df["global_batch"].astype(float).where(lambda b: b > 0)
+    per_kj = df["samples_per_kj"].astype(float) if "samples_per_kj" in df else nan
+    return (per_step / batch).fillna(1000 / per_kj.where(per_kj > 0))
+
+
+def plot_energy(df: pd.DataFrame) -> plt.Figure:
+    """CUDA: energy per sample against throughput for the precision cases (the FP32 baseline,
+    TF32, fp16, bf16), one panel per model; down and right is better. Energy comes from the
+    GPUs' NVML counters over the timed rounds (``gpubench.telemetry``), so the CPU never has
+    it."""
+    df = _measured(df)
+    cuda = df[df["device"] == "cuda"]
+    if cuda.empty:
+        raise CannotPlot("no CUDA cases: energy is read from the GPUs' NVML counters")
+    if "group" not in cuda:
+        raise CannotPlot("results carry no case groups")
+    picked = ((cuda["group"] == "precision").fillna(False).astype(bool)
+              | (cuda["is_baseline"] == True).fillna(False).astype(bool))  # noqa: E712
+    cases = cuda[picked & (cuda["parallel"] == "single")]
+    cases = cases.assign(j_per_sample=energy_per_sample(cases)).dropna(
+        subset=["j_per_sample", "samples_per_s"])
+    if cases.empty:
+        raise CannotPlot("no CUDA precision case recorded its GPU energy (NVML: install "
+                         "gpubench[gpu], the nvidia-ml-py bindings)")
+    models, runs = list(dict.fromkeys(cases["model"])), _runs(cases)
+    run_colors = dict(zip(runs, sns.color_palette("colorblind", len(runs)).as_hex(),
+                          strict=True))
+    fig, axes = plt.subplots(1, len(models), squeeze=False,
+                             figsize=(4.6 * len(models) + 0.5, 4))
+    for ax, model in zip(axes[0], models, strict=True):
+        sub = cases[cases["model"] == model]
+        for _, r in sub.iterrows():
+            color = (group_color("precision") if len(runs) == 1 else run_colors[r["run"]])
+            ax.scatter(r["samples_per_s"], r["j_per_sample"], s=36, color=color,
+                       marker=PRECISION_MARKERS.get(r["precision"], "X"), edgecolor="white",
+                       linewidth=0.4, zorder=3)
+            ax.annotate(_short(r["case_id"], model), (r["samples_per_s"], r["j_per_sample"]),
+                        xytext=(4, 4), textcoords="offset points", fontsize=7)
+        ax.set_xlim(0, sub["samples_per_s"].max() * 1.2)
+        ax.set_ylim(0, sub["j_per_sample"].max() * 1.2)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("samples/s (global batch)")
+        ax.set_ylabel("J per sample (GPU energy)", fontsize="small")
+        ax.set_title(f"{model}: energy vs throughput (down and right is better)", loc="left",
+                     fontsize="medium")
+    handles = [Line2D([], [], ls="", marker=m, color="0.3", label=p)
+               for p, m in PRECISION_MARKERS.items() if (cases["precision"] == p).any()]
+    if len(runs) > 1:
+        handles += [Patch(color=run_colors[r], label=f"run {r}") for r in runs]
+    fig.tight_layout()
+    _legend_above(fig, handles, title="marker: precision")
+    fig.text(0.01, 0.0, "energy: the GPUs' NVML energy counters over the timed rounds, the "
+             "paired baseline's steps left out, divided by the samples trained (rough for "
+             "steps under ~50 ms)", fontsize="small", color="0.35", va="top")
+    return fig
+
+
 CHARTS = {
     "speedup": plot_speedup,
     "memory": plot_memory,
@@ -503,5 +566,6 @@ CHARTS = {
     "accumulation": plot_accumulation,
     "scaling": plot_scaling,
     "loader": plot_loader,
+    "energy": plot_energy,
 }
 """Chart name -> function; the report draws each into ``<name>.png`` and ``<name>.svg``."""

@@ -25,6 +25,32 @@ def _quarter_batch(base: RunConfig) -> int:
     return max(base.workload.min_batch, base.resolved_micro_batch // 4)
 
 
+def _double_batch(base: RunConfig) -> int:
+    return 2 * base.resolved_micro_batch
+
+
+def _knob_workers(base) -> int:
+    """The worker count the loader knobs are measured at (``cases.knob_workers``); a baseline
+    described from records (``gpubench.advice``) carries the count its records were measured
+    at as ``knob_workers``."""
+    known = getattr(base, "knob_workers", None)
+    if known is not None:
+        return known
+    from gpubench.cases import knob_workers
+
+    return knob_workers(base.device)
+
+
+def _knob_loader(**knobs):
+    """The loader of the knob cases (the workload's own data at the knob worker count) with
+    ``knobs``; None for a workload without data of its own."""
+    def fields(base):
+        if _own_dataset(base) is None:
+            return None
+        return {"dataset": _own_dataset(base), "num_workers": _knob_workers(base), **knobs}
+    return fields
+
+
 @dataclass(frozen=True)
 class Claim:
     """One claim of the source articles, as data: what it says, how large each part of the
@@ -46,6 +72,10 @@ class Claim:
     the baseline (whose rounds every case is already paired with)."""
     devices: tuple[str, ...] = ("cpu", "cuda")
     """Where the claim can show (elsewhere: *not testable here*)."""
+    loop: tuple[str, str] = ()
+    """For a claim about the training loop rather than its configuration (``no_grad``,
+    ``del``): the base and new loops, both run on the configuration (``new`` and ``base``: {},
+    the baseline's) by ``gpubench.hygiene``, whose figures ``gpubench memory`` records."""
 
     def fields(self, side: str, base: RunConfig) -> dict | None:
         """The side's configuration fields for ``base`` (None: not applicable to it)."""
@@ -97,6 +127,32 @@ CLAIMS = {c.key: c for c in (
           {"time": (1.05, float("inf"))},
           {"parallel": "ddp", "world_size": 2, "accum_steps": 2, "ddp_no_sync": True},
           base={"parallel": "ddp", "world_size": 2, "accum_steps": 2}),
+    # S4 and S0: DistributedDataParallel rather than DataParallel. DataParallel splits one
+    # micro-batch over its GPUs, DDP gives each rank a micro-batch: DataParallel at twice the
+    # micro-batch has the same global batch and the same samples per GPU as DDP.
+    Claim("dp-vs-ddp", "DDP is faster than DataParallel and balances memory over the GPUs",
+          {"time": (1.05, float("inf")), "peak": (0.0, 0.95), "imbalance": (0.0, 0.95)},
+          {"parallel": "ddp", "world_size": 2},
+          base={"parallel": "dp", "world_size": 2, "micro_batch": _double_batch},
+          devices=("cuda",)),
+    # S0 and S1: the loader's knobs, each at the same worker count as its pageable base.
+    Claim("pin-memory", "pin_memory makes host-to-device copies asynchronous and training "
+          "faster", {"pin_memory": (1.05, float("inf")), "non_blocking": (1.05, float("inf"))},
+          {"loader": _knob_loader(pin_memory=True, non_blocking=True)},
+          base={"loader": _knob_loader()}, devices=("cuda",)),
+    Claim("prefetch", "prefetch_factor loads the next batches while the step computes, "
+          "speeding training", {"time": (1.05, float("inf"))},
+          {"loader": _knob_loader(prefetch_factor=4)}, base={"loader": _knob_loader()}),
+    # S0 and S4: memory hygiene. The frontier (gpubench memory) is the largest micro-batch that
+    # fits; the loop claims are measured by gpubench.hygiene on the baseline's configuration.
+    Claim("empty-cache-oom", "calling torch.cuda.empty_cache() avoids running out of memory",
+          {"max_batch": (1.05, float("inf"))}, {"empty_cache": True}, devices=("cuda",)),
+    Claim("no-grad", "torch.no_grad() in evaluation saves memory",
+          {"no_grad": (0.0, 0.95), "inference_mode": (0.0, 0.95)}, {},
+          loop=("evaluation with autograd on", "evaluation under no_grad / inference_mode")),
+    Claim("del", "deleting intermediates (del) frees memory in the training loop",
+          {"graph": (0.0, 0.95), "outputs": (0.0, 0.95)}, {},
+          loop=("the loop keeps the tensor", "the loop deletes it")),
 )}
 """Every claim the verdicts judge; the interleaved ones also get their own paired benchmark."""
 

@@ -406,11 +406,22 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
         print("gpubench: confirming the recommendation in alternating rounds ...", flush=True)
         recs = [confirm(r, df) for r in recommend(df, budget)]
-    text = advice_markdown(df, budget, recs)
+    text = advice_markdown(df, budget, recs, memory_reports(args, files))
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
     print(text)
     print(f"gpubench: verdicts written to {out / 'advice.md'}")
     return 0
+
+
+def memory_reports(args: argparse.Namespace, files: list[Path]) -> list[dict]:
+    """The ``gpubench memory`` reports the advice judges: ``--memory`` files, else a
+    ``memory.json`` beside the results."""
+    from gpubench.memory_report import load_memory_reports
+
+    paths = list(getattr(args, "memory", None) or [])
+    if not paths:
+        paths = [p for p in (f.parent / "memory.json" for f in files) if p.is_file()]
+    return load_memory_reports(paths)
 
 
 def cmd_case(args: argparse.Namespace) -> int:
@@ -545,6 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--device", default="auto", choices=("auto", *DEVICES))
     adv.add_argument("--budget", type=byte_size,
                      help="memory budget for the recommendation, e.g. 8G; " + BYTE_SIZE_HELP)
+    adv.add_argument("--memory", action="append", metavar="FILE",
+                     help="a memory.json of gpubench memory (repeatable): its OOM frontier and "
+                     "no_grad / del measurements answer the memory claims (default: a "
+                     "memory.json beside the results, if any)")
     adv.add_argument("--out", help="folder for advice.md (default: beside the results)")
     adv.set_defaults(func=cmd_advise)
 

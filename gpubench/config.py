@@ -6,6 +6,8 @@ choices so that a typo fails at once with a message naming the bad value and the
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
@@ -27,6 +29,9 @@ GENERATED_DATASETS = ("device-resident", "synthetic")
 (the default: the technique groups measure the step, not the host), or samples held in host
 memory, collated by the loader and copied each step. Other names are the workload's own."""
 SCHEDULES = ("gpipe", "1f1b")
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""The CUDA caching allocator's settings (``PYTORCH_ALLOC_CONF`` is the newer, device-neutral
+name), read once, when CUDA starts."""
 
 
 def _check_choice(name: str, value: object, choices: tuple) -> None:
@@ -137,6 +142,11 @@ class RunConfig:
     """``optimizer.zero_grad(set_to_none=...)``: None frees gradient memory, False zero-fills."""
     empty_cache: bool = False
     """Call ``torch.cuda.empty_cache()`` after every step (a no-op on the CPU)."""
+    expandable_segments: bool = False
+    """The CUDA caching allocator with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``:
+    segments that grow in place instead of new fixed-size ones, against fragmentation (CUDA
+    only). The allocator reads the setting when CUDA starts, so such a case runs in a worker
+    process of its own started with it (``worker_env``)."""
     checkpointing: bool = False
     """Activation checkpointing of the model's blocks (``torch.utils.checkpoint``)."""
     channels_last: bool = False
@@ -175,8 +185,9 @@ class RunConfig:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _check_choice("parallel", self.parallel, PARALLELS)
-        for name in ("zero_grad_set_to_none", "empty_cache", "checkpointing", "channels_last",
-                     "compile", "ddp_no_sync", "fsdp_mixed_precision"):
+        for name in ("zero_grad_set_to_none", "empty_cache", "expandable_segments",
+                     "checkpointing", "channels_last", "compile", "ddp_no_sync",
+                     "fsdp_mixed_precision"):
             _check_bool(name, getattr(self, name))
         _check_positive_int("accum_steps", self.accum_steps)
         _check_positive_int("micro_batch", self.micro_batch, allow_none=True)
@@ -266,6 +277,31 @@ class RunConfig:
         return self.parallelism.multiprocess
 
     @property
+    def in_workers(self) -> bool:
+        """True when the case runs in worker processes of its own: one per rank
+        (``multiprocess``), or one for a case whose CUDA allocator must be configured before
+        CUDA starts (``expandable_segments``, see ``worker_env``)."""
+        return self.multiprocess or self.expandable_segments
+
+    def worker_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment variables the case's worker processes must have before they import
+        torch: ``PYTORCH_CUDA_ALLOC_CONF`` with ``expandable_segments:True`` for
+        ``expandable_segments`` (added to the allocator options already set in ``environ``,
+        default ``os.environ``, and to ``PYTORCH_ALLOC_CONF``, its newer name, where that is
+        set); empty otherwise."""
+        if not self.expandable_segments:
+            return {}
+        environ = os.environ if environ is None else environ
+        env = {}
+        for var in ALLOC_CONF_VARS:
+            if var != ALLOC_CONF_VARS[0] and var not in environ:
+                continue
+            options = [o for o in environ.get(var, "").split(",")
+                       if o.strip() and o.split(":")[0].strip() != "expandable_segments"]
+            env[var] = ",".join([*options, "expandable_segments:True"])
+        return env
+
+    @property
     def id(self) -> str:
         """A readable name listing only what differs from the baseline: ``resnet18-bf16-accum4``."""
         parts = [self.name, self.precision]
@@ -280,6 +316,8 @@ class RunConfig:
             parts.append("zerofill")
         if self.empty_cache:
             parts.append("emptycache")
+        if self.expandable_segments:
+            parts.append("expseg")
         if self.checkpointing:
             parts.append("ckpt")
         if self.channels_last:

@@ -33,6 +33,7 @@ from gpubench.data import measure_loader
 from gpubench.flops import count_flops_detailed
 from gpubench.memory import (
     SavedActivations,
+    allocator_counters,
     read_peak,
     release_free_memory,
     reset_peak,
@@ -102,6 +103,7 @@ class CaseProgram:
         self.rank = rank
         self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
         self.start_bytes: list[int | None] = []
+        self.start_counters: list[dict | None] = []
         self.times: list[float] = []
         self.waits_at_reset = 0
         self.last_loss: torch.Tensor | None = None
@@ -148,15 +150,17 @@ class CaseProgram:
         self.times = []
         self.waits_at_reset = len(self.case.batches.waits)
         self.start_bytes = [reset_peak(d) for d in self.case.devices]
+        self.start_counters = [allocator_counters(d) for d in self.case.devices]
 
     def read_peak(self) -> dict:
-        """Figures of the measured window on this process: each device's peak memory, the exact
+        """Figures of the measured window on this process: each device's peak memory (on CUDA
+        with the allocator's health over the window, ``gpubench.memory.read_peak``), the exact
         state breakdown, the median step time and the loader's waits."""
         waits = list(self.case.batches.waits)[self.waits_at_reset:]
         loss = None if self.last_loss is None else self.last_loss.float().item()
         return {
-            "devices": [read_peak(d, s)
-                        for d, s in zip(self.case.devices, self.start_bytes, strict=True)],
+            "devices": [read_peak(d, s, c) for d, s, c in zip(
+                self.case.devices, self.start_bytes, self.start_counters, strict=True)],
             **state_breakdown(self.case.model, self.case.optimizer),
             "rank_step_time_s": statistics.median(self.times) if self.times else None,
             "loader_wait_s": sum(waits) / len(self.times) if self.times else None,
@@ -215,11 +219,6 @@ WINDOW_WARMUP_ROUNDS = 1
 memory to the system on the CPU and empties the allocator cache on CUDA, so the first step
 after it allocates afresh and would read slow)."""
 
-MEMORY_WINDOW_STEPS = 2
-"""Steps of the memory window of a case paired in its own process: its peaks, taken before the
-baseline partner is built beside it."""
-
-
 class PairedBaseline:
     """The model's FP32 baseline, stepped right before every timed round of a case
     (pytest-benchmark's untimed ``setup``), so that each round of the case has a baseline round
@@ -256,8 +255,9 @@ class PairedBaseline:
         self.times.append(self.group.call("step")[0])
 
     def local(self) -> LocalBaseline:
-        """A partner in this process (``LocalBaseline``), built and warmed up now."""
-        return LocalBaseline(self.cfg, self.warmup_rounds)
+        """A partner in this process (``LocalBaseline``), built and warmed up (one step; the
+        timed window's warm-up round steps it again) now."""
+        return LocalBaseline(self.cfg, 1)
 
     def close(self) -> None:
         if self.group is not None:
@@ -350,28 +350,28 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     per-rank times cover the timed rounds only; ``rounds`` shrinks for slow steps
     (``budget_rounds``, from the last warm-up round's time).
     With ``baseline`` (a ``PairedBaseline``), every timed round is preceded by an untimed
-    baseline step: in this process for an in-process case, whose peaks then come from a memory
-    window of its own before the partner is built (``MEMORY_WINDOW_STEPS``); in the baseline
-    worker for multi-process cases. The paired times are recorded as
+    baseline step: in this process for an in-process case, whose peaks then come from its
+    warm-up rounds, measured before the partner is built; in the baseline worker for
+    multi-process cases. The paired times are recorded as
     ``paired_baseline_rounds_s``, round i paired with the case's round i."""
     prepared = group.call("prepare")
     checks = group.call("check")
     counts = group.call("count")
+    local = baseline is not None and isinstance(group, InProcess)
+    if local:
+        # The case's memory window: its warm-up rounds, the case alone in this process.
+        group.call("reset_peak")
     # Warm-up rounds (at least one: the check's steps ran on other code paths' state), the
     # last of which sizes the timed rounds.
     for _ in range(max(1, warmup_rounds)):
         start = time.perf_counter()
         group.call("step")
     rounds = budget_rounds(rounds, time.perf_counter() - start, max_time_s)
-    group.call("reset_peak")
     partner, memory = baseline, None
-    if baseline is not None and isinstance(group, InProcess):
-        # The memory window (the case alone), then the partner built beside it.
-        for _ in range(MEMORY_WINDOW_STEPS):
-            group.call("step")
+    if local:
         memory = group.call("read_peak")
-        partner = _local_partner(baseline)
-        group.call("reset_peak")  # the timed window: step times and loader waits
+        partner = _local_partner(baseline)  # built beside the case only now
+    group.call("reset_peak")  # the timed window (and, unpaired or multi-process, the memory)
     try:
         with Sampler.for_case(cfg, group, partner, rounds) as telemetry:  # gpubench.telemetry
             if partner is None:

@@ -1,6 +1,8 @@
 """Peak memory of the measured steps, and an exact breakdown of what the model state holds.
 
-CUDA: ``reset_peak_memory_stats`` then ``max_memory_allocated`` / ``max_memory_reserved``.
+CUDA: ``reset_peak_memory_stats`` then ``max_memory_allocated`` / ``max_memory_reserved``, and
+the caching allocator's health over the window (retries, out-of-memory errors, active peak,
+fragmentation) from ``torch.cuda.memory_stats``.
 CPU (Linux): the process high-water mark. Writing ``5`` to ``/proc/self/clear_refs`` resets
 ``VmHWM`` to the current resident size; after the steps ``VmHWM`` is the peak resident size. Freed
 heap is first handed back to the OS (``malloc_trim``) so an earlier, larger case does not leave
@@ -75,17 +77,70 @@ def reset_peak(device: torch.device) -> int | None:
     return None
 
 
-def read_peak(device: torch.device, start_bytes: int | None) -> dict[str, int | str | None]:
-    """Peak memory since ``reset_peak`` (which returned ``start_bytes``).
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_ooms")
+"""Event counters of ``torch.cuda.memory_stats`` that only grow (``reset_peak_memory_stats``
+leaves them alone): a window's figure is their change since its start."""
+
+ALLOCATOR_FIELDS = ("alloc_retries", "alloc_ooms", "peak_active_bytes", "fragmentation")
+"""The allocator-health fields ``read_peak`` adds to a device's figures (None on the CPU)."""
+
+
+def allocator_counters(device: torch.device) -> dict[str, int] | None:
+    """The allocator's event counters now (``ALLOCATOR_COUNTERS``), at a window's start for
+    ``read_peak``; None on the CPU."""
+    if device.type != "cuda":
+        return None
+    stats = torch.cuda.memory_stats(device)
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
+
+
+def allocator_health(stats: dict | None,
+                     start: dict | None = None) -> dict[str, int | float | None]:
+    """The record's allocator-health fields from ``torch.cuda.memory_stats(device)`` read at the
+    end of a window whose peaks were reset at its start (``start``: ``allocator_counters`` then;
+    without it the counters count from the process's start):
+
+    - ``alloc_retries``: ``cudaMalloc`` calls that failed, freed the cache and retried
+      (``num_alloc_retries``: each one a synchronising stall), in the window;
+    - ``alloc_ooms``: out-of-memory errors the allocator raised (``num_ooms``), in the window;
+    - ``peak_active_bytes``: the most bytes in blocks in use (``active_bytes.all.peak``:
+      allocations rounded up to the blocks that hold them);
+    - ``fragmentation``: ``1 - allocated_bytes.all.peak / reserved_bytes.all.peak``, the share
+      of the reserve at its peak that the tensors at theirs left unused (cached free blocks
+      and fragments of split ones).
+
+    All None without statistics (the CPU, or CUDA not initialised: an empty dict)."""
+    if not stats:
+        return dict.fromkeys(ALLOCATOR_FIELDS)
+    start = start or {}
+    allocated = stats.get("allocated_bytes.all.peak", 0)
+    reserved = stats.get("reserved_bytes.all.peak", 0)
+    return {
+        "alloc_retries": max(0, stats.get("num_alloc_retries", 0)
+                             - start.get("num_alloc_retries", 0)),
+        "alloc_ooms": max(0, stats.get("num_ooms", 0) - start.get("num_ooms", 0)),
+        "peak_active_bytes": stats.get("active_bytes.all.peak"),
+        "fragmentation": max(0.0, 1 - allocated / reserved) if reserved else None,
+    }
+
+
+def read_peak(device: torch.device, start_bytes: int | None,
+              start_counters: dict | None = None) -> dict[str, int | float | str | None]:
+    """Peak memory since ``reset_peak`` (which returned ``start_bytes``), read while the case
+    still holds its memory (right after its steps, nothing freed).
 
     ``peak_memory_bytes`` is the high-water mark; ``step_memory_bytes`` is how far the steps
     raised it above the memory held at the start (model, gradients kept, optimizer state):
-    activations, temporaries and freshly allocated gradients.
+    activations, temporaries and freshly allocated gradients. On CUDA also the allocator's
+    health over the window (``allocator_health``; ``start_counters``: ``allocator_counters`` at
+    the window's start), None on the CPU.
     """
+    stats = None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
-        reserved = torch.cuda.max_memory_reserved(device)
+        stats = torch.cuda.memory_stats(device)
+        peak = stats.get("allocated_bytes.all.peak", 0)  # torch.cuda.max_memory_allocated
+        reserved = stats.get("reserved_bytes.all.peak", 0)  # torch.cuda.max_memory_reserved
         method = "torch.cuda.max_memory_allocated"
     elif cpu_peak_supported():
         peak, reserved = status_bytes("VmHWM"), None
@@ -98,12 +153,14 @@ def read_peak(device: torch.device, start_bytes: int | None) -> dict[str, int | 
         "step_memory_bytes": None if peak is None else max(0, peak - start_bytes),
         "peak_reserved_bytes": reserved,
         "peak_memory_method": method,
+        **allocator_health(stats, start_counters),
     }
 
 
 class _Saved:
-    """What the pack hook hands autograd in place of a saved tensor: the tensor itself, and a
-    note to the counter when autograd drops it (after the backward that used it)."""
+    """What the pack hook hands autograd in place of a saved tensor: the tensor (detached), and
+    a note to the counter when autograd drops it (after the backward that used it, or with its
+    graph)."""
 
     __slots__ = ("tensor", "key", "owner")
 
@@ -201,7 +258,11 @@ class SavedActivations:
         else:
             entry[1] += 1
         self._handles += 1
-        return _Saved(t, key, self)
+        # Detached (the same storage and version counter): an op that saves its own output
+        # would otherwise hold, through the packed tensor's grad_fn, the node that holds the
+        # packed tensor, a reference cycle that a graph never backpropagated (a loss kept for
+        # logging) leaves to the garbage collector.
+        return _Saved(t.detach(), key, self)
 
     @staticmethod
     def _unpack(packed):

@@ -1,5 +1,8 @@
 """``gpubench memory``: the OOM frontier per technique, the leak check of the classic leaky
-loops, and the allocator's figures, for one model on this machine."""
+loops, the memory hygiene of the training loop (``no_grad``, ``del``: ``gpubench.hygiene``), the
+allocator's figures, and the verdicts on the memory claims these answer, for one model on this
+machine. ``memory.json`` holds the figures; ``gpubench advise --memory`` judges them beside a
+run's results."""
 
 from __future__ import annotations
 
@@ -22,11 +25,16 @@ TECHNIQUES = {
     "bf16+ckpt": {"precision": "bf16", "checkpointing": True},
     "adamw": {"optimizer": "adamw"},
     "sgd-zerofill": {"zero_grad_set_to_none": False},
+    "emptycache": {"empty_cache": True},
 }
-"""Technique sets the frontier can compare, by name."""
+"""Technique sets the frontier can compare, by name (``emptycache``: ``torch.cuda.empty_cache()``
+after every step, against ``fp32`` the claim that it avoids running out of memory)."""
 
 FRONTIER_COLUMNS = ("technique", "largest micro-batch that fits", "tries")
 LEAK_COLUMNS = ("loop", "growth per step (MiB)", "verdict")
+HYGIENE_COLUMNS = ("loop", "saved for backward (MiB)", "held at once (MiB)", "kept (MiB)",
+                   "CUDA peak (MiB)")
+VERDICT_COLUMNS = ("claim", "measured", "verdict", "why")
 
 MAX_BATCH = {"cuda": 65536, "cpu": 1024}
 """Default upper limit of the frontier search per device: on CUDA large enough that a small
@@ -40,13 +48,47 @@ def technique_config(base: RunConfig, name: str) -> RunConfig:
     return base.with_(**TECHNIQUES[name])
 
 
+def technique_list(text: str) -> str:
+    """``--techniques``: comma-separated names from ``TECHNIQUES``, checked when the command
+    line is parsed (a bad name: argparse's one-line error, exit 2, nothing run)."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in TECHNIQUES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"techniques must be from {', '.join(TECHNIQUES)}; got {text!r}")
+    return ",".join(names)
+
+
+def load_memory_reports(paths) -> list[dict]:
+    """``memory.json`` files of ``gpubench memory`` (a bad one: a one-line ``ResultsError``)."""
+    from gpubench.results import ResultsError
+
+    reports = []
+    for path in map(Path, paths):
+        try:
+            report = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ResultsError(f"{path}: no such file") from None
+        except (OSError, ValueError) as err:
+            raise ResultsError(f"{path}: not a gpubench memory.json ({err})") from None
+        if not isinstance(report, dict) or not isinstance(report.get("model"), str) \
+                or not isinstance(report.get("frontier", []), list):
+            raise ResultsError(f"{path}: not a gpubench memory.json (no model or frontier)")
+        reports.append(report)
+    return reports
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:,.2f}"
+
+
 def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
                    help="workload: a built-in name (resnet18, resnet50, bert, gpt2), "
                    "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE")
     p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
-    p.add_argument("--techniques", default="fp32,bf16,bf16+ckpt",
+    p.add_argument("--techniques", default="fp32,bf16,bf16+ckpt", type=technique_list,
                    help=f"comma-separated, from {', '.join(TECHNIQUES)}")
     p.add_argument("--budget", type=byte_size,
                    help="memory budget standing in for the device on the CPU (process peak), "
@@ -56,6 +98,8 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    f"{MAX_BATCH['cuda']} on CUDA, enough for a 141 GB H200, "
                    f"{MAX_BATCH['cpu']} on the CPU)")
     p.add_argument("--no-leaks", action="store_true", help="skip the leak check")
+    p.add_argument("--no-hygiene", action="store_true",
+                   help="skip the no_grad / del measurements of the training loop")
     p.add_argument("--snapshot", metavar="PATH",
                    help="CUDA only: write a memory snapshot (pickle for "
                    "https://pytorch.org/memory_viz) of the first technique's first "
@@ -80,14 +124,16 @@ def memory_main(args: argparse.Namespace) -> int:
     budget = parse_bytes(args.budget) if args.budget else None
     max_batch = args.max_batch or MAX_BATCH[device]
     base = baseline(args.model, profile, device)
-    configs = [technique_config(base, t) for t in args.techniques.split(",") if t]
+    names = [t for t in args.techniques.split(",") if t]
+    configs = [technique_config(base, t) for t in names]
     lines = [f"# gpubench memory: {base.name} ({profile}, {device})", "",
              "## OOM frontier", ""]
     frontier_rows = []
     report = {"model": base.name, "workload": args.model, "profile": profile, "device": device,
-              "budget_bytes": budget, "frontier": [], "leaks": [], "allocator": None}
+              "budget_bytes": budget, "frontier": [], "leaks": [], "hygiene": None,
+              "allocator": None}
     snapshot_line = None
-    for cfg in configs:
+    for name, cfg in zip(names, configs, strict=True):
         print(f"gpubench memory: searching the frontier of {cfg.id} ...", flush=True)
         if getattr(args, "snapshot", None) and cfg is configs[0]:
             from gpubench.snapshot import frontier_with_snapshot
@@ -101,7 +147,7 @@ def memory_main(args: argparse.Namespace) -> int:
         frontier_rows.append({"technique": cfg.id,
                               "largest micro-batch that fits": f"{frontier.max_batch}{capped}",
                               "tries": len(frontier.tries)})
-        report["frontier"].append(asdict(frontier))
+        report["frontier"].append({"technique": name, **asdict(frontier)})
     lines.append(markdown_table(frontier_rows, ["left", "right", "right"], FRONTIER_COLUMNS))
     if snapshot_line:
         lines += ["", snapshot_line]
@@ -117,6 +163,33 @@ def memory_main(args: argparse.Namespace) -> int:
             report["leaks"].append({**asdict(r), "leaks": r.leaks,
                                     "out_of_memory": r.out_of_memory})
         lines.append(markdown_table(leak_rows, ["left", "right", "left"], LEAK_COLUMNS))
+    if not getattr(args, "no_hygiene", False):
+        from gpubench.hygiene import measure as measure_hygiene
+
+        print("gpubench memory: measuring no_grad and del ...", flush=True)
+        hygiene = measure_hygiene(args.model, profile, device)
+        report["hygiene"] = hygiene
+        lines += ["", f"## Memory hygiene of the loop ({hygiene['micro_batch']} samples; "
+                  "exact saved bytes, CUDA allocator peak)", ""]
+        rows = []
+        for group, sides in (("evaluation", ("grad", "no_grad", "inference_mode")),
+                             ("kept_graph", ("kept", "deleted")),
+                             ("kept_outputs", ("kept", "deleted"))):
+            for side in sides:
+                m = hygiene[group][side]
+                rows.append({"loop": m["name"],
+                             "saved for backward (MiB)": _mib(m["saved_bytes"]),
+                             "held at once (MiB)": _mib(m["held_saved_bytes"]),
+                             "kept (MiB)": _mib(m["kept_bytes"]),
+                             "CUDA peak (MiB)": _mib(m["peak_bytes"])})
+        lines.append(markdown_table(rows, ["left", "right", "right", "right", "right"],
+                                    HYGIENE_COLUMNS))
+    from gpubench.advice import memory_verdicts
+
+    verdict_rows = [{"claim": v.claim, "measured": v.measured, "verdict": f"**{v.verdict}**",
+                     "why": v.why} for v in memory_verdicts(report)]
+    lines += ["", "## Verdicts on the memory claims", "",
+              markdown_table(verdict_rows, columns=VERDICT_COLUMNS)]
     stats = allocator_stats(torch.device(device))
     report["allocator"] = stats
     lines += ["", "## Allocator", ""]

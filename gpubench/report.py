@@ -17,7 +17,7 @@ import pandas as pd
 
 from gpubench import atomic
 from gpubench.advice import advice_markdown
-from gpubench.charts import CHARTS, CannotPlot
+from gpubench.charts import CHARTS, CannotPlot, energy_per_sample
 from gpubench.results import load_results
 from gpubench.summary import summary_markdown
 from gpubench.tables import markdown_table
@@ -45,7 +45,18 @@ CHART_TITLES = {
     "accumulation": "accumulation: memory and throughput vs accumulation steps",
     "scaling": "scaling: throughput and efficiency vs world size",
     "loader": "loader: data loading on on-disk data",
+    "energy": "energy: joules per sample vs throughput (precision cases, CUDA)",
 }
+
+TELEMETRY_INTRO = """\
+Sampled every 0.1 s during each case's timed rounds (the paired baseline's steps left out):
+CPU utilisation of the case's own processes in % of the machine's cores, CPU clock; on CUDA
+(NVML) GPU utilisation, SM and memory clocks, the power of the case's GPUs and their energy
+per training sample. *Contended*: something else competed with the case (CPU steal, other
+processes on busy cores or on its GPU, a run queue beyond the case's own threads, a GPU slowed
+for heat or a power brake); the summary flags such cases.
+
+"""
 
 VERDICT_CLASSES = {
     "holds": "good",
@@ -131,6 +142,58 @@ def runs_markdown(df: pd.DataFrame) -> str:
     return markdown_table(rows, [*["left"] * 6, "right"])
 
 
+TELEMETRY_COLUMNS = {
+    "telemetry_cpu_util": "CPU util (%)",
+    "telemetry_cpu_freq_mhz": "CPU clock (MHz)",
+    "telemetry_gpu_util": "GPU util (%)",
+    "telemetry_sm_clock_mhz": "SM clock (MHz)",
+    "telemetry_mem_clock_mhz": "mem clock (MHz)",
+    "telemetry_power_w": "power (W)",
+    "j_per_sample": "energy (J/sample)",
+}
+"""The telemetry table's figures (``gpubench.telemetry``): record field -> header. A column that
+no case of a table has (the GPU's on a CPU run) is left out."""
+
+
+def _figure(value: object) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return "-"
+    value = float(value)
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def telemetry_markdown(df: pd.DataFrame) -> str:
+    """Per run and model, one line per case with telemetry: the machine during its timed rounds
+    (CPU and GPU utilisation, clocks, power, energy per sample) and whether something else
+    competed with it (``contended``, with the reason). Empty when no case has telemetry (files
+    written before it, or kinds other than training steps)."""
+    if "telemetry_samples" not in df:
+        return ""
+    steps = df[(df["kind"].isna() | (df["kind"] == "step")) & df["step_time_s"].notna()]
+    steps = steps[steps["telemetry_samples"].notna()]
+    if steps.empty:
+        return ""
+    steps = steps.assign(j_per_sample=energy_per_sample(steps))
+    parts = []
+    for (run, model), group in steps.groupby(["run", "model"], sort=False):
+        shown = {c: h for c, h in TELEMETRY_COLUMNS.items()
+                 if c in group and group[c].notna().any()}
+        rows = []
+        for _, r in group.iterrows():
+            contended = r.get("contended")
+            flag = ("-" if contended is None or contended is pd.NA
+                    else f"yes: {r.get('contention_reason') or '?'}" if contended else "no")
+            rows.append({"case": r["case_id"], **{h: _figure(r[c]) for c, h in shown.items()},
+                         "contended": flag})
+        table = markdown_table(rows, ["left", *["right"] * len(shown), "left"])
+        parts.append(f"### {model} ({run})\n\n{table}\n")
+    notes = sorted({str(n) for n in steps.get("telemetry_note", pd.Series(dtype=object))
+                    if isinstance(n, str) and n})
+    if notes:
+        parts.append("Notes from the sampler:\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
+    return "\n".join(parts)
+
+
 def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str]) -> list[Section]:
     sections = [Section("runs", "Runs", runs_markdown(df) + "\n"),
                 Section("reading-guide", "How to read this report", READING_GUIDE + "\n")]
@@ -142,6 +205,10 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str])
         sections.append(Section("advice", "Advice: the common speed-up claims, on these "
                                 "measurements", advice_markdown(df)))
     sections.append(Section("summary", "Summary", summary_markdown(df)))
+    telemetry = telemetry_markdown(df)
+    if telemetry:
+        sections.append(Section("telemetry", "Telemetry: the machine during the timed rounds",
+                                TELEMETRY_INTRO + telemetry))
     from gpubench.trace import op_changes_markdown
 
     changed = op_changes_markdown(df)  # runs with --trace only

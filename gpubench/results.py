@@ -38,20 +38,23 @@ _STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl"
         "launcher", "speedup_paired_test", "paired_partner")
 _BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
          "fsdp_mixed_precision", "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
-         "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark")
+         "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark", "expandable_segments")
 _COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
            "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
 _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
           "activation_bytes", "activation_bytes_base", "activation_bytes_new",
           "step_memory_bytes", "peak_reserved_bytes", "flops_per_step", "num_workers",
+          # CUDA allocator health over the memory window (gpubench.memory.allocator_health)
+          "alloc_retries", "alloc_ooms", "peak_active_bytes",
           "check_skipped_steps", "cache_items", "dataset_size", "dynamo_recompiles",
           # kind "transfer" (benchmarks/test_transfer.py): host-to-device copies
           "bytes", "copies_per_round", "matmuls_per_round")
 _POSITIVE = ("step_time_s", "samples_per_s", "speedup_paired", "speedup_paired_low",
              "speedup_paired_high", "baseline_step_time_s")
 _NON_NEGATIVE = ("tflops", "mfu", "peak_tflops", "allreduce_time_s", "comm_time_s",
-                 "comm_fraction", "loader_samples_per_s", "loader_stall_fraction",
-                 "loader_wait_s", "epoch_restart_s", "time_to_first_batch_s",
+                 "fragmentation", "comm_fraction", "loader_samples_per_s",
+                 "loader_stall_fraction", "loader_wait_s", "epoch_restart_s",
+                 "time_to_first_batch_s",
                  "process_overhead_s", "step_time_iqr_s", "gpubench_step_time_s",
                  "handwritten_step_time_s", "speedup_paired_p",
                  # gpubench.telemetry: the machine during the timed rounds
@@ -497,6 +500,28 @@ SPREAD_LIMIT = 0.10
 """Baseline IQR / median above which a run's timings are flagged as noisy."""
 
 
+def _only_inert(flat: dict) -> bool:
+    """Whether a record differs from its baseline only by techniques that do nothing on its
+    device (so it must read 1.0x); a loader case with pinning differs by its loader too."""
+    from dataclasses import replace
+
+    from gpubench.config import config_from_record
+
+    try:
+        cfg = config_from_record(flat)
+    except (ValueError, TypeError, KeyError):
+        return False
+    stripped = cfg.with_(precision="fp32" if cfg.precision == "tf32" else cfg.precision,
+                         empty_cache=False)
+    if stripped.loader.pin_memory or stripped.loader.non_blocking:
+        loader = replace(stripped.loader, pin_memory=False, non_blocking=False)
+        try:
+            stripped = stripped.with_(loader=loader)
+        except ValueError:
+            return False
+    return stripped.is_baseline
+
+
 def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
     """Add ``flags``: figures outside what the technique can physically give, so a reader knows
     which numbers to distrust: a no-op technique off 1.0 by more than ``NOOP_TOLERANCE`` with an
@@ -515,7 +540,8 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
                     for k, v in row.items()}
             low, high = row.get("speedup_low"), row.get("speedup_high")
             excludes_one = (isinstance(low, float) and low == low and (low > 1 or high < 1))
-            if (inert_techniques(flat) and abs(speedup - 1) > NOOP_TOLERANCE
+            if (inert_techniques(flat) and _only_inert(flat)
+                    and abs(speedup - 1) > NOOP_TOLERANCE
                     and (excludes_one or row.get("speedup_method") != "paired")):
                 out.append("no-op technique off 1.0x: machine noise")
             devices = row.get("world_size")

@@ -27,12 +27,17 @@ __all__ = ["MIN_ROUNDS", "budget_rounds", "launcher", "record", "run_case"]
 
 
 def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """The launcher of ``cfg``: worker processes per rank for DDP and pipeline cases, this
-    process otherwise (a context manager whose ``call`` runs the measurement commands)."""
+    """The launcher of ``cfg``: worker processes per rank for DDP, FSDP and pipeline cases; one
+    worker process for a case whose CUDA allocator settings must be in place before CUDA starts
+    (``expandable_segments``: the process is started with ``cfg.worker_env()``); this process
+    otherwise (a context manager whose ``call`` runs the measurement commands)."""
     if cfg.multiprocess:
         check_world_size(cfg)
         return WorkerGroup(cfg.world_size, CaseProgram, (cfg,), backend=backend_for(cfg.device),
-                           timeout_s=timeout_s)
+                           timeout_s=timeout_s, env=cfg.worker_env())
+    if cfg.in_workers:  # one process, its own CUDA allocator; no collectives: gloo
+        return WorkerGroup(1, CaseProgram, (cfg,), backend="gloo", timeout_s=timeout_s,
+                           env=cfg.worker_env())
     return InProcess(cfg)
 
 
@@ -98,7 +103,7 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "device_name": device_name(_device(cfg)),
         "cudnn_benchmark": cfg.device == "cuda",  # Precision.math_mode turns it on for CUDA
         "dynamo_recompiles": (sum(map(len, torch._dynamo.utils.guard_failures.values()))
-                              if cfg.compile and not cfg.multiprocess else None),
+                              if cfg.compile and not cfg.in_workers else None),
         "step_time_s": step_time_s,
         "step_time_iqr_s": stats.iqr,
         "samples_per_s": global_batch / step_time_s,

@@ -89,11 +89,15 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, poll_s: float
     threading.Thread(target=watch, name="gpubench-parent-watchdog", daemon=True).start()
 
 
-def guarded_call(parent_pid: int, use_pdeathsig: bool, target: str, *args) -> None:
-    """Spawned-process entry point: ``die_with_parent(parent_pid)`` (SIGKILL), then import
-    ``target`` ("module:function") and call it with ``args``. Passing this function as a
-    ``multiprocessing`` target keeps heavy imports after the parent-death watch is armed."""
+def guarded_call(parent_pid: int, use_pdeathsig: bool, target: str, *args,
+                 env: dict[str, str] | None = None) -> None:
+    """Spawned-process entry point: ``die_with_parent(parent_pid)`` (SIGKILL), then set ``env``
+    in ``os.environ``, then import ``target`` ("module:function") and call it with ``args``.
+    Passing this function as a ``multiprocessing`` target keeps heavy imports after the
+    parent-death watch is armed, and after ``env`` is in place: settings read when torch is
+    imported or CUDA starts (``PYTORCH_CUDA_ALLOC_CONF``) see it."""
     die_with_parent(parent_pid, signal.SIGKILL, use_pdeathsig=use_pdeathsig)
+    os.environ.update(env or {})
     module, _, name = target.partition(":")
     getattr(importlib.import_module(module), name)(*args)
 

@@ -120,11 +120,13 @@ class WorkerGroup:
     """``world_size`` processes, each running ``factory(rank, world_size, *args)``, the object
     whose methods ``call`` invokes on every rank.
 
-    ``factory`` and ``args`` must pickle (the ranks are spawned, not forked)."""
+    ``factory`` and ``args`` must pickle (the ranks are spawned, not forked). ``env``: variables
+    set in each rank before it imports torch (``guarded_call``), e.g. the CUDA allocator's
+    settings (``RunConfig.worker_env``); this process's environment is left as it is."""
 
     def __init__(self, world_size: int, factory: Callable[..., Any], args: tuple = (), *,
                  backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 start_timeout_s: float = START_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, env: dict[str, str] | None = None):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer; got {world_size!r}")
         self.world_size = world_size
@@ -144,6 +146,7 @@ class WorkerGroup:
                 proc = ctx.Process(
                     target=guarded_call,
                     args=(os.getpid(), main_thread, f"{__name__}:_rank_main", child, payload),
+                    kwargs={"env": dict(env or {})},
                     name=f"gpubench-rank{rank}",
                 )
                 # Tracked before it starts: an interrupt right after start() must not leave

@@ -165,5 +165,6 @@ def test_claims_are_one_list_read_by_the_verdicts_and_the_pairs():
         claim = CLAIMS[pair.claim]
         assert pair.base == claim.config("base", pair.base.baseline)
         assert pair.new == claim.config("new", pair.base.baseline)
-    texts = {v.claim.split(" (")[0] for v in advise(pd.DataFrame([_row("bert-fp32", 1.0)]))}
-    assert {c.text for c in CLAIMS.values()} <= texts
+    judged = [v.claim for v in advise(pd.DataFrame([_row("bert-fp32", 1.0)]))]
+    for claim in CLAIMS.values():  # a verdict's claim is the text, perhaps with a note after it
+        assert any(j == claim.text or j.startswith(claim.text + " (") for j in judged), claim.key

@@ -10,7 +10,6 @@ decoded with PIL and augmented) and a split into stages for model and pipeline p
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -46,7 +45,8 @@ class Block(nn.Module):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
 
     def forward(self, x):
         h = self.norm1(x)

@@ -1,0 +1,107 @@
+"""The memory-hygiene measurements (``gpubench.hygiene``) on a tiny model, and the memory command
+that records them (``emptycache`` in its OOM frontier, the verdicts in ``memory.md``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpubench import cli, hygiene
+from gpubench.cases import baseline
+from gpubench.memory_report import TECHNIQUES, technique_config
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return hygiene.setup("bert", "smoke")
+
+
+def test_no_grad_and_inference_mode_save_nothing_for_backward(tiny):
+    grad = hygiene.evaluation(tiny, "grad")
+    assert grad.saved_bytes > 0 and grad.held_saved_bytes == grad.saved_bytes
+    for mode in ("no_grad", "inference_mode"):
+        m = hygiene.evaluation(tiny, mode)
+        assert m.saved_bytes == 0 and m.held_saved_bytes == 0, mode
+        assert m.peak_bytes is None  # the CPU: exact saved bytes only
+    assert tiny.module.training  # evaluation() puts the model back in training mode
+    with pytest.raises(ValueError, match="mode must be one of"):
+        hygiene.evaluation(tiny, "eval")
+
+
+def test_a_kept_intermediate_holds_its_graph_and_del_frees_it(tiny):
+    kept, deleted = hygiene.kept_graph(tiny, True), hygiene.kept_graph(tiny, False)
+    # Both loops save the same bytes; the kept loss (a scalar) holds its forward's saved
+    # activations through the next step, nearly doubling what is held at once.
+    assert kept.saved_bytes == pytest.approx(deleted.saved_bytes, rel=0.1)
+    assert kept.held_saved_bytes > 1.5 * deleted.held_saved_bytes > 0
+    assert 0 < kept.kept_bytes <= 8 and deleted.kept_bytes == 0
+
+
+def test_outputs_kept_after_backward_hold_only_their_own_storage(tiny):
+    kept, deleted = hygiene.kept_outputs(tiny, True), hygiene.kept_outputs(tiny, False)
+    # backward() already freed the graph: the saved bytes held are the same, the outputs
+    # (the logits and the loss) are what the kept loop holds more.
+    assert kept.held_saved_bytes == deleted.held_saved_bytes > 0
+    logits = tiny.micro_batch * 10 * 4  # the smoke BERT's 10 classes, fp32
+    assert kept.kept_bytes >= logits and deleted.kept_bytes == 0
+    assert kept.held_bytes > deleted.held_bytes
+
+
+def test_measure_is_plain_data_the_advice_judges():
+    from gpubench.advice import memory_verdicts
+    from gpubench.claims import CLAIMS
+
+    data = hygiene.measure("bert", "smoke")
+    json.dumps(data)  # memory.json
+    assert data["evaluation"]["no_grad"]["saved_bytes"] == 0
+    verdicts = {v.claim: v.verdict for v in memory_verdicts(
+        {"model": "bert", "device": "cpu", "frontier": [], "hygiene": data})}
+    assert verdicts[CLAIMS["no-grad"].text] == "holds"
+    assert verdicts[CLAIMS["del"].text] in ("holds", "partly holds (graph)")
+
+
+def test_the_frontier_takes_the_emptycache_technique():
+    parser = cli.build_parser()
+    args = parser.parse_args(["memory", "--model", "bert", "--techniques", "fp32, emptycache"])
+    assert args.techniques == "fp32,emptycache"
+    cfg = technique_config(baseline("bert", "smoke", "cuda"), "emptycache")
+    assert cfg.empty_cache and cfg.id == "bert-fp32-emptycache"
+    assert TECHNIQUES["emptycache"] == {"empty_cache": True}
+
+
+def test_a_bad_technique_is_a_one_line_error_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["memory", "--model", "bert", "--techniques", "fp32,emptycash"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "emptycash" in err and "emptycache" in err
+
+
+def test_memory_report_records_hygiene_and_verdicts(monkeypatch, tmp_path, capsys):
+    import gpubench.frontier
+    import gpubench.leaks
+    from gpubench.frontier import Frontier, Try
+
+    monkeypatch.setattr(gpubench.frontier, "find_frontier",
+                        lambda cfg, budget, limit: Frontier(cfg.id, 8, [Try(8, True, 100)]))
+    monkeypatch.setattr(gpubench.leaks, "allocator_stats", lambda device: {
+        "reserved_bytes": None})
+    assert cli.main(["memory", "--model", "bert", "--profile", "smoke", "--device", "cpu",
+                     "--techniques", "fp32,emptycache", "--budget", "2G", "--no-leaks",
+                     "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "memory.json").read_text())
+    assert [f["technique"] for f in report["frontier"]] == ["fp32", "emptycache"]
+    assert report["hygiene"]["evaluation"]["grad"]["saved_bytes"] > 0
+    text = (tmp_path / "memory.md").read_text()
+    assert "## Memory hygiene of the loop" in text and "## Verdicts on the memory claims" in text
+    assert "not testable here" in text  # empty_cache on the CPU
+
+    # gpubench advise reads a memory.json beside the results (or --memory).
+    from gpubench.memory_report import load_memory_reports
+    from gpubench.results import ResultsError
+
+    args = cli.build_parser().parse_args(["advise", "--results", str(tmp_path / "b.json")])
+    assert cli.memory_reports(args, [tmp_path / "b.json"])[0]["model"] == "bert"
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(ResultsError, match="not a gpubench memory.json"):
+        load_memory_reports([tmp_path / "bad.json"])
