@@ -150,7 +150,7 @@ BASELINE_FIELDS = {
     "dataset": "device-resident",
     "num_workers": 0, "cached": False, "pin_memory": False, "non_blocking": False,
     "prefetch_factor": None, "persistent_workers": False, "ddp_no_sync": False,
-    "fsdp_mixed_precision": False,
+    "fsdp_mixed_precision": False, "cold": False,
 }
 """The baseline's configuration: ``_Cases.find`` matches every field not named otherwise."""
 
@@ -340,14 +340,17 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
         return [_not_applicable(c, claim, "the workload has no dataset of its own: its batches "
                                 "are made in memory, there is no loading to speed up",
                                 "loader.png")]
+    # Warm data only: the cold cases (files read from the disk) answer the storage claim.
     base = next((r for r in c.rows.values() if r.get("dataset") not in
                  (None, "synthetic", "device-resident") and r["num_workers"] == 0
-                 and not r.get("cached") and r["micro_batch"] == c.find()["micro_batch"]),
+                 and not r.get("cached") and not _flag(r.get("cold"))
+                 and r["micro_batch"] == c.find()["micro_batch"]),
                 None) if c.find() is not None else None
     tuned = [] if base is None else [
         r for r in c.rows.values()
         if r.get("dataset") == base["dataset"] and r["num_workers"] > 0
         and r["micro_batch"] == base["micro_batch"] and not r.get("cached")
+        and not _flag(r.get("cold"))
     ]
     if not tuned:
         return [_missing(c.model, claim, "loader.png", "on-disk data with 0 and more workers")]
@@ -638,6 +641,75 @@ def check_prefetch(c: _Cases) -> list[Verdict]:
                     "loader.png")]
 
 
+MAX_RESIDENT_COLD = 0.1
+"""A cold case whose files stayed in the page cache above this share after eviction was not
+cold (the filesystem ignored the drop): its verdict is inconclusive."""
+
+
+def _storage_figures(rows: list[pd.Series]) -> str:
+    """The storage probe of the data folder (``gpubench.storage.probe_storage``) as text."""
+    for row in rows:
+        mb_s = row.get("storage_read_mb_s")
+        if isinstance(mb_s, float | int) and mb_s == mb_s:
+            iops = row.get("storage_random_iops")
+            text = f"data folder's disk: {mb_s:,.0f} MB/s sequential"
+            if isinstance(iops, float | int) and iops == iops:
+                text += f", {iops:,.0f} random 4 KiB reads/s"
+            fs = row.get("storage_fs")
+            return text + (f" ({fs}, cold page cache)" if isinstance(fs, str) else "")
+    return "storage probe not run"
+
+
+def check_storage(c: _Cases) -> list[Verdict]:
+    """S0: "use an SSD instead of an HDD". The workload's own data read warm (from the page
+    cache: the fastest storage there is) against cold (dropped from the cache before each
+    epoch: read from the disk the data folder is on), at 0 and at the knob workers: storage
+    limits loading on this disk where warm is faster."""
+    spec = CLAIMS["storage"]
+    claim = spec.text
+    if _own_datasets(c) == []:
+        return [_not_applicable(c, claim, "the workload has no dataset of its own: its batches "
+                                "are made in memory, nothing is read from a disk", "loader.png")]
+    base = c.find()
+    colds = [] if base is None else sorted(
+        (r for r in c.rows.values() if _flag(r.get("cold")) and not r.get("cached")
+         and r["micro_batch"] == base["micro_batch"] and not _flag(r.get("pin_memory"))
+         and pd.isna(r.get("prefetch_factor")) and not _flag(r.get("persistent_workers"))),
+        key=lambda r: int(r["num_workers"]))
+    pairs = [(cold, c.find(dataset=cold["dataset"], num_workers=int(cold["num_workers"]),
+                           micro_batch=int(cold["micro_batch"]))) for cold in colds]
+    pairs = [(cold, warm) for cold, warm in pairs if warm is not None]
+    if not pairs:
+        return [_missing(c.model, claim, "loader.png",
+                         "cold and warm on-disk data at the same worker count")]
+    parts, figures, stalls = {}, [], []
+    for cold, warm in pairs:
+        part = f"{int(cold['num_workers'])} workers"
+        speed = compare_speed(cold, warm)
+        parts[part] = speed.judge(spec.parts["time"])
+        figures.append(f"{part}: warm vs cold {speed.describe()}")
+        stall = _stall([cold, warm]).removeprefix("; stall ")
+        stalls.append(f"{part} {stall}" if stall else f"{part} not measured")
+    resident = [r.get("cold_resident_fraction") for r, _ in pairs]
+    kept = max((float(f) for f in resident if isinstance(f, float | int) and f == f),
+               default=None)
+    measured = "; ".join(figures) + "; " + _storage_figures([p[0] for p in pairs])
+    why = ("separate cases; cold: the dataset's files dropped from the page cache before each "
+           "epoch (posix_fadvise DONTNEED), so each is read from the disk once per epoch, as "
+           "with a dataset larger than RAM; warm: read from the cache, the fastest storage "
+           "there is; stall cold -> warm: " + ", ".join(stalls)
+           + "; the verdict is about this disk: where cold is as fast, storage does not limit "
+           "this model's loading here, and a faster disk would not help")
+    if kept is not None and kept > MAX_RESIDENT_COLD:
+        return [Verdict(c.model, claim, measured, "inconclusive",
+                        f"{kept:.0%} of the dataset's pages stayed in the page cache after "
+                        "eviction (this filesystem ignores the drop, or a process maps the "
+                        "files): the cold cases were not cold; " + why, "loader.png")]
+    if c.device == "cpu":
+        why += "; on a CPU-only machine the decode and the step share the cores"
+    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "loader.png")]
+
+
 def _frontier_entry(report: dict, technique: str) -> dict | None:
     """One technique's frontier in a ``gpubench memory`` report (by name; older reports, which
     lack the names, by the configuration's id)."""
@@ -752,6 +824,86 @@ def check_del(c: _Cases) -> list[Verdict]:
     return [Verdict(c.model, claim, measured, combine_parts(parts), why, "memory.md")]
 
 
+def recipe_ingredients(c: _Cases, stack: pd.Series) -> dict[str, pd.Series | None]:
+    """The single-technique cases a recipe stack is made of, each measured in its own group:
+    its precision, its accumulation (k at the same micro-batch), its loader (the same dataset,
+    workers and pinning), its DDP (2 ranks, no accumulation); None where not measured. An
+    ingredient the stack does not use (fp32, device-resident batches) is left out."""
+    micro = int(stack["micro_batch"])
+    out: dict[str, pd.Series | None] = {}
+    if stack["precision"] != "fp32":
+        out["precision"] = c.find(precision=stack["precision"])
+    if int(stack["accum_steps"]) > 1:
+        out["accumulation"] = c.find(accum_steps=int(stack["accum_steps"]), micro_batch=micro)
+    if stack.get("dataset") not in (None, "device-resident"):
+        out["loader"] = c.find(**{k: stack[k] for k in ("dataset", "num_workers", "pin_memory",
+                                                         "non_blocking")})
+    if stack["parallel"] == "ddp":
+        out["ddp"] = c.find(parallel="ddp", world_size=int(stack["world_size"]))
+    return out
+
+
+def interaction(c: _Cases, stack: pd.Series) -> tuple[float, dict[str, float]]:
+    """The stack's speedup over the product of its ingredients' speedups (each against the FP32
+    baseline, per sample): 1 when the techniques' gains multiply, below 1 when they overlap or
+    get in each other's way, above 1 when they help each other; and each ingredient's speedup.
+    NaN when an ingredient was not measured."""
+    speeds = {name: (float(row["speedup"]) if row is not None else float("nan"))
+              for name, row in recipe_ingredients(c, stack).items()}
+    product = float(np.prod(list(speeds.values()))) if speeds else 1.0
+    return float(stack["speedup"]) / product, speeds
+
+
+def check_recipe(c: _Cases) -> list[Verdict]:
+    """S1 section 6: the stacked recipe against its best single ingredient (part ``single``),
+    and the stack over DDP against the stack on one device (part ``ddp``, GPUs only), with the
+    interaction ratio (``interaction``) of each stack."""
+    spec = CLAIMS["recipe"]
+    claim = spec.text
+    stacks = [r for r in c.rows.values() if r.get("group") == "recipe"]
+    single = next((r for r in stacks if r["parallel"] == "single"), None)
+    ddp = next((r for r in stacks if r["parallel"] == "ddp"), None)
+    if single is None:
+        return [_missing(c.model, claim, "speedup.png", "the recipe group's cases")]
+    ingredients = {k: v for k, v in recipe_ingredients(c, single).items() if v is not None}
+    figures, parts = [], {}
+    ratio, speeds = interaction(c, single)
+    figures.append(f"{single['case_id']}: x{float(single['speedup']):.2f} vs the product of "
+                   + " x ".join(f"{k} x{v:.2f}" for k, v in speeds.items())
+                   + f", interaction x{ratio:.2f}")
+    if ingredients:
+        best_name, best = max(ingredients.items(), key=lambda kv: float(kv[1]["speedup"]))
+        speed = compare_speed(best, single)
+        parts["single"] = speed.judge(spec.parts["single"])
+        figures.append(f"against its best ingredient ({best_name}): {speed.describe()}")
+    else:
+        parts["single"] = "inconclusive"
+    why = ("separate cases, per sample against the FP32 baseline; interaction = the stack's "
+           "speedup over the product of its ingredients' (1: they multiply; below 1: they "
+           "overlap, e.g. workers matter less once the step is slower per batch, or compete "
+           "for the same cores)")
+    if ddp is not None:
+        ratio_ddp, _ = interaction(c, ddp)
+        if c.device == "cuda":
+            speed = compare_speed(single, ddp)
+            parts["ddp"] = speed.judge(spec.parts["ddp"])
+            figures.append(f"over DDP: {speed.describe()} against the stack on one GPU, "
+                           f"interaction x{ratio_ddp:.2f}")
+        else:
+            figures.append(f"over DDP x{float(ddp['speedup']):.2f} (interaction "
+                           f"x{ratio_ddp:.2f}: on the CPU the ranks share the cores)")
+            why += "; the DDP stack is not judged on the CPU (its ranks share the same cores)"
+    elif c.device == "cuda":
+        parts["ddp"] = "inconclusive"
+    base = c.find()
+    if base is not None and int(single["global_batch"]) != int(base["global_batch"]):
+        why += (f"; the stack trains on {int(single['global_batch'])} samples per step, the "
+                f"baseline on {int(base['global_batch'])}: accumulation at the same "
+                "micro-batch changes the training recipe (S1: 'simulate a larger batch')")
+    return [Verdict(c.model, claim, "; ".join(figures), combine_parts(parts), why,
+                    "speedup.png")]
+
+
 MEMORY_CHECKS = (check_empty_cache_oom, check_no_grad, check_del)
 """The verdicts read from a ``gpubench memory`` report (``memory.json``)."""
 
@@ -764,8 +916,9 @@ def memory_verdicts(report: dict) -> list[Verdict]:
 
 
 CHECKS = (check_amp, check_accumulation, check_loader_workers, check_pinning, check_prefetch,
+          check_storage,
           check_cache, check_ddp, check_dp_vs_ddp, check_empty_cache, check_empty_cache_oom,
-          check_adamw, check_no_sync, check_sharding, check_no_grad, check_del)
+          check_adamw, check_no_sync, check_sharding, check_no_grad, check_del, check_recipe)
 
 
 def _memory_report(reports: list[dict] | None, model: str, device: str) -> dict | None:
@@ -816,7 +969,8 @@ def _speed_vs_baseline(baseline: pd.Series, row: pd.Series) -> SpeedComparison:
 
 def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recommendation]:
     """Per model: the fastest single-device configuration (device-resident batches, so that
-    techniques compare, not loaders; techniques that do nothing on this device left out) that
+    techniques compare, not loaders; techniques that do nothing on this device left out), or
+    stack of techniques (the recipe group's cases, with their loader and DDP), that
     keeps the baseline's training recipe (the same effective batch and optimizer), whose peak
     memory fits the budget and that beats the FP32 baseline significantly (Bonferroni-corrected
     over the candidates, and by at least ``MIN_EFFECT``); the baseline itself when none does. A
@@ -827,7 +981,12 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
         measured = df[(df["model"] == model) & df["step_time_s"].notna()]
         base_rows = measured[measured["is_baseline"] == True]  # noqa: E712
         dataset = base_rows["dataset"].iloc[0] if len(base_rows) else "device-resident"
-        sub = measured[(measured["parallel"] == "single") & (measured["dataset"] == dataset)]
+        # Single-device techniques on the baseline's batches, and the recipe group's stacks
+        # (whatever their data path and parallelism: what a reader of S1 would run).
+        stack = (measured["group"] == "recipe").fillna(False).astype(bool) if (
+            "group" in measured) else False
+        sub = measured[((measured["parallel"] == "single") & (measured["dataset"] == dataset))
+                       | stack]
         if sub.empty:
             continue
         # A technique that does nothing on this device can only "win" by measurement noise.

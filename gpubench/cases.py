@@ -72,14 +72,15 @@ def budget_reason(cfg: RunConfig) -> str | None:
 
 
 GROUPS = ("precision", "accumulation", "optimizer", "memory", "layout", "parallel", "loader",
-          "compile")
+          "recipe", "compile")
 """The case groups, each answering one question against the FP32 baseline."""
 
-PROFILE_SKIPS = {("cpu", "gpt2", group) for group in ("optimizer", "parallel", "loader")} | {
-    ("cpu", "bert", "loader")}
+PROFILE_SKIPS = {
+    ("cpu", "gpt2", group) for group in ("optimizer", "parallel", "loader", "recipe")} | {
+    ("cpu", "bert", "loader"), ("cpu", "bert", "recipe")}
 """(profile, model, group) left out to keep a profile within its time budget on 2 cores: bert
-covers gpt2's techniques; the loader knobs are swept on resnet18's JPEG files (the token loader
-is exercised by the smoke profile)."""
+covers gpt2's techniques; the loader knobs are swept, and the recipe stacked, on resnet18's JPEG
+files (the token loader is exercised by the smoke profile)."""
 
 
 def baseline(model: str, profile: str, device: str) -> RunConfig:
@@ -196,7 +197,8 @@ def knob_workers(device: str) -> int:
 def loader_cases(base: RunConfig) -> list[RunConfig]:
     """The data path: real on-disk data through every DataLoader knob, and in-memory samples
     through the loader, against the baseline's batches already on the device (the upper
-    bound)."""
+    bound). The on-disk data is read warm (from the page cache after its first epoch) and, at
+    0 and the knob workers, cold (``LoaderConfig.cold``: from the disk every epoch)."""
     synthetic = base.with_(loader=LoaderConfig(dataset="synthetic"))
     workload = base.workload
     # The workload's own data path, else samples made by make_batch, through the loader.
@@ -223,9 +225,44 @@ def loader_cases(base: RunConfig) -> list[RunConfig]:
         base.with_(loader=replace(many, persistent_workers=True)),
         base.with_(loader=replace(files, cached=True)),
         base.with_(loader=replace(many, cached=True, persistent_workers=True)),
+        # Cold storage: every file read from the disk each epoch, not from the page cache.
+        base.with_(loader=replace(files, cold=True)),
+        base.with_(loader=replace(many, cold=True)),
         *(base.with_(loader=LoaderConfig(dataset=n)) for n in workload.extra_datasets),
         base.with_(loader=many, micro_batch=2 * batch),
     ]
+
+
+RECIPE_ACCUM_STEPS = 4
+"""The recipe's accumulation: k micro-batches of the baseline's size per step (S1: "simulate a
+larger batch"), the accumulation group's constant-micro-batch k = 4 case."""
+
+
+def recipe_precision(device: str) -> str:
+    """The recipe's precision: bf16 where the device computes it (CUDA, a CPU with AVX512-BF16
+    or AMX units), else fp32 (an emulated bf16 step is 5-15x slower: no reader would stack it)."""
+    if device == "cuda" or "bf16" in native_cpu_precisions():
+        return "bf16"
+    return "fp32"
+
+
+def recipe_cases(base: RunConfig) -> list[RunConfig]:
+    """S1's case study stacked, as a reader would build it: the precision of
+    ``recipe_precision``, the workload's own data through ``knob_workers`` loader workers
+    (pinned, ``non_blocking`` copies on CUDA), k = ``RECIPE_ACCUM_STEPS`` accumulation at the
+    baseline's micro-batch; then the same over DDP on 2 ranks (``no_sync`` on the non-final
+    micro-batches). Each ingredient is also a case of its own group (precision, loader,
+    accumulation, parallel), so the advice compares the stack with the product of their
+    speedups. Workloads without data of their own stack the rest on device-resident batches."""
+    names = base.workload.dataset_names
+    loader = base.loader
+    if base.workload.dataset is not None and names:
+        cuda = base.device == "cuda"
+        loader = LoaderConfig(dataset=names[0], num_workers=knob_workers(base.device),
+                              pin_memory=cuda, non_blocking=cuda)
+    stack = base.with_(precision=recipe_precision(base.device), loader=loader,
+                       accum_steps=RECIPE_ACCUM_STEPS)
+    return [stack, stack.with_(parallel="ddp", world_size=2, ddp_no_sync=True)]
 
 
 def compile_cases(base: RunConfig) -> list[RunConfig]:
@@ -243,6 +280,7 @@ def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
         ("layout", layout_cases(base), False),
         ("parallel", parallel_cases(base), False),
         ("loader", loader_cases(base), False),
+        ("recipe", recipe_cases(base), False),
         ("compile", compile_cases(base), True),
     ]
     return [BenchCase(cfg, group, slow) for group, cfgs, slow in groups for cfg in cfgs]

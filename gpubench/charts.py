@@ -26,17 +26,17 @@ import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from gpubench.cases import GROUPS  # noqa: E402
 from gpubench.results import training_memory, with_baseline_ratios  # noqa: E402
 from gpubench.stats import bootstrap_ratio_ci  # noqa: E402
 
 MIB = 2**20
 
-GROUPS = ("precision", "accumulation", "optimizer", "memory", "layout", "parallel", "loader",
-          "compile")
-"""The technique groups of the cases (the record field ``group``), in legend order."""
-
-GROUP_COLORS = dict(zip(GROUPS, sns.color_palette("tab10", len(GROUPS)).as_hex(), strict=True))
 OTHER_COLOR = "#7f7f7f"
+GROUP_COLORS = dict(zip(GROUPS, [c for c in sns.color_palette("tab10").as_hex()
+                                 if c != OTHER_COLOR], strict=False))
+"""One colour per technique group (``cases.GROUPS``, the legend order; the record field
+``group``), tab10 without its grey, which marks everything else."""
 PRECISION_MARKERS = {"fp32": "o", "tf32": "s", "fp16": "^", "bf16": "D"}
 BASELINE_COLOR = "black"
 
@@ -445,8 +445,10 @@ def plot_loader(df: pd.DataFrame) -> plt.Figure:
     if "loader_stall_fraction" not in df:
         raise CannotPlot("results carry no loader stall measurements")
     base = df[df["is_baseline"] == True].groupby("model")["micro_batch"].first()  # noqa: E712
-    # On-disk data at the default batch, without caching: the num_workers x pin_memory grid.
+    # On-disk data at the default batch, warm, without caching: the num_workers x pin_memory
+    # grid (the cold cases, read from the disk, are the storage verdict's).
     grid = df[(df.get("cached", False) != True)  # noqa: E712
+              & ~df.get("cold", pd.Series(False, index=df.index)).astype(object).eq(True)
               & df["dataset"].isin(["images-jpeg", "tokens-mmap"])
               & (df["micro_batch"] == df["model"].map(base))
               & df["prefetch_factor"].isna() & (df["persistent_workers"] != True)  # noqa: E712

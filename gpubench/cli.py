@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -117,6 +118,8 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
         cmd.append(f"--gpubench-threads={args.threads}")
     if args.data_dir:
         cmd.append(f"--gpubench-data-dir={args.data_dir}")
+    if getattr(args, "no_storage_probe", False):
+        cmd.append("--gpubench-no-storage-probe")
     if getattr(args, "trace", False):  # traces beside the results: <out>/traces/
         from gpubench.trace import TRACES_DIR_NAME
 
@@ -316,8 +319,15 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         text = summary_markdown(df)
         atomic.write_text(staging / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
         from gpubench.advice import advice_markdown
+        from gpubench.memory_report import hygiene_reports
 
-        atomic.write_text(staging / "advice.md", "# gpubench advice\n\n" + advice_markdown(df))
+        state["stage"] = "measuring no_grad and del"
+        models = dict(zip(df["model"], df["workload"].fillna(df["model"]), strict=True))
+        reports = hygiene_reports(models, profile, device)
+        atomic.write_text(staging / "memory.json", json.dumps(reports, indent=1))
+        state["stage"] = "writing the summary and charts"
+        atomic.write_text(staging / "advice.md", "# gpubench advice\n\n"
+                          + advice_markdown(df, memory_reports=reports))
         if not args.no_charts:
             from gpubench.report import write_report
 
@@ -416,18 +426,18 @@ def cmd_advise(args: argparse.Namespace) -> int:
 def memory_reports(args: argparse.Namespace, files: list[Path]) -> list[dict]:
     """The ``gpubench memory`` reports the advice judges: ``--memory`` files, else a
     ``memory.json`` beside the results."""
-    from gpubench.memory_report import load_memory_reports
+    from gpubench.memory_report import load_memory_reports, memory_reports_beside
 
     paths = list(getattr(args, "memory", None) or [])
-    if not paths:
-        paths = [p for p in (f.parent / "memory.json" for f in files) if p.is_file()]
-    return load_memory_reports(paths)
+    return load_memory_reports(paths) if paths else memory_reports_beside(files)
 
 
 def cmd_case(args: argparse.Namespace) -> int:
     """Run one configuration, given field by field, and write pytest-benchmark JSON."""
     from gpubench.build import Unsupported
     from gpubench.casecli import config_from_args
+    from gpubench.config import GENERATED_DATASETS
+    from gpubench.datasets import default_data_dir
     from gpubench.machine import machine_info
     from gpubench.runner import run_case
     from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
@@ -449,7 +459,10 @@ def cmd_case(args: argparse.Namespace) -> int:
     except Unsupported as why:
         print(f"gpubench case: {cfg.id} cannot run here: {why}", file=sys.stderr)
         return 3
-    write_benchmark_json(out, [bench], machine_info(device))
+    # The storage probe of the data folder, for a case that reads the workload's own files.
+    on_disk = cfg.loader.dataset not in GENERATED_DATASETS
+    write_benchmark_json(out, [bench], machine_info(
+        device, storage_dir=default_data_dir() if on_disk else None))
     info = bench.extra_info
     print(f"gpubench case: {cfg.id}: median step {info['step_time_s'] * 1e3:.2f} ms, "
           f"{info['samples_per_s']:.1f} samples/s, peak memory "
@@ -520,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--slow", action="store_true", help="include slow cases (torch.compile)")
     run.add_argument("--data-dir", help="folder for generated on-disk datasets "
                      "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
+    run.add_argument("--no-storage-probe", action="store_true",
+                     help="skip the read-throughput probe of the data folder's disk (64 MB "
+                     "written, read back cold; about a second)")
     run.add_argument("-k", help="pytest -k expression selecting cases by id")
     run.add_argument("--trace", action="store_true",
                      help="after each case's timed rounds, profile a few steps: a Chrome trace "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -60,21 +61,51 @@ def technique_list(text: str) -> str:
 
 
 def load_memory_reports(paths) -> list[dict]:
-    """``memory.json`` files of ``gpubench memory`` (a bad one: a one-line ``ResultsError``)."""
+    """``memory.json`` files: one report of ``gpubench memory``, or a list of them (one per
+    model, as ``gpubench run`` writes its loop-hygiene measurements). A bad one: a one-line
+    ``ResultsError``."""
     from gpubench.results import ResultsError
 
     reports = []
     for path in map(Path, paths):
         try:
-            report = json.loads(path.read_text())
+            data = json.loads(path.read_text())
         except FileNotFoundError:
             raise ResultsError(f"{path}: no such file") from None
         except (OSError, ValueError) as err:
             raise ResultsError(f"{path}: not a gpubench memory.json ({err})") from None
-        if not isinstance(report, dict) or not isinstance(report.get("model"), str) \
-                or not isinstance(report.get("frontier", []), list):
-            raise ResultsError(f"{path}: not a gpubench memory.json (no model or frontier)")
-        reports.append(report)
+        for report in data if isinstance(data, list) else [data]:
+            if not isinstance(report, dict) or not isinstance(report.get("model"), str) \
+                    or not isinstance(report.get("frontier", []), list):
+                raise ResultsError(f"{path}: not a gpubench memory.json (no model or frontier)")
+            reports.append(report)
+    return reports
+
+
+def memory_reports_beside(files) -> list[dict]:
+    """The reports of the ``memory.json`` beside each result file, where there is one."""
+    folders = dict.fromkeys(Path(f).resolve().parent for f in files)
+    return load_memory_reports(p for p in (d / "memory.json" for d in folders) if p.is_file())
+
+
+def hygiene_reports(models: dict[str, str], profile: str, device: str) -> list[dict]:
+    """``gpubench run``'s memory reports: the loop-hygiene measurements (``no_grad``, ``del``:
+    ``gpubench.hygiene``, seconds per model) of each model (name -> workload spec), with no
+    frontier (``gpubench memory`` searches it). A model whose measurement fails is left out
+    with a one-line warning."""
+    from gpubench.hygiene import measure
+
+    reports = []
+    for name, spec in models.items():
+        try:
+            hygiene = measure(spec, profile, device)
+        except Exception as err:  # noqa: BLE001 - the run's results must still be written
+            print(f"gpubench: warning: no_grad/del measurement of {name} failed: "
+                  f"{type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+            continue
+        reports.append({"model": name, "workload": spec, "profile": profile, "device": device,
+                        "budget_bytes": None, "frontier": [], "leaks": [], "hygiene": hygiene,
+                        "allocator": None})
     return reports
 
 

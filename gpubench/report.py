@@ -194,7 +194,8 @@ def telemetry_markdown(df: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str]) -> list[Section]:
+def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
+                    memory_reports: list[dict] | None = None) -> list[Section]:
     sections = [Section("runs", "Runs", runs_markdown(df) + "\n"),
                 Section("reading-guide", "How to read this report", READING_GUIDE + "\n")]
     for name in charts:
@@ -203,7 +204,8 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str])
         sections.append(Section("charts-not-drawn", "Charts not drawn", "\n".join(skipped) + "\n"))
     if df["run"].nunique() == 1:
         sections.append(Section("advice", "Advice: the common speed-up claims, on these "
-                                "measurements", advice_markdown(df)))
+                                "measurements",
+                                advice_markdown(df, memory_reports=memory_reports)))
     sections.append(Section("summary", "Summary", summary_markdown(df)))
     telemetry = telemetry_markdown(df)
     if telemetry:
@@ -222,7 +224,7 @@ def write_report(
     files: Iterable[str | Path], out: str | Path, labels: Iterable[str] | None = None
 ) -> list[Path]:
     """Draw every chart into ``out`` and write ``report.md`` and ``report.html``; return paths."""
-    out = Path(out)
+    out, files = Path(out), list(files)
     df = load_results(files, labels)
     written, drawn, skipped, pngs = [], [], [], {}
     for name, plot in CHARTS.items():
@@ -240,7 +242,9 @@ def write_report(
         drawn.append(name)
     runs = ", ".join(dict.fromkeys(df["run"]))
     title = f"gpubench report: {runs}"
-    sections = report_sections(df, drawn, skipped)
+    from gpubench.memory_report import memory_reports_beside
+
+    sections = report_sections(df, drawn, skipped, memory_reports_beside(files))
     markdown = f"# {title}\n\n" + "\n".join(f"## {s.title}\n\n{s.body}" for s in sections)
     atomic.write_text(out / "report.md", markdown)
     written.append(out / "report.md")

@@ -353,7 +353,7 @@ step_loader() {
     gpubench_step loader loader 2 test_step "test_step and jpeg and not w2 and not cached"
 }
 step_more() {
-    gpubench_step more optimizer,accumulation,memory 1 test_step "test_step and zerofill"
+    gpubench_step more optimizer,accumulation,memory,recipe 1 test_step "test_step and zerofill"
 }
 step_parallel_claims() {
     # The claims pairs do not depend on --groups; pytest runs them after the cases.
@@ -463,7 +463,7 @@ fi
 run_step 02 peaks "matmul peak per precision" "" step_peaks
 run_step 03 core "precision and layout cases" "core" step_core
 run_step 04 loader "loader cases (generates their data)" "loader" step_loader
-run_step 05 more "optimizer, accumulation and memory cases" "more" step_more
+run_step 05 more "optimizer, accumulation, memory and recipe cases" "more" step_more
 run_step 06 parallel_claims "parallel cases this machine allows, claims pairs" \
     "parallel_claims" step_parallel_claims
 run_step 07 transfer "host-to-device copies" "transfer" step_transfer

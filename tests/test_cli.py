@@ -66,6 +66,21 @@ def test_run_prints_and_writes_summary(smoke_run):
     assert "Harness overhead" in summary
 
 
+def test_run_judges_no_grad_and_del_from_its_own_measurements(smoke_run):
+    out, _ = smoke_run
+    reports = json.loads((out / "memory.json").read_text())
+    assert {r["model"] for r in reports} == {"resnet18", "bert"}
+    for r in reports:
+        assert r["hygiene"]["evaluation"]["no_grad"]["saved_bytes"] == 0
+        assert r["hygiene"]["evaluation"]["grad"]["saved_bytes"] > 0
+    from gpubench.claims import CLAIMS
+
+    for text in (CLAIMS["no-grad"].text, CLAIMS["del"].text):
+        for where in ("advice.md", "report.md"):
+            rows = [line for line in (out / where).read_text().splitlines() if text in line]
+            assert rows and all("not measured" not in row for row in rows), (where, text)
+
+
 def test_run_writes_charts_and_report(smoke_run):
     out, _ = smoke_run
     for name in ("speedup", "memory", "pareto", "accumulation", "scaling", "loader"):
