@@ -183,6 +183,8 @@ class _Cases:
         self.memory = memory
         """This model's ``gpubench memory`` report (``memory.json``: frontier, hygiene), or
         None when the results come without one."""
+        self.parity: dict | None = None
+        """This model's ``gpubench parity`` report (``parity.json``), or None."""
         sub = df[(df["model"] == model) & df["step_time_s"].notna()]
         self.rows = {r["case_id"]: r for _, r in sub.iterrows()}
         claims = df[df["kind"] == "claim"] if "kind" in df else df.iloc[0:0]
@@ -915,10 +917,28 @@ def memory_verdicts(report: dict) -> list[Verdict]:
     return [v for check in MEMORY_CHECKS for v in check(c)]
 
 
+def check_parity(c: _Cases) -> list[Verdict]:
+    """Training accuracy under AMP, DDP and accumulation: the loss curves of ``gpubench parity``
+    (``parity.json``), each technique's final loss against FP32's from the same initial
+    weights and data (``gpubench.parity_report``)."""
+    from gpubench.parity_report import CLAIM, describe, verdict_parts
+
+    report = c.parity
+    parts = verdict_parts(report) if report is not None else {}
+    if not parts:
+        spec = next((r.get("workload") for r in c.rows.values()
+                     if isinstance(r.get("workload"), str)), c.model)
+        return [_missing(c.model, CLAIM, "parity.png",
+                         f"the loss curves of gpubench parity --model {spec}, its parity.json")]
+    measured, why = describe(report)
+    return [Verdict(c.model, CLAIM, measured, combine_parts(parts), why, "parity.png")]
+
+
 CHECKS = (check_amp, check_accumulation, check_loader_workers, check_pinning, check_prefetch,
           check_storage,
           check_cache, check_ddp, check_dp_vs_ddp, check_empty_cache, check_empty_cache_oom,
-          check_adamw, check_no_sync, check_sharding, check_no_grad, check_del, check_recipe)
+          check_adamw, check_no_sync, check_sharding, check_no_grad, check_del, check_recipe,
+          check_parity)
 
 
 def _memory_report(reports: list[dict] | None, model: str, device: str) -> dict | None:
@@ -929,15 +949,18 @@ def _memory_report(reports: list[dict] | None, model: str, device: str) -> dict 
     return (same or mine or [None])[-1]
 
 
-def advise(df: pd.DataFrame, memory_reports: list[dict] | None = None) -> list[Verdict]:
+def advise(df: pd.DataFrame, memory_reports: list[dict] | None = None,
+           parity_reports: list[dict] | None = None) -> list[Verdict]:
     """Every claim, for every model in the results (one run); the memory claims (the OOM
     frontier, no_grad, del) from the model's ``gpubench memory`` report among
-    ``memory_reports`` (the ``memory.json`` files), when given."""
+    ``memory_reports`` (the ``memory.json`` files), when given; convergence parity from its
+    ``gpubench parity`` report among ``parity_reports`` (``parity.json``)."""
     df = with_baseline_ratios(df)
     verdicts = []
     for model in dict.fromkeys(df["model"].dropna()):
         cases = _Cases(df, model)
         cases.memory = _memory_report(memory_reports, model, cases.device)
+        cases.parity = _memory_report(parity_reports, model, cases.device)
         for check in CHECKS:
             verdicts.extend(check(cases))
     return verdicts
@@ -1058,12 +1081,13 @@ def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommen
 
 def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,
                     recommendations: list[Recommendation] | None = None,
-                    memory_reports: list[dict] | None = None) -> str:
+                    memory_reports: list[dict] | None = None,
+                    parity_reports: list[dict] | None = None) -> str:
     from gpubench.tables import markdown_table
 
     rows = [{"model": v.model, "claim": v.claim, "measured": v.measured,
              "verdict": f"**{v.verdict}**", "why": v.why, "chart": f"[{v.chart}]({v.chart})"}
-            for v in advise(df, memory_reports)]
+            for v in advise(df, memory_reports, parity_reports)]
     lines = [markdown_table(rows, columns=("model", "claim", "measured", "verdict", "why",
                                            "chart"))]
     recs = recommend(df, budget_bytes) if recommendations is None else recommendations

@@ -160,6 +160,12 @@ CLAIMS = {c.key: c for c in (
     Claim("del", "deleting intermediates (del) frees memory in the training loop",
           {"graph": (0.0, 0.95), "outputs": (0.0, 0.95)}, {},
           loop=("the loop keeps the tensor", "the loop deletes it")),
+    # Convergence parity (gpubench parity, parity.json): each technique trained for N steps from
+    # FP32's initial weights on the same data; a part holds when its final loss is within the
+    # range of FP32's, as a share of FP32's initial loss (gpubench.parity_report).
+    Claim("parity", "training accuracy is unaffected by AMP, DDP and gradient accumulation",
+          {t: (-0.02, 0.02) for t in ("bf16", "fp16", "accum4", "ddp2")}, {},
+          loop=("FP32 training", "training under the technique, same weights and data")),
     # S1 section 6: the case study stacks loader workers, mixed precision, DDP and accumulation.
     # The stacks are the recipe group's cases (gpubench.cases.recipe_cases), judged against
     # their best single ingredient, with the product of the ingredients' speedups beside them.

@@ -12,6 +12,7 @@ from pathlib import Path
 from gpubench import atomic
 from gpubench.argtypes import (
     BYTE_SIZE_HELP,
+    OneLineParser,
     byte_size,
     non_negative,
     non_negative_int,
@@ -416,7 +417,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
         print("gpubench: confirming the recommendation in alternating rounds ...", flush=True)
         recs = [confirm(r, df) for r in recommend(df, budget)]
-    text = advice_markdown(df, budget, recs, memory_reports(args, files))
+    text = advice_markdown(df, budget, recs, memory_reports(args, files),
+                           parity_reports(args, files))
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
     print(text)
     print(f"gpubench: verdicts written to {out / 'advice.md'}")
@@ -430,6 +432,17 @@ def memory_reports(args: argparse.Namespace, files: list[Path]) -> list[dict]:
 
     paths = list(getattr(args, "memory", None) or [])
     return load_memory_reports(paths) if paths else memory_reports_beside(files)
+
+
+def parity_reports(args: argparse.Namespace, files: list[Path]) -> list[dict]:
+    """The ``gpubench parity`` reports the advice judges: ``--parity`` files, else a
+    ``parity.json`` beside the results."""
+    from gpubench.parity_report import load_parity_reports
+
+    paths = list(getattr(args, "parity", None) or [])
+    if not paths:
+        paths = [p for p in (f.parent / "parity.json" for f in files) if p.is_file()]
+    return load_parity_reports(paths)
 
 
 def cmd_case(args: argparse.Namespace) -> int:
@@ -476,6 +489,12 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return memory_main(args)
 
 
+def cmd_parity(args: argparse.Namespace) -> int:
+    from gpubench.parity_report import parity_main
+
+    return parity_main(args)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from gpubench.compare import write_github_json
 
@@ -504,7 +523,7 @@ def _add_run_selection(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # errors on one line; its subcommand parsers are OneLineParsers
         prog="gpubench", description="Benchmark PyTorch training acceleration techniques."
     )
     from gpubench import __version__
@@ -576,6 +595,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a memory.json of gpubench memory (repeatable): its OOM frontier and "
                      "no_grad / del measurements answer the memory claims (default: a "
                      "memory.json beside the results, if any)")
+    adv.add_argument("--parity", action="append", metavar="FILE",
+                     help="a parity.json of gpubench parity (repeatable): its loss curves answer "
+                     "whether AMP, DDP and accumulation leave training accuracy unaffected "
+                     "(default: a parity.json beside the results, if any)")
     adv.add_argument("--out", help="folder for advice.md (default: beside the results)")
     adv.set_defaults(func=cmd_advise)
 
@@ -604,6 +627,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_memory_arguments(mem)
     mem.set_defaults(func=cmd_memory)
+
+    par = sub.add_parser("parity", help="convergence parity: loss curves of AMP, DDP and "
+                         "accumulation against FP32 from the same weights and data")
+    from gpubench.parity_report import add_parity_arguments
+
+    add_parity_arguments(par)
+    par.set_defaults(func=cmd_parity)
 
     exp = sub.add_parser("export", help="a result file's figures for github-action-benchmark")
     exp.add_argument("file")

@@ -1,0 +1,299 @@
+"""``gpubench parity``: the verdicts on convergence parity (``gpubench.parity``), its tables,
+its chart of the loss curves, and ``parity.json``, which ``gpubench advise --parity`` judges
+beside a run's results.
+
+The tolerance: a technique keeps FP32's accuracy when its *final loss* (the mean training loss
+of the last ``final_window`` steps, a whole number of passes over the fixed set) differs from
+FP32's by at most ``TOLERANCE`` of FP32's *initial loss* (the mean of its first pass). The
+difference is measured against the initial loss, not the final one, because a memorised set's
+final loss can approach 0, where relative differences explode (ResNet-18: 0.002 against
+0.0004 after 120 steps, both fully trained). The verdict is inconclusive unless FP32 itself
+learned: its final loss at most ``LEARNED`` of its initial loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from gpubench import atomic
+from gpubench.claims import CLAIMS
+from gpubench.config import DEVICES, PROFILES
+from gpubench.parity import DEFAULT_STEPS, TECHNIQUES
+
+TOLERANCE = CLAIMS["parity"].parts["bf16"][1]
+"""Largest |final loss - FP32's final loss| / FP32's initial loss that counts as parity (the
+claim's range, ``gpubench.claims``: 0.02)."""
+
+LEARNED = 0.5
+"""FP32's final loss must be at most this share of its initial loss (the task was learned)."""
+
+FINAL_SHARE = 0.2
+"""The final loss averages the last fifth of the steps (whole passes over the fixed set)."""
+
+CLAIM = CLAIMS["parity"].text
+COMPARED = tuple(CLAIMS["parity"].parts)
+"""The techniques the claim is about (the parts of its verdict)."""
+
+
+def final_window(steps: int, batches: int) -> int:
+    """Steps the final loss averages: about ``FINAL_SHARE`` of ``steps``, whole passes."""
+    passes = max(1, round(steps * FINAL_SHARE / batches))
+    return min(steps, passes * batches)
+
+
+def smoothed(losses: list[float], window: int) -> list[float]:
+    """Trailing mean over ``window`` steps (one pass over the fixed set): the loss over the
+    whole set at that point of training; the first ``window - 1`` steps have none."""
+    return [statistics.fmean(losses[i + 1 - window:i + 1]) for i in range(window - 1,
+                                                                          len(losses))]
+
+
+def judge(report: dict) -> dict:
+    """``report`` (``run_parity``'s) with each technique's final loss, gap to FP32 and
+    verdict, and the reference's initial and final loss."""
+    runs = {r["technique"]: r for r in report["techniques"]}
+    ref = runs[report["reference"]]
+    batches = report["batches"]
+    window = final_window(report["steps"], batches)
+    initial = statistics.fmean(ref["losses"][:batches])
+    ref_final = statistics.fmean(ref["losses"][-window:])
+    learned = ref_final <= LEARNED * initial
+    ref_curve = smoothed(ref["losses"], batches)
+    for run in report["techniques"]:
+        final = statistics.fmean(run["losses"][-window:])
+        curve = smoothed(run["losses"], batches)
+        run["final_loss"] = final
+        run["gap"] = (final - ref_final) / initial
+        run["curve_gap"] = max(abs(a - b) for a, b in zip(curve, ref_curve, strict=True)) / initial
+        run["bit_identical"] = run["losses"] == ref["losses"]
+        finite = all(math.isfinite(x) for x in run["losses"])
+        if run["initial_weights"] != ref["initial_weights"]:
+            run["verdict"], run["reason"] = "inconclusive", "different initial weights"
+        elif not finite:
+            run["verdict"], run["reason"] = "does not hold", "non-finite loss"
+        elif not learned:
+            run["verdict"], run["reason"] = "inconclusive", (
+                f"FP32 did not learn the task in {report['steps']} steps (final loss "
+                f"{ref_final:.3g} above {LEARNED:.0%} of its initial {initial:.3g}): raise --steps")
+        elif abs(run["gap"]) <= TOLERANCE:
+            run["verdict"], run["reason"] = "holds", "within tolerance"
+        else:
+            run["verdict"], run["reason"] = "does not hold", "outside tolerance"
+    return {**report, "tolerance": TOLERANCE, "learned": LEARNED, "final_window": window,
+            "initial_loss": initial, "reference_final_loss": ref_final, "reference_learned":
+            learned}
+
+
+def parity_rows(report: dict) -> list[dict]:
+    return [{"technique": r["technique"], "configuration": r["case_id"],
+             "final loss": f"{r['final_loss']:.4g}",
+             "gap (share of initial loss)": f"{r['gap']:+.2%}",
+             "largest curve gap": f"{r['curve_gap']:.2%}",
+             "fp16 skipped steps": r["skipped_steps"] if r["precision"] == "fp16" else "-",
+             "seconds": f"{r['seconds']:.1f}", "verdict": f"**{r['verdict']}**"
+             + ("" if r["reason"] == "within tolerance" else f" ({r['reason']})")}
+            for r in report["techniques"]]
+
+
+def verdict_parts(report: dict) -> dict[str, str]:
+    """The claim's parts: each of ``COMPARED`` that was trained, with its verdict."""
+    runs = {r["technique"]: r for r in report["techniques"]}
+    return {name: runs[name]["verdict"] for name in COMPARED if name in runs}
+
+
+def describe(report: dict) -> tuple[str, str]:
+    """(measured, why) of the claim's verdict row."""
+    runs = {r["technique"]: r for r in report["techniques"]}
+    ref = runs[report["reference"]]
+    measured = (f"final loss after {report['steps']} steps: fp32 {ref['final_loss']:.3g}; "
+                + ", ".join(f"{n} {runs[n]['final_loss']:.3g} ({runs[n]['gap']:+.1%})"
+                            for n in COMPARED if n in runs))
+    repeat = runs.get("fp32-repeat")
+    why = (f"{report['model']} trained from the same initial weights on a fixed, memorisable "
+           f"set of {report['batches']} batches of {report['global_batch']} samples in the same "
+           f"order; parity: the final loss (mean of the last {report['final_window']} steps) "
+           f"within {report['tolerance']:.0%} of FP32's initial loss of FP32's final loss")
+    if repeat is not None:
+        why += ("; a second FP32 run is bit-identical" if repeat["bit_identical"] else
+                f"; a second FP32 run differs by {repeat['gap']:+.2%}")
+    if report.get("left_out"):
+        why += "; not trained: " + "; ".join(f"{k} ({v})" for k, v in report["left_out"].items())
+    return measured, why
+
+
+def parity_markdown(report: dict) -> str:
+    from gpubench.tables import markdown_table
+
+    lines = [f"# gpubench parity: {report['model']} ({report['profile']}, {report['device']})",
+             "", f"{report['steps']} optimizer steps per technique, {report['optimizer']}, from "
+             "the same initial weights on the same data in the same order: a fixed set of "
+             f"{report['batches']} global batches of {report['global_batch']} samples "
+             "(`make_batch`, random targets) cycled, which the model memorises. Final loss: "
+             f"the mean of the last {report['final_window']} steps. Tolerance: |final loss - "
+             f"FP32's| <= {report['tolerance']:.0%} of FP32's initial loss "
+             f"({report['initial_loss']:.4g}); FP32 must reach {report['learned']:.0%} of it.",
+             "", markdown_table(parity_rows(report)), ""]
+    for name, reason in report.get("left_out", {}).items():
+        lines.append(f"- not trained: {name}: {reason}")
+    parts = verdict_parts(report)
+    if parts:
+        from gpubench.advice import combine_parts
+
+        measured, why = describe(report)
+        lines += ["", f"**{CLAIM}**: {combine_parts(parts)}. {measured}."]
+    lines.append(f"\nTotal {report['seconds']:.0f} s. Chart: parity.png")
+    return "\n".join(lines) + "\n"
+
+
+def plot_parity(report: dict):
+    """The smoothed loss curves (one pass over the set) per technique, FP32 in black; and each
+    technique's final-loss gap with the tolerance band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    batches = report["batches"]
+    fig, (ax, bar) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=(2.2, 1))
+    colors = dict(zip(TECHNIQUES, sns.color_palette("tab10", len(TECHNIQUES)), strict=True))
+    lows = []
+    for run in report["techniques"]:
+        curve = smoothed(run["losses"], batches)
+        lows.append(min(curve))
+        ref = run["technique"] == report["reference"]
+        ax.plot(range(batches, len(run["losses"]) + 1), curve, label=run["technique"],
+                color="black" if ref else colors[run["technique"]],
+                lw=2.2 if ref else 1.3, ls="-" if ref else "--", zorder=3 if ref else 2)
+    if min(lows) > 0 and report["initial_loss"] / min(lows) > 20:
+        ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(f"training loss (mean over {batches} steps)")
+    ax.set_title(f"{report['model']} ({report['profile']}, {report['device']}): loss curves")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    names = [r["technique"] for r in report["techniques"]]
+    gaps = [100 * r["gap"] for r in report["techniques"]]
+    tol = 100 * report["tolerance"]
+    bar.axvspan(-tol, tol, color="#d9f0d3", zorder=0, label=f"tolerance +-{tol:g}%")
+    bar.barh(names, gaps, color=["black" if n == report["reference"] else colors[n]
+                                 for n in names])
+    bar.axvline(0, color="black", lw=0.8)
+    bar.invert_yaxis()
+    bar.set_xlabel("final loss - FP32's, % of FP32's initial loss")
+    bar.set_title("final-loss gap")
+    bar.legend(loc="lower right", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def write_parity(report: dict, out: Path, chart: bool = True) -> list[Path]:
+    """``parity.json``, ``parity.md`` and (``chart``) ``parity.png``/``.svg`` into ``out``,
+    each written atomically."""
+    written = [out / "parity.json", out / "parity.md"]
+    atomic.write_text(written[0], json.dumps(report, indent=1))
+    atomic.write_text(written[1], parity_markdown(report))
+    if chart:
+        import matplotlib.pyplot as plt
+
+        fig = plot_parity(report)
+        try:
+            for suffix in ("png", "svg"):
+                dest = out / f"parity.{suffix}"
+                with atomic.atomic_path(dest) as tmp:
+                    fig.savefig(tmp, format=suffix, dpi=110, bbox_inches="tight")
+                written.append(dest)
+        finally:
+            plt.close(fig)
+    return written
+
+
+def load_parity_reports(paths) -> list[dict]:
+    """``parity.json`` files of ``gpubench parity`` (a bad one: a one-line ``ResultsError``)."""
+    from gpubench.results import ResultsError
+
+    reports = []
+    for path in map(Path, paths):
+        try:
+            report = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ResultsError(f"{path}: no such file") from None
+        except (OSError, ValueError) as err:
+            raise ResultsError(f"{path}: not a gpubench parity.json ({err})") from None
+        if not isinstance(report, dict) or report.get("kind") != "parity" \
+                or not isinstance(report.get("techniques"), list):
+            raise ResultsError(f"{path}: not a gpubench parity.json (no kind 'parity' or "
+                               "techniques)")
+        reports.append(judge(report) if "tolerance" not in report else report)
+    return reports
+
+
+def technique_list(text: str) -> list[str]:
+    """``--techniques``: comma-separated names from ``TECHNIQUES`` (a bad one: argparse's
+    one-line error, exit 2, nothing run)."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in TECHNIQUES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"techniques must be from {', '.join(TECHNIQUES)}; got {text!r}")
+    return names
+
+
+def add_parity_arguments(p: argparse.ArgumentParser) -> None:
+    from gpubench.argtypes import non_negative_int, positive, positive_int
+
+    p.add_argument("--model", required=True,
+                   help="workload: a built-in name (resnet18, resnet50, bert, gpt2), "
+                   "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE")
+    p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
+    p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    p.add_argument("--techniques", type=technique_list, default=None,
+                   help=f"comma-separated, from {', '.join(TECHNIQUES)}; fp32 (the reference) "
+                   "is always trained (default: all; on a CPU that emulates fp16, all but fp16)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="optimizer steps per technique (default: "
+                   + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
+    p.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed of the initial weights and the data (default 0)")
+    p.add_argument("--timeout", type=positive, default=300.0,
+                   help="seconds a DDP rank may take per command (default 300)")
+    p.add_argument("--no-chart", action="store_true", help="skip parity.png/.svg")
+    p.add_argument("--out", help="folder for parity.json, parity.md and the chart "
+                   "(default: results/parity-<model>-<profile>)")
+
+
+def parity_main(args: argparse.Namespace) -> int:
+    from gpubench.cases import default_profile
+    from gpubench.machine import default_device
+    from gpubench.parity import run_parity
+    from gpubench.progress import is_terminal
+    from gpubench.workload import resolve, validate
+
+    device = default_device() if args.device == "auto" else args.device
+    profile = default_profile(device) if args.profile == "auto" else args.profile
+    workload = resolve(args.model, profile)
+    validate(workload)  # a bad spec: one line, exit 2, nothing trained
+    out = Path(args.out or f"results/parity-{workload.name}-{profile}")
+    steps = args.steps or DEFAULT_STEPS[profile]
+    print(f"gpubench parity: {workload.name} ({profile}, {device}), {steps} steps per "
+          "technique ...", flush=True)
+    bar = None
+    if is_terminal(sys.stderr):  # a live line on a terminal only (logs and pipes get none)
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, file=sys.stderr, leave=False, unit="step", dynamic_ncols=True)
+    try:
+        report = run_parity(args.model, profile, device, args.techniques, steps, args.seed,
+                            args.timeout, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    report = judge(report)
+    written = write_parity(report, out, chart=not args.no_chart)
+    print(parity_markdown(report))
+    print("gpubench parity: wrote " + ", ".join(str(p) for p in written))
+    return 0
