@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from gpubench.cases import GROUPS, PROFILE_MODELS, default_profile, profile_cases
-from gpubench.config import DEVICES, PROFILES
+from gpubench.config import DEVICES, GENERATED_DATASETS, PROFILES
+from gpubench.datasets import default_data_dir
 from gpubench.machine import default_device
 from gpubench.machine import machine_info as describe_machine
 from gpubench.workers import DEFAULT_TIMEOUT_S
@@ -54,6 +55,9 @@ def pytest_addoption(parser):
     group.addoption("--gpubench-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help="seconds a multi-process case's rank may take per command before the "
                     f"case fails as hung (default {DEFAULT_TIMEOUT_S:g})")
+    group.addoption("--gpubench-no-storage-probe", action="store_true",
+                    help="skip the read-throughput probe of the data folder's disk (run once "
+                    "when the cases read on-disk data; about a second)")
     group.addoption("--gpubench-trace", default="", metavar="DIR",
                     help="after each case's timed rounds, profile a few steps: a Chrome trace "
                     "per case (and rank) in DIR and the top operators in the record (default: "
@@ -178,4 +182,9 @@ def options(request) -> Options:
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    machine_info["gpubench"] = describe_machine(config.gpubench.device)
+    # The storage probe of the data folder, once per run, when a case read on-disk data.
+    cases = getattr(config.gpubench, "cases", {}).values()
+    on_disk = any(c.cfg.loader.dataset not in GENERATED_DATASETS for c in cases)
+    probe = on_disk and not config.getoption("--gpubench-no-storage-probe")
+    machine_info["gpubench"] = describe_machine(config.gpubench.device,
+                                                storage_dir=default_data_dir() if probe else None)

@@ -28,6 +28,7 @@ from gpubench.parallel import (
 from gpubench.precision import Precision
 from gpubench.precision import unsupported_reason as precision_reason
 from gpubench.step import train_step
+from gpubench.storage import Evictor, dataset_files, eviction_unsupported_reason
 from gpubench.workload import (
     BatchDataset,
     DataRequest,
@@ -99,6 +100,8 @@ def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | N
     if cfg.expandable_segments and cfg.device != "cuda":
         return ("expandable_segments configures the CUDA caching allocator; the CPU allocator "
                 "has no segments")
+    if cfg.loader.cold and eviction_unsupported_reason():
+        return eviction_unsupported_reason()
     try:
         if check_devices:
             check_world_size(cfg)
@@ -153,6 +156,9 @@ class Case:
     loader: DataLoader
     after_step: Callable[[], None]
     micro_batch: int
+    evictor: Evictor | None = None
+    """Cold cases (``LoaderConfig.cold``): drops the dataset's files from the page cache
+    before each epoch."""
 
     def __enter__(self) -> Case:
         self._math = self.precision.math_mode()
@@ -258,14 +264,15 @@ def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset
     return dataset
 
 
-def _batches(cfg: RunConfig, loader: DataLoader, placement: Placement) -> WaitTimer:
+def _batches(cfg: RunConfig, loader: DataLoader, placement: Placement,
+             before_epoch: Callable[[], None] | None = None) -> WaitTimer:
     if cfg.loader.dataset == "device-resident":
         # One optimizer step of micro-batches, placed on the device once and reused every step:
         # no collation or host-to-device copy in a timed round (and, held across the step, as
         # little extra device memory as one step's inputs).
         resident = [placement(b) for b in itertools.islice(endless(loader), cfg.accum_steps)]
         return WaitTimer(itertools.cycle(resident), lambda batch: batch)
-    return WaitTimer(endless(loader), placement)
+    return WaitTimer(endless(loader, before_epoch), placement)
 
 
 def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
@@ -314,6 +321,8 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     replicas = cfg.parallelism.replicas
     dataset = build_dataset(cfg, micro_batch * cfg.accum_steps * EPOCH_STEPS * replicas,
                             data_dir)
+    evictor = (Evictor(dataset_files(dataset, data_dir or default_data_dir()))
+               if cfg.loader.cold else None)
     sampler = None
     if replicas > 1:
         # Each replica reads its own shard; the seed makes the shuffle agree across ranks.
@@ -337,8 +346,9 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         optimizer=optimizer,
         precision=precision,
         strategy=strategy,
-        batches=_batches(cfg, loader, placement),
+        batches=_batches(cfg, loader, placement, evictor),
         loader=loader,
         after_step=_empty_cache(device) if cfg.empty_cache else (lambda: None),
         micro_batch=micro_batch,
+        evictor=evictor,
     )

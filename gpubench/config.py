@@ -80,12 +80,20 @@ class LoaderConfig:
     """Keep workers alive between epochs; only valid with ``num_workers > 0``."""
     non_blocking: bool = False
     """Copy batches to the device with ``non_blocking=True`` (overlaps with compute if pinned)."""
+    cold: bool = False
+    """Drop the dataset's files from the page cache before each epoch
+    (``posix_fadvise(POSIX_FADV_DONTNEED)``, ``gpubench.storage``), so that every file is read
+    from the disk, as with a dataset larger than RAM; the workload's own datasets only."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
             raise ValueError(f"dataset must be a dataset name; got {self.dataset!r}")
-        for name in ("cached", "pin_memory", "persistent_workers", "non_blocking"):
+        for name in ("cached", "pin_memory", "persistent_workers", "non_blocking", "cold"):
             _check_bool(name, getattr(self, name))
+        if self.cold and self.dataset in GENERATED_DATASETS:
+            raise ValueError(
+                f"cold applies to a workload's own (on-disk) datasets; got dataset {self.dataset!r}"
+            )
         if (not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool)
                 or self.num_workers < 0):
             raise ValueError(f"num_workers must be an integer >= 0; got {self.num_workers!r}")
@@ -452,4 +460,6 @@ def loader_id(loader: LoaderConfig) -> str:
         parts.append("persist")
     if loader.non_blocking:
         parts.append("nb")
+    if loader.cold:
+        parts.append("cold")
     return "-".join(parts)

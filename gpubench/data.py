@@ -54,12 +54,17 @@ def build_loader(
     )
 
 
-def endless(loader: DataLoader) -> Iterator[Batch]:
+def endless(loader: DataLoader, before_epoch: Callable[[], None] | None = None
+            ) -> Iterator[Batch]:
     """Batches forever, starting a new epoch whenever one ends (telling a distributed sampler
-    the epoch, so each epoch is shuffled anew)."""
+    the epoch, so each epoch is shuffled anew). ``before_epoch`` runs before each epoch's
+    iterator starts, so before its workers read anything (a cold case drops the files from the
+    page cache there)."""
     set_epoch = getattr(loader.sampler, "set_epoch", lambda epoch: None)
     for epoch in itertools.count():
         set_epoch(epoch)
+        if before_epoch is not None:
+            before_epoch()
         yield from loader
 
 
@@ -88,10 +93,14 @@ class WaitTimer:
             close()
 
 
-def measure_loader(loader: DataLoader, batches: int) -> dict[str, float]:
+def measure_loader(loader: DataLoader, batches: int,
+                   before_epoch: Callable[[], None] | None = None) -> dict[str, float]:
     """The loader alone, no model: time to the first batch of a fresh iterator (worker start-up
     included), samples/s over the next ``batches``, and time to the first batch of the next
-    epoch (what ``persistent_workers`` saves)."""
+    epoch (what ``persistent_workers`` saves). ``before_epoch`` runs before each iterator
+    starts, outside the timings (see ``endless``)."""
+    before_epoch = before_epoch or (lambda: None)
+    before_epoch()
     start = time.perf_counter()
     it = iter(loader)
     next(it)
@@ -99,6 +108,7 @@ def measure_loader(loader: DataLoader, batches: int) -> dict[str, float]:
     n = sum(1 for _ in itertools.islice(it, batches))
     elapsed = time.perf_counter() - first
     del it
+    before_epoch()
     restart = time.perf_counter()
     it = iter(loader)
     next(it)

@@ -44,7 +44,9 @@ def measured_peaks_tflops(device: str) -> dict[str, float | None]:
     }
 
 
-def machine_info(device: str) -> dict:
+def machine_info(device: str, storage_dir: str | os.PathLike | None = None) -> dict:
+    """Versions, device, CPU, threads and measured matmul peaks; with ``storage_dir``, also
+    the storage probe of that folder's disk (``storage``: ``gpubench.storage.probe_storage``)."""
     dev = torch.device(device)
     info = {
         "torch": torch.__version__,
@@ -59,6 +61,10 @@ def machine_info(device: str) -> dict:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "matmul_peak_tflops": measured_peaks_tflops(device),
     }
+    if storage_dir is not None:
+        from gpubench.storage import probe_storage
+
+        info["storage"] = probe_storage(storage_dir)
     try:
         import torchvision
         import transformers

@@ -119,7 +119,14 @@ class CaseProgram:
         if self.cfg.loader.cached:
             for _ in self.case.loader:
                 pass
-        return measure_loader(self.case.loader, LOADER_PROBE_BATCHES)
+        evictor = self.case.evictor
+        info = measure_loader(self.case.loader, LOADER_PROBE_BATCHES, evictor)
+        if evictor is not None:
+            # Whether the files really left the page cache (a filesystem may ignore the drop).
+            info["cold_resident_fraction"] = evictor.resident_after_eviction()
+            info["cold_evict_s"] = statistics.median(evictor.evict_s)
+            info["cold_files"] = len(evictor.files)
+        return info
 
     def check(self) -> dict:
         with self.case.precision.math_mode():

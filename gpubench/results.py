@@ -28,6 +28,9 @@ STAT_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rou
 INT64_MAX = 2**63 - 1
 
 # -- schema of the parts gpubench uses --------------------------------------------------------
+STORAGE_COLUMNS = ("storage_read_mb_s", "storage_cached_mb_s", "storage_random_iops",
+                   "storage_resident_after_evict", "storage_fs", "storage_note")
+"""The storage probe of the data folder (``machine_info.gpubench.storage``), a column each."""
 # Each known ``extra_info`` field: (type, constraint). Types: "str", "int", "bool", "float",
 # "ints" / "floats" (lists). Constraints: ">0", ">=0", ">=1", "any" (finite), "loss" (any number,
 # NaN allowed: a diverged loss is a measurement).
@@ -35,10 +38,11 @@ _STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl"
         "case_id", "kind", "group", "note", "dataset", "schedule", "claim", "peak_memory_method",
         "device_name", "single_case_id", "case_id_base", "case_id_new", "workload",
         "paired_baseline_case_id", "contention_reason", "telemetry_note", "top_ops_time",
-        "launcher", "speedup_paired_test", "paired_partner")
+        "launcher", "speedup_paired_test", "paired_partner", "storage_fs", "storage_note")
 _BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
          "fsdp_mixed_precision", "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
-         "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark", "expandable_segments")
+         "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark", "expandable_segments",
+         "cold")
 _COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
            "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
 _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
@@ -47,6 +51,7 @@ _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_byt
           # CUDA allocator health over the memory window (gpubench.memory.allocator_health)
           "alloc_retries", "alloc_ooms", "peak_active_bytes",
           "check_skipped_steps", "cache_items", "dataset_size", "dynamo_recompiles",
+          "cold_files",
           # kind "transfer" (benchmarks/test_transfer.py): host-to-device copies
           "bytes", "copies_per_round", "matmuls_per_round")
 _POSITIVE = ("step_time_s", "samples_per_s", "speedup_paired", "speedup_paired_low",
@@ -54,7 +59,9 @@ _POSITIVE = ("step_time_s", "samples_per_s", "speedup_paired", "speedup_paired_l
 _NON_NEGATIVE = ("tflops", "mfu", "peak_tflops", "allreduce_time_s", "comm_time_s",
                  "fragmentation", "comm_fraction", "loader_samples_per_s",
                  "loader_stall_fraction", "loader_wait_s", "epoch_restart_s",
-                 "time_to_first_batch_s",
+                 "time_to_first_batch_s", "cold_resident_fraction", "cold_evict_s",
+                 # machine_info.gpubench.storage (gpubench.storage.probe_storage), per run
+                 *STORAGE_COLUMNS[:-2],
                  "process_overhead_s", "step_time_iqr_s", "gpubench_step_time_s",
                  "handwritten_step_time_s", "speedup_paired_p",
                  # gpubench.telemetry: the machine during the timed rounds
@@ -258,6 +265,18 @@ def _validate(data) -> None:
     if (machine.get("cpu") or {}).get("brand_raw") is not None and \
             not isinstance(machine["cpu"]["brand_raw"], str):
         raise _Bad("machine_info.cpu.brand_raw", "expected a string")
+    storage = (machine.get("gpubench") or {}).get("storage")
+    if storage is not None and not isinstance(storage, dict):
+        raise _Bad("machine_info.gpubench.storage", f"expected an object, got {_describe(storage)}")
+    for key in STORAGE_COLUMNS:
+        value = (storage or {}).get(key)
+        kind = "str" if key in ("storage_fs", "storage_note") else "float"
+        if value is not None and not (isinstance(value, str) if kind == "str" else (
+                isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value) and value >= 0)):
+            raise _Bad(f"machine_info.gpubench.storage.{key}",
+                       f"expected {'a string' if kind == 'str' else 'a number >= 0'}, "
+                       f"got {_describe(value)}")
     for key in ("cpu", "torch"):
         value = (machine.get("gpubench") or {}).get(key)
         if value is not None and not isinstance(value, str):
@@ -316,6 +335,7 @@ def _row(bench: dict, run: str, path: Path, data: dict) -> dict:
         "torch_version": gpubench_machine.get("torch"),
         "matmul_peak_tflops": gpubench_machine.get("matmul_peak_tflops"),
         "pytest_benchmark_version": data.get("version"),
+        **{k: (gpubench_machine.get("storage") or {}).get(k) for k in STORAGE_COLUMNS},
     }
     row = {**extra, **base}  # the reader's columns win over same-named extra_info fields
     row.setdefault("case_id", bench.get("name"))
@@ -351,7 +371,8 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
       ``time_stddev``, ``time_median``, ``time_iqr``, ``time_q1``, ``time_q3``,
       ``time_rounds`` (a count) and ``rounds_s`` (the list of round times);
     - the machine: ``machine_node``, ``machine_cpu``, ``torch_version``,
-      ``matmul_peak_tflops`` (per precision), ``pytest_benchmark_version``;
+      ``matmul_peak_tflops`` (per precision), ``pytest_benchmark_version``, the storage probe
+      of the data folder (``STORAGE_COLUMNS``: ``storage_read_mb_s`` ...);
     - every field gpubench knows (``EXTRA_SCHEMA``; a column even when no record has it),
       among them ``REQUIRED_FIELDS``, units in the name: ``step_time_s`` (median seconds per
       optimizer step), ``samples_per_s`` (global batch / step time), ``peak_memory_bytes``,

@@ -88,12 +88,86 @@ def markdown_table(frame: pd.DataFrame, columns: dict[str, str]) -> str:
                                          for c in columns])
 
 
+def _set(frame: pd.DataFrame, column: str) -> pd.Series:
+    """A boolean column as plain bools (missing or <NA>: False)."""
+    if column not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame[column].astype(object).eq(True)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(value)
+
+
+def storage_markdown(df: pd.DataFrame) -> str:
+    """Per run: the storage probe of the data folder (``machine_info.gpubench.storage``) and
+    each cold loader case (``LoaderConfig.cold``) beside its warm twin (same dataset and
+    workers): step time, stall, and the share of the files' pages the eviction left cached.
+    Empty when a run has neither."""
+    parts = []
+    for run, g in df.groupby("run", sort=False):
+        lines = []
+        probe = g[g["storage_read_mb_s"].notna()] if "storage_read_mb_s" in g else g.iloc[:0]
+        if not probe.empty:
+            r = probe.iloc[0]
+            text = f"Data folder's disk ({run}): {r['storage_read_mb_s']:,.0f} MB/s sequential"
+            for column, what in (("storage_cached_mb_s", "MB/s from the page cache"),
+                                 ("storage_random_iops", "random 4 KiB reads/s (cold)")):
+                if _number(r.get(column)) is not None:
+                    text += f", {r[column]:,.0f} {what}"
+            if isinstance(r.get("storage_fs"), str):
+                text += f"; {r['storage_fs']}"
+            if isinstance(r.get("storage_note"), str):
+                text += f"; {r['storage_note']}"
+            lines.append(text + ".\n")
+        cold = g[_set(g, "cold") & g["step_time_s"].notna()]
+        rows = []
+        for _, c in cold.iterrows():
+            warm = g[(g["model"] == c["model"]).fillna(False)
+                     & (g["dataset"] == c["dataset"]).fillna(False)
+                     & (g["num_workers"] == c["num_workers"]).fillna(False)
+                     & (g["micro_batch"] == c["micro_batch"]).fillna(False)
+                     & ~_set(g, "cold") & ~_set(g, "cached") & ~_set(g, "pin_memory")
+                     & ~_set(g, "persistent_workers") & g["prefetch_factor"].isna()
+                     & g["step_time_s"].notna()]
+            w = warm.iloc[0] if not warm.empty else None
+            rows.append({
+                "case_id": c["case_id"],
+                "cold_ms": c["step_time_s"] * 1e3,
+                "warm_ms": w["step_time_s"] * 1e3 if w is not None else math.nan,
+                "cold_stall": c.get("loader_stall_fraction"),
+                "warm_stall": w.get("loader_stall_fraction") if w is not None else math.nan,
+                "resident": c.get("cold_resident_fraction"),
+            })
+        if rows:
+            frame = pd.DataFrame(rows).astype({k: float for k in ("cold_stall", "warm_stall",
+                                                                    "resident")})
+            for k in ("cold_stall", "warm_stall", "resident"):
+                frame[k] = [f"{v:.0%}" if v == v else "-" for v in frame[k]]
+            lines.append(markdown_table(frame, {
+                "case_id": "cold case", "cold_ms": "median step (ms)",
+                "warm_ms": "warm twin (ms)", "cold_stall": "stall", "warm_stall": "warm stall",
+                "resident": "cached after eviction"}) + "\n")
+        if lines:
+            parts.append("\n".join(lines))
+    if not parts:
+        return ""
+    return ("### Storage: the data folder's disk, and the loader read cold\n\n"
+            + "\n".join(parts))
+
+
 def summary_markdown(df: pd.DataFrame) -> str:
-    """One Markdown section per run and model."""
+    """One Markdown section per run and model, then the storage section (``storage_markdown``)
+    where a run has one."""
     frame = summary_frame(df)
     parts = []
     for (run, model), group in frame.groupby(["run", "model"], sort=False):
         parts.append(f"### {model} ({run})\n\n{markdown_table(group, COLUMNS)}\n")
+    storage = storage_markdown(df)
+    if storage:
+        parts.append(storage)
     over = df.dropna(subset=["harness_overhead"]) if "harness_overhead" in df else df.iloc[:0]
     if not over.empty:
         cols = {"case_id": "case", "gpubench_ms": "gpubench step (ms)",
