@@ -690,6 +690,9 @@ def check_storage(c: _Cases) -> list[Verdict]:
         speed = compare_speed(cold, warm)
         parts[part] = speed.judge(spec.parts["time"])
         figures.append(f"{part}: warm vs cold {speed.describe()}")
+        alone = [r.get("loader_samples_per_s") for r in (warm, cold)]
+        if all(isinstance(a, float | int) and a == a and a > 0 for a in alone):
+            figures[-1] += f", loader alone {alone[0] / alone[1]:.2f}x"
         stall = _stall([cold, warm]).removeprefix("; stall ")
         stalls.append(f"{part} {stall}" if stall else f"{part} not measured")
     resident = [r.get("cold_resident_fraction") for r, _ in pairs]

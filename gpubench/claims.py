@@ -145,7 +145,8 @@ CLAIMS = {c.key: c for c in (
           {"loader": _knob_loader(prefetch_factor=4)}, base={"loader": _knob_loader()}),
     # S0: "use an SSD instead of an HDD". The faster storage is the page cache (warm files);
     # the disk the data is on is read cold (files dropped from the cache before each epoch),
-    # at 0 and at the knob workers: storage limits loading where warm beats cold.
+    # at 0 and at the knob workers: storage limits loading where warm beats cold. Not timed in
+    # alternating rounds: both sides read the same files, which each cold eviction drops.
     Claim("storage", "use an SSD instead of an HDD: storage speed limits data loading",
           {"time": (1.05, float("inf"))}, _FILES,
           base={"loader": lambda b: None if _own_dataset(b) is None

@@ -5,6 +5,7 @@ verdict."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -239,10 +240,12 @@ def _storage_rows(cold0, cold2, *, resident=0.0, own=True):
                 storage_read_mb_s=123.0, storage_random_iops=4567.0, storage_fs="ext4")
     return [
         _row("resnet18-fp32", 0.5, is_baseline=True, **mine),
-        _row("resnet18-fp32-images-jpeg", 1.0, loader_stall_fraction=0.2, **data, **mine),
+        _row("resnet18-fp32-images-jpeg", 1.0, loader_stall_fraction=0.2,
+             loader_samples_per_s=200.0, **data, **mine),
         _row("resnet18-fp32-images-jpeg-w2", 0.8, num_workers=2, loader_stall_fraction=0.1,
              **data, **mine),
         _row("resnet18-fp32-images-jpeg-cold", cold0, cold=True, loader_stall_fraction=0.4,
+             loader_samples_per_s=100.0,
              cold_resident_fraction=resident, **data, **mine),
         _row("resnet18-fp32-images-jpeg-w2-cold", cold2, num_workers=2, cold=True,
              loader_stall_fraction=0.1, cold_resident_fraction=resident, **data, **mine),
@@ -258,6 +261,8 @@ def test_storage_verdict_compares_cold_and_warm_at_the_same_workers():
     # Without workers, cold reads cost 1.5x; two workers hide them.
     assert v.verdict == "partly holds (0 workers)", v
     assert "123 MB/s sequential" in v.measured and "4,567 random 4 KiB" in v.measured
+    assert re.search(r"0 workers: warm vs cold 1\.(4[5-9]|5[0-5])x speed", v.measured), v
+    assert "loader alone 2.00x" in v.measured  # the 2-worker pair has no loader figures
     assert "stall cold -> warm: 0 workers 40% -> 20%" in v.why
     assert _storage_verdict(_storage_rows(1.0, 0.8)).verdict == "does not hold"
     assert _storage_verdict(_storage_rows(1.5, 1.2)).verdict == "holds"
@@ -281,3 +286,41 @@ def test_cold_cases_do_not_answer_the_workers_claim():
     rows = _storage_rows(3.0, 3.0)
     v = next(v for v in advise(pd.DataFrame(rows)) if v.claim == CLAIMS["loader-workers"].text)
     assert "best: resnet18-fp32-images-jpeg-w2;" in v.why and "stall 20% -> 10%" in v.why
+
+
+# -- results and summary ----------------------------------------------------------------------
+
+
+def test_results_carry_the_probe_and_the_summary_shows_cold_beside_warm(tmp_path):
+    import json
+
+    from test_results import _doc, _record
+
+    from gpubench.results import ResultsError, load_results
+    from gpubench.summary import summary_markdown
+
+    def step(case_id, median, **extra):
+        loader = dict(dataset="images-jpeg", num_workers=0, cached=False, pin_memory=False,
+                      persistent_workers=False, non_blocking=False)
+        return _record(case_id=case_id, is_baseline=False, step_time_s=median,
+                       samples_per_s=8 / median, **{**loader, **extra})
+
+    doc = _doc(_record(), step("bert-fp32-images-jpeg", 0.2, loader_stall_fraction=0.1),
+               step("bert-fp32-images-jpeg-cold", 0.3, cold=True, loader_stall_fraction=0.4,
+                    cold_resident_fraction=0.0, cold_files=65, cold_evict_s=0.002))
+    probe = storage.probe_storage(tmp_path / "probe", size_bytes=1 << 20)
+    doc["machine_info"]["gpubench"]["storage"] = {**probe, "storage_read_mb_s": 150.0}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    df = load_results([path])
+    assert (df["storage_read_mb_s"] == 150.0).all()
+    assert df["cold"].dtype == "boolean" and df["cold_files"].dtype == "Int64"
+    text = summary_markdown(df)
+    assert "Data folder's disk (r): 150 MB/s sequential" in text
+    line = next(row for row in text.splitlines() if "bert-fp32-images-jpeg-cold" in row
+                and "200.0" in row)
+    assert "300.0" in line and "40%" in line and "10%" in line, line
+    doc["machine_info"]["gpubench"]["storage"] = {"storage_read_mb_s": -1}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match="machine_info.gpubench.storage.storage_read_mb_s"):
+        load_results([path])
