@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpubench import atomic
+
 BLOCK_BYTES = 1 << 20
 """Sequential reads of the probe: 1 MiB blocks."""
 PAGE_BYTES = 4096
@@ -226,7 +228,9 @@ def probe_storage(folder: str | os.PathLike, size_bytes: int = PROBE_BYTES) -> d
         fs, source = _mount_of(folder)
         out.update(storage_fs=fs or None, storage_device=source or None,
                    storage_rotational=_rotational(folder))
-        fd, name = tempfile.mkstemp(prefix=".storage-probe-", dir=folder)
+        # A probe file a killed run left behind (its process gone) goes first.
+        atomic.remove_stale_temporaries(folder, lambda n: n.startswith(".storage-probe."))
+        fd, name = tempfile.mkstemp(prefix=atomic.temp_prefix("storage-probe"), dir=folder)
     except OSError as err:
         out["storage_note"] = f"cannot write a probe file in {folder}: {err.strerror or err}"
         return out

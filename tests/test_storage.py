@@ -154,6 +154,10 @@ def test_dataset_files_finds_folder_path_cache_and_data_root(tmp_path):
 
 
 def test_storage_probe_measures_and_cleans_up(tmp_path):
+    from gpubench import atomic
+
+    # What a probe killed mid-way left: its process (pid 2^22 + 1, above any pid_max) is gone.
+    (tmp_path / f".storage-probe.{2**22 + 1}-{atomic.HOST_ID}.abcdefgh").write_bytes(b"x")
     out = storage.probe_storage(tmp_path, size_bytes=8 << 20)
     if storage.eviction_unsupported_reason():
         assert out["storage_note"] and out["storage_read_mb_s"] is None
@@ -161,7 +165,7 @@ def test_storage_probe_measures_and_cleans_up(tmp_path):
     assert out["storage_read_mb_s"] > 0 and out["storage_cached_mb_s"] > 0
     assert out["storage_random_iops"] > 0
     assert out["storage_probe_bytes"] == 8 << 20
-    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone, and the stale one
     resident = out["storage_resident_after_evict"]
     if resident is not None and resident > 0.5:
         assert "stayed in the page cache" in out["storage_note"]
