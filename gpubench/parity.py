@@ -196,11 +196,28 @@ def launcher(cfg: RunConfig, plan: DataPlan, timeout_s: float):
     return _InProcess(cfg, plan)
 
 
+class OverBudget(Exception):
+    """A technique's first steps project a run longer than its budget; the message says so."""
+
+
+PROBE_STEPS = 2
+"""Steps a budgeted technique trains first, to project the whole run's time."""
+
+EMULATED_BUDGET_S = 60.0
+"""Seconds a default technique in a reduced precision this CPU emulates may take (projected
+from its first steps); beyond it the technique is left out, with the figures, unless named
+with ``--techniques``. Emulated fp16 convolutions run about 30x slower than fp32 (ResNet-18,
+smoke profile: 3 s per step, 6 minutes for 120 steps), while bf16 and fp16 BERT steps here
+take about fp32's time."""
+
+
 def train_technique(cfg: RunConfig, plan: DataPlan, steps: int, *, timeout_s: float = 300.0,
-                    on_chunk=lambda n: None) -> dict:
+                    on_chunk=lambda n: None, budget_s: float | None = None) -> dict:
     """Train ``cfg`` for ``steps`` steps on ``plan``'s data: the loss per step (averaged over
     ranks, each holding an equal shard: the global batch's mean), the initial weights' digest
-    and the steps GradScaler skipped. ``on_chunk(n)`` after every ``n`` steps (progress)."""
+    and the steps GradScaler skipped. ``on_chunk(n)`` after every ``n`` steps (progress).
+    With ``budget_s``, the first ``PROBE_STEPS`` steps project the run's time, and a run
+    projected over the budget stops there (``OverBudget``)."""
     import time
 
     start = time.perf_counter()
@@ -210,10 +227,20 @@ def train_technique(cfg: RunConfig, plan: DataPlan, steps: int, *, timeout_s: fl
         skipped = 0
         done = 0
         while done < steps:
-            n = min(CHUNK_STEPS, steps - done)
+            n = min(PROBE_STEPS if budget_s is not None and done == 0 else CHUNK_STEPS,
+                    steps - done)
+            chunk_start = time.perf_counter()
             for rank, result in enumerate(group.call("train", n)):
                 per_rank[rank] += result["losses"]
                 skipped = max(skipped, result["skipped_steps"])
+            if budget_s is not None and done == 0:
+                per_step = (time.perf_counter() - chunk_start) / n
+                if per_step * steps > budget_s:
+                    raise OverBudget(
+                        f"{per_step:.2f} s per step here, about {per_step * steps:.0f} s for "
+                        f"{steps} steps, over the {budget_s:.0f} s budget of a default "
+                        f"technique in a precision this CPU emulates (--techniques ...,"
+                        f"{cfg.precision} trains it)")
             done += n
             on_chunk(n)
     losses = [sum(xs) / len(xs) for xs in zip(*per_rank, strict=True)]
@@ -224,42 +251,35 @@ def train_technique(cfg: RunConfig, plan: DataPlan, steps: int, *, timeout_s: fl
             "seconds": time.perf_counter() - start}
 
 
-def default_techniques(device: str) -> tuple[list[str], dict[str, str]]:
-    """The techniques trained by default on ``device``, and those left out with the reason:
-    on a CPU that emulates fp16 (no AMX-FP16), fp16's convolutions run 30x slower than fp32
-    (ResNet-18: 6 minutes for 120 steps), so it is left out unless asked for (bf16 answers the
-    AMP question there)."""
-    names, left_out = list(TECHNIQUES), {}
-    if device == "cpu":
-        from gpubench.cases import native_cpu_precisions
+def emulated(cfg: RunConfig) -> bool:
+    """Whether ``cfg``'s reduced precision is emulated on this CPU (``cases.budget_reason``)."""
+    if cfg.device != "cpu" or cfg.precision not in ("bf16", "fp16"):
+        return False
+    from gpubench.cases import native_cpu_precisions
 
-        if "fp16" not in native_cpu_precisions():
-            names.remove("fp16")
-            left_out["fp16"] = ("fp16 is emulated on this CPU (no AMX-FP16), up to 30x slower "
-                                "than fp32: left out of the default list (--techniques ...,fp16 "
-                                "trains it)")
-    return names, left_out
+    return cfg.precision not in native_cpu_precisions()
 
 
 def run_parity(model: str, profile: str, device: str, techniques: list[str] | None = None,
                steps: int | None = None, seed: int = 0, timeout_s: float = 300.0,
                progress=None) -> dict:
-    """Train every technique (FP32 first, as the reference) for ``steps`` steps (default per
-    profile, ``DEFAULT_STEPS``) and return the report (``gpubench.parity_report.judge`` adds
-    the verdicts). A technique this machine cannot run is left out with the reason.
+    """Train every technique (FP32 first, as the reference; default: all of ``TECHNIQUES``)
+    for ``steps`` steps (default per profile, ``DEFAULT_STEPS``) and return the report
+    (``gpubench.parity_report.judge`` adds the verdicts). A technique this machine cannot run
+    is left out with the reason, and so is a default one in a precision this CPU emulates
+    whose first steps project more than ``EMULATED_BUDGET_S``.
     ``progress``: a tqdm-like bar (``total``, ``update``, ``set_description_str``) or None."""
     import time
 
-    from gpubench.build import unsupported_reason
+    from gpubench.build import LEARNING_RATES, unsupported_reason
 
     start = time.perf_counter()
     steps = DEFAULT_STEPS[profile] if steps is None else steps
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer; got {steps!r}")
-    if techniques is None:
-        techniques, left_out = default_techniques(device)
-    else:
-        left_out = {}
+    chosen = techniques is not None
+    techniques = list(TECHNIQUES) if techniques is None else techniques
+    left_out: dict[str, str] = {}
     techniques = list(dict.fromkeys([REFERENCE, *techniques]))  # the reference first, once
     base = RunConfig(model=model, profile=profile, device=device, seed=seed)
     plan = DataPlan(base.resolved_micro_batch, seed=seed)
@@ -285,11 +305,20 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
     for name, cfg in configs.items():
         if progress is not None:
             progress.set_description_str(f"parity {base.name} {name}")
-        run = train_technique(cfg, plan, steps, timeout_s=timeout_s,
-                              on_chunk=progress.update if progress is not None else lambda n: 0)
+        budget = None if chosen or not emulated(cfg) else EMULATED_BUDGET_S
+        try:
+            run = train_technique(cfg, plan, steps, timeout_s=timeout_s, budget_s=budget,
+                                  on_chunk=(progress.update if progress is not None
+                                            else lambda n: None))
+        except OverBudget as why:
+            left_out[name] = f"{cfg.precision} is emulated on this CPU: {why}"
+            if progress is not None:
+                progress.total -= steps
+            continue
         runs.append({"technique": name, "description": DESCRIPTIONS[name], **run})
     return {"kind": "parity", "model": base.name, "workload": model, "profile": profile,
             "device": device, "steps": steps, "global_batch": plan.global_batch,
+            "learning_rate": LEARNING_RATES[base.optimizer],
             "batches": plan.batches, "seed": seed, "optimizer": base.optimizer,
             "reference": REFERENCE, "techniques": runs, "left_out": left_out,
             "seconds": time.perf_counter() - start}

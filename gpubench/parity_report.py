@@ -261,6 +261,9 @@ def add_parity_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed of the initial weights and the data (default 0)")
     p.add_argument("--timeout", type=positive, default=300.0,
                    help="seconds a DDP rank may take per command (default 300)")
+    p.add_argument("--threads", type=non_negative_int, default=0,
+                   help="torch.set_num_threads for the techniques trained in this process "
+                   "(default, or 0: torch's choice; DDP ranks split the cores)")
     p.add_argument("--no-chart", action="store_true", help="skip parity.png/.svg")
     p.add_argument("--out", help="folder for parity.json, parity.md and the chart "
                    "(default: results/parity-<model>-<profile>)")
@@ -278,6 +281,10 @@ def parity_main(args: argparse.Namespace) -> int:
     workload = resolve(args.model, profile)
     validate(workload)  # a bad spec: one line, exit 2, nothing trained
     out = Path(args.out or f"results/parity-{workload.name}-{profile}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     steps = args.steps or DEFAULT_STEPS[profile]
     print(f"gpubench parity: {workload.name} ({profile}, {device}), {steps} steps per "
           "technique ...", flush=True)
