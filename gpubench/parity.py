@@ -319,6 +319,7 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
     return {"kind": "parity", "model": base.name, "workload": model, "profile": profile,
             "device": device, "steps": steps, "global_batch": plan.global_batch,
             "learning_rate": LEARNING_RATES[base.optimizer],
+            "batch_norm": base.workload.facts.batch_norm,
             "batches": plan.batches, "seed": seed, "optimizer": base.optimizer,
             "reference": REFERENCE, "techniques": runs, "left_out": left_out,
             "seconds": time.perf_counter() - start}
