@@ -934,7 +934,8 @@ def check_parity(c: _Cases) -> list[Verdict]:
         return [_missing(c.model, CLAIM, "parity.png",
                          f"the loss curves of gpubench parity --model {spec}, its parity.json")]
     measured, why = describe(report)
-    return [Verdict(c.model, CLAIM, measured, combine_parts(parts), why, "parity.png")]
+    return [Verdict(c.model, CLAIM, measured, combine_parts(parts), why,
+                    report.get("chart", "parity.png"))]
 
 
 CHECKS = (check_amp, check_accumulation, check_loader_workers, check_pinning, check_prefetch,

@@ -327,8 +327,17 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         reports = hygiene_reports(models, profile, device)
         atomic.write_text(staging / "memory.json", json.dumps(reports, indent=1))
         state["stage"] = "writing the summary and charts"
+        parity = None
+        if getattr(args, "parity", False):  # opt-in: N training steps per technique and model
+            from gpubench.parity_report import load_parity_reports, run_parity_for
+
+            state["stage"] = "training for convergence parity"
+            run_parity_for(list(models.values()), profile, device, staging,
+                           chart=not args.no_charts)
+            parity = load_parity_reports([staging / "parity.json"])
+            state["stage"] = "writing the summary and charts"
         atomic.write_text(staging / "advice.md", "# gpubench advice\n\n"
-                          + advice_markdown(df, memory_reports=reports))
+                          + advice_markdown(df, memory_reports=reports, parity_reports=parity))
         if not args.no_charts:
             from gpubench.report import write_report
 
@@ -559,6 +568,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", action="store_true",
                      help="after each case's timed rounds, profile a few steps: a Chrome trace "
                      "per case (and rank) in <out>/traces/ and its top operators in the record")
+    run.add_argument("--parity", action="store_true",
+                     help="also train each model's techniques for convergence parity (gpubench "
+                     "parity's default techniques and steps: minutes per model on a CPU): "
+                     "parity.json and a chart per model, and the accuracy verdict in the advice")
     run.add_argument("--no-charts", action="store_true", help="skip the charts and report")
     run.set_defaults(func=cmd_run)
 

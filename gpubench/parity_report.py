@@ -168,7 +168,7 @@ def parity_markdown(report: dict) -> str:
 
         measured, why = describe(report)
         lines += ["", f"**{CLAIM}**: {combine_parts(parts)}. {measured}."]
-    lines.append(f"\nTotal {report['seconds']:.0f} s. Chart: parity.png")
+    lines.append(f"\nTotal {report['seconds']:.0f} s. Chart: {report.get('chart', 'parity.png')}")
     return "\n".join(lines) + "\n"
 
 
@@ -219,19 +219,24 @@ def plot_parity(report: dict):
     return fig
 
 
-def write_parity(report: dict, out: Path, chart: bool = True) -> list[Path]:
-    """``parity.json``, ``parity.md`` and (``chart``) ``parity.png``/``.svg`` into ``out``,
-    each written atomically."""
-    written = [out / "parity.json", out / "parity.md"]
-    atomic.write_text(written[0], json.dumps(report, indent=1))
-    atomic.write_text(written[1], parity_markdown(report))
-    if chart:
-        import matplotlib.pyplot as plt
+def write_parity(reports: dict | list[dict], out: Path, chart: bool = True) -> list[Path]:
+    """``parity.json``, ``parity.md`` and (``chart``) the chart into ``out``, each written
+    atomically: for one report ``parity.png``/``.svg``; for several (``gpubench run
+    --parity``: one per model) a list in ``parity.json`` and ``parity-<model>.png``/``.svg``."""
+    import matplotlib.pyplot as plt
 
-        fig = plot_parity(report)
+    many = isinstance(reports, list)
+    reports = reports if many else [reports]
+    for r in reports:
+        r["chart"] = f"parity-{r['model']}.png" if many else "parity.png"
+    written = [out / "parity.json", out / "parity.md"]
+    atomic.write_text(written[0], json.dumps(reports if many else reports[0], indent=1))
+    atomic.write_text(written[1], "\n".join(parity_markdown(r) for r in reports))
+    for r in reports if chart else ():
+        fig = plot_parity(r)
         try:
             for suffix in ("png", "svg"):
-                dest = out / f"parity.{suffix}"
+                dest = out / Path(r["chart"]).with_suffix(f".{suffix}")
                 with atomic.atomic_path(dest) as tmp:
                     fig.savefig(tmp, format=suffix, dpi=110, bbox_inches="tight")
                 written.append(dest)
@@ -241,23 +246,50 @@ def write_parity(report: dict, out: Path, chart: bool = True) -> list[Path]:
 
 
 def load_parity_reports(paths) -> list[dict]:
-    """``parity.json`` files of ``gpubench parity`` (a bad one: a one-line ``ResultsError``)."""
+    """The reports in ``parity.json`` files of ``gpubench parity`` (one report) or ``gpubench
+    run --parity`` (a list, one per model); a bad file: a one-line ``ResultsError``."""
     from gpubench.results import ResultsError
 
     reports = []
     for path in map(Path, paths):
         try:
-            report = json.loads(path.read_text())
+            data = json.loads(path.read_text())
         except FileNotFoundError:
             raise ResultsError(f"{path}: no such file") from None
         except (OSError, ValueError) as err:
             raise ResultsError(f"{path}: not a gpubench parity.json ({err})") from None
-        if not isinstance(report, dict) or report.get("kind") != "parity" \
-                or not isinstance(report.get("techniques"), list):
-            raise ResultsError(f"{path}: not a gpubench parity.json (no kind 'parity' or "
-                               "techniques)")
-        reports.append(judge(report))  # the verdicts by this version's tolerances
+        for report in data if isinstance(data, list) else [data]:
+            if not isinstance(report, dict) or report.get("kind") != "parity" \
+                    or not isinstance(report.get("techniques"), list):
+                raise ResultsError(f"{path}: not a gpubench parity.json (no kind 'parity' or "
+                                   "techniques)")
+            reports.append(judge(report))  # the verdicts by this version's tolerances
     return reports
+
+
+def run_parity_for(specs, profile: str, device: str, out: Path, chart: bool = True,
+                   steps: int | None = None, techniques: list[str] | None = None
+                   ) -> list[Path]:
+    """``gpubench run --parity``: the default techniques of every model in ``specs``, into
+    ``out`` (``write_parity``), a progress line per model on a terminal."""
+    from gpubench.parity import run_parity
+    from gpubench.progress import is_terminal
+
+    reports = []
+    for spec in specs:
+        print(f"gpubench: convergence parity of {spec} ...", flush=True)
+        bar = None
+        if is_terminal(sys.stderr):
+            from tqdm import tqdm
+
+            bar = tqdm(total=0, file=sys.stderr, leave=False, unit="step", dynamic_ncols=True)
+        try:
+            reports.append(judge(run_parity(spec, profile, device, techniques, steps,
+                                            progress=bar)))
+        finally:
+            if bar is not None:
+                bar.close()
+    return write_parity(reports, out, chart)
 
 
 def technique_list(text: str) -> list[str]:

@@ -220,3 +220,18 @@ def test_ddp_over_two_ranks_trains_the_same_curve():
     assert ddp["case_id"] == "bert-fp32-mb2-ddp2"
     assert set(ddp["rank_initial_weights"]) == {runs["fp32"]["initial_weights"]}
     assert ddp["verdict"] == "holds" and abs(ddp["gap"]) < 1e-3
+
+
+def test_run_parity_for_writes_a_list_and_a_chart_per_model(tmp_path):
+    """What ``gpubench run --parity`` writes beside the results: parity.json as a list (one
+    report per model), parity-<model>.png, and the advice's chart column naming it."""
+    from gpubench.advice import advise
+    from gpubench.parity_report import run_parity_for
+
+    run_parity_for(["bert"], "smoke", "cpu", tmp_path, steps=STEPS, techniques=["accum4"])
+    data = json.loads((tmp_path / "parity.json").read_text())
+    assert isinstance(data, list) and [r["model"] for r in data] == ["bert"]
+    assert (tmp_path / "parity-bert.png").stat().st_size > 5000
+    reports = load_parity_reports([tmp_path / "parity.json"])
+    row = next(v for v in advise(_results(tmp_path), parity_reports=reports) if v.claim == CLAIM)
+    assert row.verdict == "holds" and row.chart == "parity-bert.png"
