@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import random
@@ -67,9 +68,11 @@ def evict(paths: Iterable[str | os.PathLike], *, sync: bool = False) -> int:
     return count
 
 
+@functools.cache
 def _libc():
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name, use_errno=True)
+    """The C library's mmap, munmap and mincore (loaded once: ``find_library`` runs a
+    subprocess)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long)

@@ -328,3 +328,13 @@ def test_results_carry_the_probe_and_the_summary_shows_cold_beside_warm(tmp_path
     path.write_text(json.dumps(doc))
     with pytest.raises(ResultsError, match="machine_info.gpubench.storage.storage_read_mb_s"):
         load_results([path])
+
+
+def test_the_probe_can_be_skipped_from_gpubench_run(tmp_path):
+    from gpubench.cli import build_parser, pytest_command
+
+    args = build_parser().parse_args(["run", "--profile", "smoke", "--device", "cpu",
+                                      "--no-storage-probe"])
+    assert "--gpubench-no-storage-probe" in pytest_command(args, tmp_path / "b.json")
+    args = build_parser().parse_args(["run", "--profile", "smoke", "--device", "cpu"])
+    assert "--gpubench-no-storage-probe" not in pytest_command(args, tmp_path / "b.json")
