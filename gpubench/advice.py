@@ -662,6 +662,16 @@ def _storage_figures(rows: list[pd.Series]) -> str:
     return "storage probe not run"
 
 
+def _against_paired_baseline(row: pd.Series) -> np.ndarray | None:
+    """A case's round times each over its paired baseline round (machine drift cancels), or
+    None when the case was not paired."""
+    rounds, base = row.get("rounds_s"), row.get("paired_baseline_rounds_s")
+    if not (isinstance(rounds, list) and isinstance(base, list) and rounds
+            and len(rounds) == len(base)):
+        return None
+    return np.asarray(rounds, dtype=float) / np.asarray(base, dtype=float)
+
+
 def check_storage(c: _Cases) -> list[Verdict]:
     """S0: "use an SSD instead of an HDD". The workload's own data read warm (from the page
     cache: the fastest storage there is) against cold (dropped from the cache before each
@@ -684,10 +694,18 @@ def check_storage(c: _Cases) -> list[Verdict]:
     if not pairs:
         return [_missing(c.model, claim, "loader.png",
                          "cold and warm on-disk data at the same worker count")]
-    parts, figures, stalls = {}, [], []
+    parts, figures, stalls, bases = {}, [], [], set()
     for cold, warm in pairs:
         part = f"{int(cold['num_workers'])} workers"
-        speed = compare_speed(cold, warm)
+        # Same batch on both sides: each round over its paired baseline round where both
+        # cases were paired (the two were measured a minute apart), else the raw rounds.
+        ratios = [_against_paired_baseline(r) for r in (cold, warm)]
+        if all(r is not None for r in ratios):
+            speed = compare_rounds(*ratios)
+            bases.add("rounds over their paired baseline rounds")
+        else:
+            speed = compare_speed(cold, warm)
+            bases.add("separate cases")
         parts[part] = speed.judge(spec.parts["time"])
         figures.append(f"{part}: warm vs cold {speed.describe()}")
         alone = [r.get("loader_samples_per_s") for r in (warm, cold)]
@@ -699,10 +717,10 @@ def check_storage(c: _Cases) -> list[Verdict]:
     kept = max((float(f) for f in resident if isinstance(f, float | int) and f == f),
                default=None)
     measured = "; ".join(figures) + "; " + _storage_figures([p[0] for p in pairs])
-    why = ("separate cases; cold: the dataset's files dropped from the page cache before each "
-           "epoch (posix_fadvise DONTNEED), so each is read from the disk once per epoch, as "
-           "with a dataset larger than RAM; warm: read from the cache, the fastest storage "
-           "there is; stall cold -> warm: " + ", ".join(stalls)
+    why = (" and ".join(sorted(bases)) + "; cold: the dataset's files dropped from the page "
+           "cache before each epoch (posix_fadvise DONTNEED), so each is read from the disk "
+           "once per epoch, as with a dataset larger than RAM; warm: read from the cache, the "
+           "fastest storage there is; stall cold -> warm: " + ", ".join(stalls)
            + "; the verdict is about this disk: where cold is as fast, storage does not limit "
            "this model's loading here, and a faster disk would not help")
     if kept is not None and kept > MAX_RESIDENT_COLD:
@@ -931,11 +949,11 @@ def check_parity(c: _Cases) -> list[Verdict]:
     if not parts:
         spec = next((r.get("workload") for r in c.rows.values()
                      if isinstance(r.get("workload"), str)), c.model)
-        return [_missing(c.model, CLAIM, "parity.png",
+        return [_missing(c.model, CLAIM, "parity.md",
                          f"the loss curves of gpubench parity --model {spec}, its parity.json")]
     measured, why = describe(report)
-    return [Verdict(c.model, CLAIM, measured, combine_parts(parts), why,
-                    report.get("chart", "parity.png"))]
+    # parity.md: the table, beside its chart(s) (parity.png, or parity-<model>.png)
+    return [Verdict(c.model, CLAIM, measured, combine_parts(parts), why, "parity.md")]
 
 
 CHECKS = (check_amp, check_accumulation, check_loader_workers, check_pinning, check_prefetch,

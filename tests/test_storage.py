@@ -338,3 +338,20 @@ def test_the_probe_can_be_skipped_from_gpubench_run(tmp_path):
     assert "--gpubench-no-storage-probe" in pytest_command(args, tmp_path / "b.json")
     args = build_parser().parse_args(["run", "--profile", "smoke", "--device", "cpu"])
     assert "--gpubench-no-storage-probe" not in pytest_command(args, tmp_path / "b.json")
+
+
+def test_storage_verdict_uses_the_paired_baseline_rounds_against_drift():
+    """The warm case ran while the machine was slower (its baseline rounds too): the raw rounds
+    look the same, the rounds over their paired baseline rounds show the cold reads' cost."""
+    rows = _storage_rows(1.0, 0.8)
+    for row in rows:
+        if row["case_id"] == "resnet18-fp32-images-jpeg-cold":
+            row["paired_baseline_rounds_s"] = [r / 2.0 for r in row["rounds_s"]]
+        elif row["case_id"] == "resnet18-fp32-images-jpeg":  # baseline 0.71 s, not 0.5
+            row["paired_baseline_rounds_s"] = [r / 1.4 for r in row["rounds_s"]]
+    v = _storage_verdict(rows)
+    assert v.verdict == "partly holds (0 workers)", v
+    assert "rounds over their paired baseline rounds and separate cases" in v.why
+    # cold 2.0 baseline rounds a round, warm 1.4: warm is 1.43x faster.
+    assert re.search(r"0 workers: warm vs cold 1\.(3[8-9]|4[0-8])x speed", v.measured), v
+    assert _storage_verdict(_storage_rows(1.0, 0.8)).verdict == "does not hold"
