@@ -267,6 +267,12 @@ def load_parity_reports(paths) -> list[dict]:
     return reports
 
 
+def parity_reports_beside(files) -> list[dict]:
+    """The reports of the ``parity.json`` beside each result file, where there is one."""
+    folders = dict.fromkeys(Path(f).resolve().parent for f in files)
+    return load_parity_reports(p for p in (d / "parity.json" for d in folders) if p.is_file())
+
+
 def run_parity_for(specs, profile: str, device: str, out: Path, chart: bool = True,
                    steps: int | None = None, techniques: list[str] | None = None
                    ) -> list[Path]:

@@ -195,7 +195,8 @@ def telemetry_markdown(df: pd.DataFrame) -> str:
 
 
 def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
-                    memory_reports: list[dict] | None = None) -> list[Section]:
+                    memory_reports: list[dict] | None = None,
+                    parity_reports: list[dict] | None = None) -> list[Section]:
     sections = [Section("runs", "Runs", runs_markdown(df) + "\n"),
                 Section("reading-guide", "How to read this report", READING_GUIDE + "\n")]
     for name in charts:
@@ -205,7 +206,15 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
     if df["run"].nunique() == 1:
         sections.append(Section("advice", "Advice: the common speed-up claims, on these "
                                 "measurements",
-                                advice_markdown(df, memory_reports=memory_reports)))
+                                advice_markdown(df, memory_reports=memory_reports,
+                                                parity_reports=parity_reports)))
+    if parity_reports:  # gpubench run --parity, or a gpubench parity folder's parity.json
+        from gpubench.parity_report import parity_markdown
+
+        body = "\n".join(f"### {r['model']}\n\n" + parity_markdown(r).split("\n", 2)[-1]
+                         + f"\n![{r.get('chart', 'parity.png')}]({r.get('chart', 'parity.png')})\n"
+                         for r in parity_reports)
+        sections.append(Section("parity", "Convergence parity: loss curves against FP32", body))
     sections.append(Section("summary", "Summary", summary_markdown(df)))
     telemetry = telemetry_markdown(df)
     if telemetry:
@@ -243,8 +252,15 @@ def write_report(
     runs = ", ".join(dict.fromkeys(df["run"]))
     title = f"gpubench report: {runs}"
     from gpubench.memory_report import memory_reports_beside
+    from gpubench.parity_report import parity_reports_beside
 
-    sections = report_sections(df, drawn, skipped, memory_reports_beside(files))
+    parity = parity_reports_beside(files)
+    for r in parity:  # the page embeds the parity charts (here, or beside the results)
+        name = r.get("chart", "parity.png")
+        found = [c for c in (out / name, *(Path(f).parent / name for f in files)) if c.is_file()]
+        if found:
+            pngs[found[0].stem] = base64.b64encode(found[0].read_bytes()).decode()
+    sections = report_sections(df, drawn, skipped, memory_reports_beside(files), parity)
     markdown = f"# {title}\n\n" + "\n".join(f"## {s.title}\n\n{s.body}" for s in sections)
     atomic.write_text(out / "report.md", markdown)
     written.append(out / "report.md")

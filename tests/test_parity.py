@@ -234,4 +234,29 @@ def test_run_parity_for_writes_a_list_and_a_chart_per_model(tmp_path):
     assert (tmp_path / "parity-bert.png").stat().st_size > 5000
     reports = load_parity_reports([tmp_path / "parity.json"])
     row = next(v for v in advise(_results(tmp_path), parity_reports=reports) if v.claim == CLAIM)
-    assert row.verdict == "holds" and row.chart == "parity-bert.png"
+    assert row.verdict == "holds" and row.chart == "parity.md"
+
+
+def test_report_shows_the_parity_beside_the_results(cli_run, tmp_path):
+    """A report of results with a parity.json beside them: the accuracy verdict from it, a
+    convergence section with the table, and the chart embedded in the HTML page."""
+    import shutil
+    from pathlib import Path
+
+    from gpubench.report import write_report
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
+    data = json.loads(committed.read_text())
+    data["benchmarks"] = [b for b in data["benchmarks"]
+                          if (b.get("extra_info") or {}).get("model") == "bert"]
+    src = tmp_path / "benchmark.json"
+    src.write_text(json.dumps(data))
+    for name in ("parity.json", "parity.png"):
+        shutil.copy(cli_run / name, tmp_path / name)
+    write_report([src], tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Convergence parity: loss curves against FP32" in text
+    rows = [line for line in text.splitlines() if CLAIM in line and line.startswith("|")]
+    assert rows and all("not measured" not in row for row in rows)
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert 'src="parity.png"' not in html and html.count("data:image/png;base64") >= 2
