@@ -199,7 +199,8 @@ def mutated_documents(draw):
             doc["machine_info"][draw(st.sampled_from(["node", "cpu", "gpubench"]))] = value
         elif isinstance(bench, dict) and where == "bench":
             bench[draw(st.sampled_from(["name", "group", "stats", "extra_info"]))] = value
-        elif isinstance(bench, dict) and where == "stats" and isinstance(bench["stats"], dict):
+        elif isinstance(bench, dict) and where == "stats" and isinstance(bench.get("stats"),
+                                                                        dict):
             bench["stats"][draw(st.sampled_from([*STATS, "ops"]))] = value
         elif isinstance(bench, dict) and isinstance(bench.get("extra_info"), dict):
             bench["extra_info"][draw(st.sampled_from(KEYS))] = value
