@@ -329,7 +329,8 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         state["stage"] = "writing the summary and charts"
         parity = None
         if getattr(args, "parity", False):  # opt-in: N training steps per technique and model
-            from gpubench.parity_report import load_parity_reports, run_parity_for
+            from gpubench.parity_cli import run_parity_for
+            from gpubench.parity_report import load_parity_reports
 
             state["stage"] = "training for convergence parity"
             run_parity_for(list(models.values()), profile, device, staging,
@@ -499,7 +500,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
-    from gpubench.parity_report import parity_main
+    from gpubench.parity_cli import parity_main
 
     return parity_main(args)
 
@@ -643,7 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     par = sub.add_parser("parity", help="convergence parity: loss curves of AMP, DDP and "
                          "accumulation against FP32 from the same weights and data")
-    from gpubench.parity_report import add_parity_arguments
+    from gpubench.parity_cli import add_parity_arguments
 
     add_parity_arguments(par)
     par.set_defaults(func=cmd_parity)

@@ -226,7 +226,7 @@ def test_run_parity_for_writes_a_list_and_a_chart_per_model(tmp_path):
     """What ``gpubench run --parity`` writes beside the results: parity.json as a list (one
     report per model), parity-<model>.png, and the advice's chart column naming it."""
     from gpubench.advice import advise
-    from gpubench.parity_report import run_parity_for
+    from gpubench.parity_cli import run_parity_for
 
     run_parity_for(["bert"], "smoke", "cpu", tmp_path, steps=STEPS, techniques=["accum4"])
     data = json.loads((tmp_path / "parity.json").read_text())
