@@ -200,8 +200,9 @@ class OverBudget(Exception):
     """A technique's first steps project a run longer than its budget; the message says so."""
 
 
-PROBE_STEPS = 2
-"""Steps a budgeted technique trains first, to project the whole run's time."""
+PROBE_STEPS = (1, 2)
+"""Steps a budgeted technique trains first: one warm-up step (kernel set-up), then two timed
+steps that project the whole run's time."""
 
 EMULATED_BUDGET_S = 60.0
 """Seconds a default technique in a reduced precision this CPU emulates may take (projected
@@ -216,8 +217,8 @@ def train_technique(cfg: RunConfig, plan: DataPlan, steps: int, *, timeout_s: fl
     """Train ``cfg`` for ``steps`` steps on ``plan``'s data: the loss per step (averaged over
     ranks, each holding an equal shard: the global batch's mean), the initial weights' digest
     and the steps GradScaler skipped. ``on_chunk(n)`` after every ``n`` steps (progress).
-    With ``budget_s``, the first ``PROBE_STEPS`` steps project the run's time, and a run
-    projected over the budget stops there (``OverBudget``)."""
+    With ``budget_s``, the steps after a warm-up step (``PROBE_STEPS``) project the run's
+    time, and a run projected over the budget stops there (``OverBudget``)."""
     import time
 
     start = time.perf_counter()
@@ -225,15 +226,16 @@ def train_technique(cfg: RunConfig, plan: DataPlan, steps: int, *, timeout_s: fl
         digests = group.call("digest")
         per_rank: list[list[float]] = [[] for _ in digests]
         skipped = 0
-        done = 0
+        done, chunk = 0, 0
+        probe = list(PROBE_STEPS) if budget_s is not None else []
         while done < steps:
-            n = min(PROBE_STEPS if budget_s is not None and done == 0 else CHUNK_STEPS,
-                    steps - done)
+            n = min(probe[chunk] if chunk < len(probe) else CHUNK_STEPS, steps - done)
             chunk_start = time.perf_counter()
             for rank, result in enumerate(group.call("train", n)):
                 per_rank[rank] += result["losses"]
                 skipped = max(skipped, result["skipped_steps"])
-            if budget_s is not None and done == 0:
+            chunk += 1
+            if chunk == len(probe):  # the timed probe steps, after the warm-up step
                 per_step = (time.perf_counter() - chunk_start) / n
                 if per_step * steps > budget_s:
                     raise OverBudget(
@@ -313,7 +315,7 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
         except OverBudget as why:
             left_out[name] = f"{cfg.precision} is emulated on this CPU: {why}"
             if progress is not None:
-                progress.total -= steps
+                progress.total -= steps - PROBE_STEPS[0]  # the warm-up step counted
             continue
         runs.append({"technique": name, "description": DESCRIPTIONS[name], **run})
     return {"kind": "parity", "model": base.name, "workload": model, "profile": profile,
