@@ -54,7 +54,8 @@ def test_run_writes_json_with_every_field(smoke_run):
     assert info["matmul_peak_tflops"]["fp32"] > 0
     overhead = [b for b in data["benchmarks"] if b["extra_info"].get("kind") == "overhead"]
     assert {b["extra_info"]["case_id"] for b in overhead} == {
-        "overhead-resnet18", "overhead-bert", "overhead-workers2"}
+        "overhead-resnet18", "overhead-bert", "overhead-workers2", "telemetry-resnet18",
+        "telemetry-bert"}
 
 
 def test_run_prints_and_writes_summary(smoke_run):
