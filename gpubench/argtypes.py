@@ -80,3 +80,41 @@ def byte_size(text: str) -> int:
 
 
 byte_size.__name__ = "byte size"
+
+
+_DASHED_VALUE = re.compile(r"^-[0-9.]")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line on stderr, exit 2 (no usage block):
+    ``gpubench run: error: argument --rounds: expected an integer >= 0; got '-1' (see
+    'gpubench run --help')``. Its subcommand parsers are of the same class.
+
+    An option's value that starts with ``-`` and a digit (``--budget -1GiB``, ``--max-time
+    -1e3``) is taken as the value, so that the type names it, instead of argparse's "expected
+    one argument"."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} "
+                     f"(see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+
+        args = list(sys.argv[1:] if args is None else args)
+        takes_value = {opt for action in self._actions if action.nargs is None
+                       for opt in action.option_strings}
+        joined, i = [], 0
+        while i < len(args):
+            token = args[i]
+            if token == "--":
+                joined += args[i:]
+                break
+            if (token in takes_value and i + 1 < len(args)
+                    and _DASHED_VALUE.match(str(args[i + 1]))):
+                joined.append(f"{token}={args[i + 1]}")
+                i += 2
+                continue
+            joined.append(token)
+            i += 1
+        return super().parse_known_args(joined, namespace)

@@ -196,8 +196,8 @@ def plot_memory(df: pd.DataFrame) -> plt.Figure:
     df = _measured(df)
     df = df[df["run"] == df["run"].iloc[0]]
     mem, label = memory_measure(df)
-    df = df.assign(_mem=mem).dropna(subset=["_mem"])
-    if df.empty:
+    df = df.assign(_mem=mem).dropna(subset=["_mem", "model"])  # a record without its model:
+    if df.empty:  # skipped, as the reader's warning says (it crashed the chart)
         raise CannotPlot("no case recorded its training memory (CUDA peak, or on the CPU "
                          "parameters, gradients, optimizer state and activations)")
     parts = {"param_bytes": "parameters", "grad_bytes": "gradients",

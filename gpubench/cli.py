@@ -152,6 +152,20 @@ def _folder_problem(path: Path) -> str | None:
     return None
 
 
+def check_output(option: str, path, *, is_file: bool = False) -> Path:
+    """``path`` of an output option (a folder, or with ``is_file`` a file), checked before any
+    work: a one-line ``ValueError`` naming the option and the path when it cannot be written
+    (a file where a folder goes, under a file, read-only). Creates nothing."""
+    path = Path(path)
+    if is_file and path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file name")
+    problem = _folder_problem(path.parent if is_file else path)
+    if problem:
+        where = f" (its folder {path.parent})" if is_file else ""
+        raise ValueError(f"{option} {path}{where} {problem}; nothing was done")
+    return path
+
+
 def _ours_only(folder: Path) -> bool:
     """Whether ``folder`` holds only files of the kinds a run writes (results, tables, charts,
     report; traces in ``traces/``), so that replacing it as a whole loses nothing of the
@@ -276,6 +290,10 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
     from gpubench.signals import PARENT_PID_ENV, Interrupted, run_forwarding_signals
 
     device, profile = _resolve(args.device, args.profile)
+    if device == "cuda" and default_device() != "cuda":
+        print("gpubench: --device cuda, but no CUDA device is available here "
+              "(torch.cuda.is_available() is False); nothing was run", file=sys.stderr)
+        return 2
     check_specs(model_specs(args), profile)  # a bad workload spec: one line, nothing run
     group_list(args.groups)
     out = Path(args.out or f"results/{profile}")
@@ -312,8 +330,10 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
                                                  Path(f"{out}-interrupted") / "benchmark.json")
             raise Interrupted(signum)
         if not json_path.exists():
-            print(f"gpubench: the benchmark run wrote no results (pytest exit code {code}); "
-                  f"{out}/ is unchanged", file=sys.stderr)
+            why = ("no case ran: every selected case was skipped or none was selected "
+                   "(gpubench list shows which skip here, and why)" if code in (0, 5)
+                   else f"the benchmark run wrote no results (pytest exit code {code})")
+            print(f"gpubench: {why}; {out}/ is unchanged", file=sys.stderr)
             return code or 1
         state["stage"] = "writing the summary and charts"
         df = load_results([json_path], labels=[profile])
@@ -385,7 +405,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from gpubench.report import write_report
 
-    written = write_report(args.files, Path(args.out))
+    written = write_report(args.files, check_output("-o/--out", args.out))
     print("\n".join(str(p) for p in written))
     return 0
 
@@ -397,6 +417,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     budget = parse_bytes(args.budget) if args.budget else None
     if args.results:
         files, out = [Path(args.results)], Path(args.out or Path(args.results).parent)
+        check_output("--out", out)
     else:
         if not args.model:
             raise ValueError("advise needs --model SPEC (to run its cases) or --results FILE")
@@ -464,13 +485,14 @@ def cmd_case(args: argparse.Namespace) -> int:
     from gpubench.machine import machine_info
     from gpubench.runner import run_case
     from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+    from gpubench.workers import WorkerError
 
     device, profile = _resolve(args.device, args.profile)
     if args.data_dir:
         os.environ["GPUBENCH_DATA_DIR"] = args.data_dir  # inherited by worker processes
     check_specs((args.model,), profile)
     cfg = config_from_args(args, profile=profile, device=device)
-    out = Path(args.out)
+    out = check_output("-o/--out", args.out, is_file=True)  # before the case runs
     bench = StandaloneBenchmark(f"case[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
     bench.extra_info["group"] = "case"
     print(f"gpubench case: {cfg.id} ({profile}, {device}) ...", flush=True)
@@ -482,6 +504,14 @@ def cmd_case(args: argparse.Namespace) -> int:
     except Unsupported as why:
         print(f"gpubench case: {cfg.id} cannot run here: {why}", file=sys.stderr)
         return 3
+    except WorkerError as err:  # a rank died or hung: which, and how, on one line
+        if os.environ.get("GPUBENCH_DEBUG"):
+            raise
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        cause = f" ... {lines[-1]}" if len(lines) > 1 else ""  # a rank's own traceback
+        print(f"gpubench case: {cfg.id} failed: {lines[0] if lines else err}{cause}",
+              file=sys.stderr)
+        return 1
     # The storage probe of the data folder, for a case that reads the workload's own files.
     on_disk = cfg.loader.dataset not in GENERATED_DATASETS
     write_benchmark_json(out, [bench], machine_info(
@@ -496,6 +526,8 @@ def cmd_case(args: argparse.Namespace) -> int:
 def cmd_memory(args: argparse.Namespace) -> int:
     from gpubench.memory_report import memory_main
 
+    if args.out:
+        check_output("--out", args.out)
     return memory_main(args)
 
 
@@ -508,6 +540,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from gpubench.compare import write_github_json
 
+    check_output("--github-json", args.github_json)
     for path in write_github_json(load_results([args.file]), args.github_json):
         print(path)
     return 0
@@ -516,6 +549,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from gpubench.compare import compare_main
 
+    if args.markdown:
+        check_output("--markdown", args.markdown, is_file=True)
+    if args.github_json:
+        check_output("--github-json", args.github_json)
     return compare_main(args)
 
 

@@ -187,6 +187,9 @@ class RunConfig:
     """Seeds model weights and data, so that cases of one model start from identical state."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:  # a list: TypeError in resolve
+            raise ValueError(f"model must be a workload spec (a non-empty string); "
+                             f"got {self.model!r}")
         _check_choice("profile", self.profile, PROFILES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("precision", self.precision, PRECISIONS)

@@ -51,6 +51,35 @@ def add_dist_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="pytest-benchmark JSON written by rank 0")
 
 
+def torchrun_env() -> tuple[int, int, int, int]:
+    """(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) from torchrun's environment; a value
+    that is not an integer or out of range is a one-line ``ValueError`` naming the variable
+    (before the process group, which would wait for a rank that never comes)."""
+    def read(var: str, default: str | None = None) -> int:
+        text = os.environ.get(var, default)
+        try:
+            return int(text)
+        except (TypeError, ValueError):
+            raise ValueError(f"{var} must be an integer; got {text!r}") from None
+
+    world = read("WORLD_SIZE")
+    if world < 1:
+        raise ValueError(f"WORLD_SIZE must be >= 1; got {os.environ['WORLD_SIZE']!r}")
+    rank = read("RANK")
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK must be in 0..{world - 1} (WORLD_SIZE {world}); "
+                         f"got {os.environ['RANK']!r}")
+    local_world = read("LOCAL_WORLD_SIZE", str(world))
+    if not 1 <= local_world <= world:
+        raise ValueError(f"LOCAL_WORLD_SIZE must be in 1..{world} (WORLD_SIZE {world}); "
+                         f"got {os.environ['LOCAL_WORLD_SIZE']!r}")
+    local_rank = read("LOCAL_RANK")
+    if not 0 <= local_rank < local_world:
+        raise ValueError(f"LOCAL_RANK must be in 0..{local_world - 1} (LOCAL_WORLD_SIZE "
+                         f"{local_world}); got {os.environ['LOCAL_RANK']!r}")
+    return rank, world, local_rank, local_world
+
+
 def dist_main(args: argparse.Namespace) -> int:
     import torch  # heavy imports here: the command line's --help stays fast
     import torch.distributed as dist
@@ -69,12 +98,13 @@ def dist_main(args: argparse.Namespace) -> int:
               "  torchrun --nproc-per-node 2 -m gpubench dist --model resnet18 --out ddp.json",
               file=sys.stderr)
         return 2
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
+    rank, world, local_rank, local_world = torchrun_env()
+    from gpubench.cli import check_output
+
+    check_output("--out", args.out, is_file=True)  # rank 0 writes it, after every round
     device = default_device() if args.device == "auto" else args.device
     profile = args.profile if args.profile != "auto" else (
         "gpu-small" if device == "cuda" else "cpu")
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     # Every argument is checked before the process group: a bad one is one line and exit 2 on
     # each rank, not a hang at the rendezvous or a traceback per rank.
     try:

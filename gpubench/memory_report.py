@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpubench import atomic
-from gpubench.argtypes import BYTE_SIZE_HELP, byte_size
+from gpubench.argtypes import BYTE_SIZE_HELP, byte_size, positive_int
 from gpubench.cases import baseline, default_profile
 from gpubench.config import DEVICES, PROFILES, RunConfig
 from gpubench.tables import markdown_table
@@ -124,7 +124,7 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=byte_size,
                    help="memory budget standing in for the device on the CPU (process peak), "
                    "e.g. 2G; on CUDA the device is the limit; " + BYTE_SIZE_HELP)
-    p.add_argument("--max-batch", type=int, default=None,
+    p.add_argument("--max-batch", type=positive_int, default=None,
                    help="upper limit of the search (default: "
                    f"{MAX_BATCH['cuda']} on CUDA, enough for a 141 GB H200, "
                    f"{MAX_BATCH['cpu']} on the CPU)")

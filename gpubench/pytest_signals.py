@@ -4,8 +4,12 @@ with ``GPUBENCH_PARENT_PID`` set); inert otherwise.
 - SIGTERM stops pytest like Ctrl-C (``KeyboardInterrupt``), so that the cases that finished are
   still written by pytest-benchmark instead of being lost with the process.
 - Once the session is finishing (pytest-benchmark measuring the machine and writing its JSON),
-  SIGINT and SIGTERM are held until it is done: an interrupt then cannot lose the results.
+  SIGINT and SIGTERM are held until pytest exits: an interrupt then cannot lose the results, nor
+  interrupt pytest's own clean-up with a traceback (``gpubench run``, which received the signal,
+  still reports it and keeps the finished cases).
 - pytest follows the death of ``gpubench run`` (SIGTERM, then SIGKILL if it lingers).
+- pytest-benchmark's own notes on stderr (where it wrote the JSON, that it saved nothing) are
+  left out: ``gpubench run`` reports the outcome in one line.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import warnings
 
 import pytest
 
@@ -33,6 +38,19 @@ def pytest_configure(config) -> None:
         return
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     die_with_parent(int(os.environ[PARENT_PID_ENV]), signal.SIGTERM)
+    # gpubench run says itself what was written and kept: pytest-benchmark's "Wrote benchmark
+    # data in: <hidden staging folder>" and "Not saving anything, no benchmarks have been run!"
+    # (an interrupt before any case finished) would be stray lines on its stderr.
+    warnings.filterwarnings("ignore", message="Not saving anything, no benchmarks have been run")
+
+
+def pytest_sessionstart(session) -> None:
+    """pytest-benchmark's info lines off (see the module docstring); its table stays."""
+    if not _active():
+        return
+    logger = getattr(getattr(session.config, "_benchmarksession", None), "logger", None)
+    if logger is not None and hasattr(logger, "QUIET"):
+        logger.level = logger.QUIET
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -41,10 +59,6 @@ def pytest_sessionfinish(session, exitstatus):
         yield
         return
     held: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    for s in (signal.SIGINT, signal.SIGTERM):  # held until pytest exits: an interrupt during
+        signal.signal(s, lambda signum, frame: held.append(signum))  # unconfigure was a traceback
+    yield

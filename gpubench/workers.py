@@ -54,6 +54,13 @@ class WorkerTimeout(WorkerError):
     """A rank did not answer in time."""
 
 
+def _is_timeout(error_line: str) -> bool:
+    """Whether a rank's last error line is a collective or store that timed out (gloo "Timed
+    out waiting ...", NCCL's watchdog "... timeout", c10d's ``DistStoreError``)."""
+    text = error_line.lower()
+    return "timed out" in text or "timeout" in text
+
+
 def loopback_interface() -> str:
     """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
     names = [name for _, name in socket.if_nameindex()]
@@ -238,6 +245,14 @@ class WorkerGroup:
                 f"rank(s) {lagging} did not start (stuck {STAGES[self.stages[culprits[0]]]}); "
                 f"rank {rank} gave up waiting for it to join the process group: {last}"
             )
+        last = tb.strip().splitlines()[-1] if tb.strip() else ""
+        silent = [r for r in sorted(pending) if r != rank]
+        if silent and _is_timeout(last):
+            # A collective timed out on this rank while others had not answered: they hung
+            # (stopped, deadlocked), this rank only gave up waiting for them.
+            return WorkerTimeout(
+                f"rank(s) {', '.join(map(str, silent))} did not finish {command!r} (hung?); "
+                f"rank {rank} gave up waiting for it in a collective: {last}")
         return WorkerError(f"rank {rank} failed during {command!r}:\n{tb}")
 
     def close(self, graceful: bool = True) -> None:

@@ -165,3 +165,128 @@ def test_result_files_have_normal_permissions(tmp_path):
     finally:
         os.umask(umask)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
+# -- argument errors: one line (no usage block), exit 2, the bad value named (fault campaign) --
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--rounds", "-1"], ["run", "--threads", "-1"], ["run", "--max-time", "-1e3"],
+    ["case", "--model", "bert", "-o", "x.json", "--seed", "-1"],
+    ["compare", "a.json", "b.json", "--alpha", "nan"],
+    ["advise", "--results", "r.json", "--budget", "-1GiB"],
+    ["memory", "--model", "bert", "--budget", "nan"],
+    ["memory", "--model", "bert", "--max-batch", "0"],
+    ["memory", "--model", "bert", "--techniques", "bogus"],
+    ["list", "--profile", "bogus"],
+])
+def test_argument_errors_are_one_line_naming_the_value(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert len(err.strip().splitlines()) == 1, err  # argparse's usage block is not printed
+    assert argv[-1] in err and f"gpubench {argv[0]}: error:" in err and "--help" in err
+
+
+def test_negative_looking_option_values_reach_the_option():
+    parser = cli.build_parser()
+    assert parser.parse_args(["run", "-k", "-1x", "--out", "-2"]).k == "-1x"
+    assert parser.parse_args(["run", "--out", "-2"]).out == "-2"
+    args = parser.parse_args(["compare", "--time-threshold", "0.1", "--", "-1.json", "b.json"])
+    assert args.files == ["-1.json", "b.json"]  # after "--": positionals, as argparse has it
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"RANK": "5"}, "RANK"), ({"RANK": "-1"}, "RANK"), ({"RANK": "foo"}, "RANK"),
+    ({"LOCAL_RANK": "-3"}, "LOCAL_RANK"), ({"WORLD_SIZE": "0"}, "WORLD_SIZE"),
+    ({"LOCAL_WORLD_SIZE": "3"}, "LOCAL_WORLD_SIZE"),
+])
+def test_dist_with_a_bad_torchrun_variable_is_one_line_before_the_process_group(
+        env, named, monkeypatch, capsys):
+    """A RANK out of range made the rank wait at the rendezvous forever."""
+    for var, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **env}.items():
+        monkeypatch.setenv(var, value)
+    if "LOCAL_WORLD_SIZE" not in env:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert cli.main(["dist", "--model", "bert", "--profile", "smoke", "--device", "cpu",
+                     "--out", "x.json"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and named in err and repr(env[named]) in err
+
+
+# -- output paths of every command checked before any work (fault campaign) -------------------
+
+def _result_file(tmp_path) -> Path:
+    info = {"kind": "step", "case_id": "bert-fp32", "model": "bert", "profile": "smoke",
+            "device": "cpu", "precision": "fp32", "accum_steps": 1, "micro_batch": 8,
+            "global_batch": 8, "optimizer": "sgd", "parallel": "single", "world_size": 1,
+            "input_shape": [8, 16], "is_baseline": True, "step_time_s": 0.01,
+            "samples_per_s": 800.0, "peak_memory_bytes": 1000, "flops_per_step": 10**9,
+            "tflops": 0.1, "mfu": 0.01}
+    bench = {"name": "test_step[bert-fp32]", "group": "bert", "extra_info": info,
+             "stats": {"median": 0.01, "min": 0.009, "max": 0.012, "mean": 0.01,
+                       "rounds": 3, "data": [0.009, 0.01, 0.012]}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"machine_info": {}, "benchmarks": [bench]}))
+    return path
+
+
+@pytest.mark.parametrize("command", ["report", "export", "advise", "compare-md",
+                                     "compare-gh", "case", "memory"])
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_unusable_output_path_is_one_line_before_any_work(command, where, tmp_path, capsys,
+                                                          monkeypatch):
+    """A file or a path under a file as the output folder (or, for file options, a path under
+    a file) was a FileExistsError / NotADirectoryError traceback after the work was done."""
+    import gpubench.memory_report
+    import gpubench.runner
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the work started before the output path was checked")
+
+    monkeypatch.setattr(gpubench.runner, "run_case", no_work)
+    monkeypatch.setattr(gpubench.memory_report, "memory_main", no_work)
+    results = _result_file(tmp_path)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me")
+    folder = a_file if where == "a file" else a_file / "sub"
+    file_path = a_file / "sub" / "out.md"
+    if where == "a file" and command in ("compare-md", "case"):
+        folder = file_path = tmp_path  # a file option given a folder
+    argv = {
+        "report": ["report", str(results), "-o", str(folder)],
+        "export": ["export", str(results), "--github-json", str(folder)],
+        "advise": ["advise", "--results", str(results), "--out", str(folder)],
+        "compare-md": ["compare", str(results), str(results), "--markdown", str(file_path)],
+        "compare-gh": ["compare", str(results), str(results), "--github-json", str(folder)],
+        "case": ["case", "--model", "bert", "--profile", "smoke", "-o", str(file_path)],
+        "memory": ["memory", "--model", "bert", "--profile", "smoke", "--out", str(folder)],
+    }[command]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    named = file_path if command in ("compare-md", "case") else folder
+    assert len(lines) == 1 and str(named) in lines[0], captured.err
+    assert "nothing was done" in lines[0] or "is a folder" in lines[0]
+    assert a_file.read_text() == "keep me"
+    assert "compared" not in captured.out  # compare did not run either
+
+
+def test_case_whose_rank_fails_is_one_line_naming_rank_and_cause(monkeypatch, tmp_path,
+                                                                  capsys):
+    """A rank killed or failing in `gpubench case` was a WorkerError traceback."""
+    import gpubench.runner
+    from gpubench.workers import WorkerError
+
+    def rank_fails(*args, **kwargs):
+        raise WorkerError("rank 1 failed during 'step':\nTraceback (most recent call last):\n"
+                          "  File \"x.py\", line 1\nRuntimeError: boom")
+
+    monkeypatch.setattr(gpubench.runner, "run_case", rank_fails)
+    assert cli.main(["case", "--model", "bert", "--profile", "smoke", "--parallel", "ddp",
+                     "--world-size", "2", "-o", str(tmp_path / "c.json")]) == 1
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "rank 1 failed during 'step'" in lines[0], err
+    assert "RuntimeError: boom" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "c.json").exists()

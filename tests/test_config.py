@@ -1,4 +1,8 @@
+from dataclasses import fields
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpubench.config import LoaderConfig, RunConfig
 
@@ -73,3 +77,49 @@ def test_config_round_trips_through_a_record():
     default_batch = RunConfig(model="resnet18", precision="bf16")
     record = {**default_batch.flatten(), "micro_batch": 8, "case_id": default_batch.id}
     assert config_from_record(record) == default_batch
+
+
+@pytest.mark.parametrize("model", [[], [1], {}, {"a": 1}, None, 5, b"bert", ""])
+def test_model_that_is_not_a_spec_string_is_a_value_error(model):
+    """An unhashable model (a list, a dict) raised TypeError from the workload cache (fault
+    campaign: generated configurations)."""
+    with pytest.raises(ValueError, match="model must be a workload spec"):
+        RunConfig(model=model)
+
+
+# -- property: construction raises only ValueError; what it accepts has the declared types ------
+
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(),
+    st.text(max_size=6), st.sampled_from(["bert", "resnet18", "smoke", "cpu", "fp32", "bf16",
+                                          "sgd", "adamw", "fused", "ddp", "pipeline", "1f1b",
+                                          "synthetic", "tokens-mmap"]),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(),
+                                                         max_size=1),
+    st.binary(max_size=2),
+)
+
+
+def _declared(value, declared: str) -> bool:
+    return {"bool": type(value) is bool, "int": type(value) is int,
+            "str": type(value) is str,
+            "int | None": value is None or type(value) is int,
+            "LoaderConfig": type(value) is LoaderConfig}[declared]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_field_values_raise_only_value_error(data):
+    cls = data.draw(st.sampled_from([RunConfig, LoaderConfig]))
+    names = [f.name for f in fields(cls) if f.name != "loader"]
+    chosen = data.draw(st.lists(st.sampled_from(names), unique=True, max_size=4))
+    kwargs = {name: data.draw(ANY_VALUE) for name in chosen}
+    if cls is RunConfig:
+        kwargs.setdefault("model", "bert")
+        kwargs.setdefault("profile", "smoke")
+    try:
+        cfg = cls(**kwargs)
+    except ValueError:
+        return
+    for f in fields(cls):
+        assert _declared(getattr(cfg, f.name), f.type), (f.name, getattr(cfg, f.name))

@@ -105,3 +105,17 @@ def test_reading_guide_defines_speedup_as_throughput_ratio(report):
     assert "ratio of throughputs" in text and "samples/s" in text
     assert "step time divided" not in text
     assert "ratio of throughputs" in (folder / "report.md").read_text()
+
+
+def test_record_without_its_model_is_skipped_not_a_crash(tmp_path):
+    """A record lacking ``model`` loads with a warning that charts skip it; the memory chart
+    then failed with numpy's 'zero-size array to reduction operation maximum' (fault
+    campaign)."""
+    data = json.loads(COMMITTED.read_text())
+    benches = [b for b in data["benchmarks"] if b["extra_info"].get("model") == "bert"][:4]
+    del benches[0]["extra_info"]["model"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**data, "benchmarks": benches}))
+    with pytest.warns(UserWarning, match="lack model"):
+        written = write_report([path], tmp_path / "out")
+    assert tmp_path / "out" / "report.html" in written

@@ -287,3 +287,44 @@ def test_interrupt_while_starting_is_one_line(fake_pytest, previous, capsys, mon
     assert capsys.readouterr().err.strip().splitlines() == [
         "gpubench: interrupted (SIGINT) while starting; nothing was run"]
     assert "cmd" not in plan and _snapshot(out) == before
+
+
+# -- fault campaign (scripts/fault_campaign.py): the whole of stderr is one line ---------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("trigger", "after"), [
+    ("::test_step[", 0.5),  # the case is being built: nothing finished
+    ("passed, ", 0.0),  # pytest's summary line: its clean-up (unconfigure) is running
+])
+def test_sigterm_leaves_exactly_one_line_on_stderr(tmp_path, trigger, after):
+    """Before: pytest-benchmark's "Not saving anything, no benchmarks have been run!" warning
+    (2 lines) or "Wrote benchmark data in: <staging folder>", and a KeyboardInterrupt
+    traceback from pytest's unconfigure, around gpubench's own line."""
+    code, stderr, left, out, before = _run_and_signal(
+        tmp_path, signal.SIGTERM, trigger, after,
+        ["-k", "zerofill", "--rounds", "6", "--warmup", "0"])
+    assert code == 143, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpubench: interrupted (SIGTERM)"), stderr
+    assert not left and _snapshot(out) == before
+
+
+def test_run_on_cuda_without_cuda_is_one_line_before_anything_runs(fake_pytest, previous,
+                                                                 capsys, monkeypatch):
+    """Before: pytest skipped every case and gpubench said "wrote no results (pytest exit
+    code 0)", with pytest-benchmark's warning, exit 1."""
+    out, before = previous
+    plan = fake_pytest(None)
+    monkeypatch.setattr(cli, "default_device", lambda: "cpu")
+    assert cli.main([*RUN, "--device", "cuda", "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "no CUDA device" in lines[0] and "pytest" not in lines[0]
+    assert "cmd" not in plan and _snapshot(out) == before
+
+
+def test_run_where_no_case_ran_says_so(fake_pytest, previous, capsys):
+    out, before = previous
+    fake_pytest(None, code=5)  # pytest: nothing collected / selected
+    assert cli.main([*RUN, "--out", str(out)]) == 5
+    err = capsys.readouterr().err
+    assert "no case ran" in err and "exit code" not in err and _snapshot(out) == before

@@ -35,6 +35,11 @@ class Program:
     def hang(self):
         time.sleep(60)
 
+    def rank1_hangs_in_allreduce(self):
+        if self.rank == 1:
+            time.sleep(60)
+        return self.allreduce()
+
 
 # -- helpers reading /proc ------------------------------------------------------------------
 
@@ -229,3 +234,16 @@ def test_ranks_exit_within_seconds_when_their_host_dies(tmp_path, sig, phase):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
+
+
+def test_collective_timeout_names_the_rank_that_hung_not_the_one_that_waited():
+    """Rank 1 hangs while rank 0 waits for it in an all-reduce: rank 0's gloo timeout used to be
+    reported as "rank 0 failed", blaming the healthy rank (fault campaign: a rank stopped with
+    SIGSTOP in `gpubench case --parallel ddp`)."""
+    with WorkerGroup(2, Program, timeout_s=3, start_timeout_s=120) as group:
+        with pytest.raises(WorkerTimeout) as err:
+            group.call("rank1_hangs_in_allreduce", timeout_s=60)
+    message = str(err.value)
+    assert message.startswith("rank(s) 1 did not finish 'rank1_hangs_in_allreduce' (hung?)"), \
+        message
+    assert "rank 0 gave up waiting" in message and "\n" not in message

@@ -1,0 +1,1328 @@
+#!/usr/bin/env python3
+"""Fault campaign of issue #15: bad input, signals, output paths, malformed result files, the CI
+gate, leftovers, configuration types, messages and the network, against the installed
+``gpubench`` command and the Python API.
+
+    . .venv/bin/activate && python scripts/fault_campaign.py [--out results/fault_campaign.txt]
+        [--skip-slow] [--configs N] [--files N] [--seed S]
+
+Every scenario has an explicit pass criterion (exit status in the expected set, exactly one
+stderr line naming the bad value where the issue asks for a one-line error, no "Traceback", no
+process left in the command's session, no socket listening outside 127.0.0.0/8 and ::1 during a
+DDP case, previous results untouched, no hidden temporary left). The generated part builds
+``RunConfig``/``LoaderConfig`` with random field values of every type (only ``ValueError`` may
+be raised; accepted values must have the declared types) and reads randomly damaged result files
+through ``gpubench.results`` (only ``ResultsError`` may be raised; an accepted file must
+summarize). Everything is written under temporary folders; the summary goes to ``--out``.
+
+The result-file matrix (every damaged file through summary, report, compare as NEW and as BASE,
+export and advise) runs in child Python processes that call ``gpubench.cli.main(argv)`` exactly
+as the console script does (``sys.exit(main())``: an escaping exception prints its traceback
+and exits 1), one child per command, so that ~300 invocations do not each pay for importing
+pandas; a control row runs the same damaged file through the real ``gpubench`` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import io
+import ipaddress
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent / "gpubench"
+GPUBENCH = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "gpubench"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ENV.pop("GPUBENCH_DEBUG", None)
+ENV.pop("COLUMNS", None)
+
+# -- outcome records ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Outcome:
+    category: str
+    name: str
+    ok: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class Proc:
+    """A finished command: exit status, output, processes left in its session."""
+
+    argv: list[str]
+    rc: int
+    out: str
+    err: str
+    left: list[int] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (not zombie) processes of session ``sid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def wait_session_gone(sid: int, within_s: float) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while (left := session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def kill_session(sid: int) -> None:
+    for pid in session_processes(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def run_cmd(args: list[str], *, env: dict | None = None, timeout: float = 180,
+            cwd: Path | None = None, prefix: list[str] | None = None) -> Proc:
+    """Run ``gpubench ARGS`` (or ``prefix + ARGS``) in a session of its own; count what it
+    leaves behind in that session for up to 10 s after it exits."""
+    argv = [*(GPUBENCH if prefix is None else prefix), *args]
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env or ENV, cwd=cwd or ROOT, start_new_session=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, err = proc.communicate()
+        return Proc(argv, -999, out.decode(errors="replace"),
+                    err.decode(errors="replace") + f"\n[campaign: timed out after {timeout} s]",
+                    [], time.monotonic() - start)
+    left = wait_session_gone(proc.pid, 10)
+    kill_session(proc.pid)
+    return Proc(argv, proc.returncode, out.decode(errors="replace"),
+                err.decode(errors="replace"), left, time.monotonic() - start)
+
+
+def stderr_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def check(p: Proc, codes, *, one_line: bool = False, names=(), traceback_ok: bool = False,
+          quiet_or_one_line: bool = False) -> list[str]:
+    """What is wrong with ``p``: the exit status not in ``codes``; with ``one_line``, stderr not
+    exactly one line or not containing every string of ``names``; a traceback; leftovers."""
+    problems = []
+    if p.rc not in set(codes):
+        problems.append(f"exit {p.rc}, expected {'/'.join(map(str, sorted(set(codes))))}")
+    lines = stderr_lines(p.err)
+    if one_line and len(lines) != 1:
+        problems.append(f"{len(lines)} stderr lines")
+    if quiet_or_one_line and p.rc != 0 and len(lines) != 1:
+        problems.append(f"exit {p.rc} with {len(lines)} stderr lines")
+    for name in names:
+        if name not in p.err:
+            problems.append(f"stderr does not name {name!r}")
+    if not traceback_ok and ("Traceback" in p.err or "Traceback" in p.out):
+        problems.append("traceback")
+    if p.left:
+        problems.append(f"processes left: {p.left}")
+    if problems:
+        shown = lines if len(lines) <= 3 else [*lines[:2], "...", lines[-1]]
+        tail = " | ".join(line.strip()[:160] for line in shown) or "(stderr empty)"
+        problems.append(f"stderr: {tail}")
+    return problems
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()} if folder.exists() else {}
+
+
+def hidden_entries(folder: Path, allowed: set[str] = frozenset()) -> list[str]:
+    """Hidden names anywhere under ``folder`` (temporaries), except ``allowed``."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in [*dirnames, *filenames]:
+            if name.startswith(".") and name not in allowed:
+                found.append(os.path.relpath(os.path.join(dirpath, name), folder))
+    return found
+
+
+# -- result files ------------------------------------------------------------------------------
+
+
+def synthetic_bench(name: str, baseline: bool, step: float) -> dict:
+    info = {"kind": "step", "case_id": name, "model": "bert", "profile": "smoke",
+            "device": "cpu", "precision": "fp32", "accum_steps": 1, "micro_batch": 8,
+            "global_batch": 8, "optimizer": "sgd", "parallel": "single", "world_size": 1,
+            "input_shape": [8, 16], "is_baseline": baseline, "step_time_s": step,
+            "samples_per_s": 8 / step, "peak_memory_bytes": 10**8, "flops_per_step": 10**9,
+            "tflops": 0.1, "mfu": 0.01, "workload": "bert"}
+    data = [step * f for f in (0.95, 0.98, 1.0, 1.01, 1.03, 1.05)]
+    return {"name": f"test_step[{name}]", "group": "bert-smoke-cpu", "fullname": name,
+            "params": None, "param": name, "options": {},
+            "stats": {"min": min(data), "max": max(data), "mean": sum(data) / 6,
+                      "stddev": step * 0.03, "median": step, "iqr": step * 0.03,
+                      "q1": step * 0.98, "q3": step * 1.01, "rounds": 6, "data": data},
+            "extra_info": info}
+
+
+def base_results() -> dict:
+    """A small valid result file: the bert records of results/cpu (real records), else
+    synthetic ones."""
+    path = ROOT / "results" / "cpu" / "benchmark.json"
+    try:
+        data = json.loads(path.read_text())
+        benches = [b for b in data["benchmarks"]
+                   if (b.get("extra_info") or {}).get("model") == "bert"
+                   and (b.get("extra_info") or {}).get("group") in ("precision", "memory")]
+        benches.sort(key=lambda b: not b["extra_info"].get("is_baseline"))
+        if benches and benches[0]["extra_info"].get("is_baseline"):
+            return {**data, "benchmarks": benches[:4]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return {"machine_info": {"node": "campaign", "cpu": {"brand_raw": "x"}},
+            "datetime": "2026-01-01T00:00:00", "version": "5.1.0",
+            "benchmarks": [synthetic_bench("bert-fp32", True, 0.01),
+                           synthetic_bench("bert-fp32-zerofill", False, 0.011)]}
+
+
+def _set_extra(i: int, key: str, value):
+    def mutate(d):
+        d["benchmarks"][i]["extra_info"][key] = value
+        return d
+    return mutate
+
+
+def _set_stat(i: int, key: str, value):
+    def mutate(d):
+        d["benchmarks"][i]["stats"][key] = value
+        return d
+    return mutate
+
+
+def _set(path: tuple, value):
+    def mutate(d):
+        target = d
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        return d
+    return mutate
+
+
+def _delete(path: tuple):
+    def mutate(d):
+        target = d
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+        return d
+    return mutate
+
+
+def _all_extra(key: str, value):
+    def mutate(d):
+        for b in d["benchmarks"]:
+            b["extra_info"][key] = value
+        return d
+    return mutate
+
+
+BAD = "bad"   # a one-line error (exit 2) naming the file
+ODD = "odd"   # valid but unusual: exit 0, or a one-line error (exit 2)
+GOOD = "good"  # exit 0
+
+# (name, mutation of the parsed base file or raw text, expectation)
+RESULT_FILES: list[tuple[str, object, str]] = [
+    ("control: the valid file", None, GOOD),
+    ("not JSON", "{not json", BAD),
+    ("empty file", "", BAD),
+    ("binary", b"\xff\xfe\x00garbage", BAD),
+    ("truncated JSON", "TRUNCATE", BAD),
+    ("top level a list", "[]", BAD),
+    ("top level null", "null", BAD),
+    ("top level a number", "42", BAD),
+    ("a 5000-digit integer", '{"benchmarks": [' + "9" * 5000 + "]}", BAD),
+    ("nested 100000 deep", "[" * 100000 + "]" * 100000, BAD),
+    ("benchmarks missing", _delete(("benchmarks",)), BAD),
+    ("benchmarks null", _set(("benchmarks",), None), BAD),
+    ("benchmarks an object", _set(("benchmarks",), {}), BAD),
+    ("benchmarks empty", _set(("benchmarks",), []), BAD),
+    ("null entry", _set(("benchmarks", 1), None), BAD),
+    ("entry a number", _set(("benchmarks", 0), 5), BAD),
+    ("extra_info null", _set(("benchmarks", 0, "extra_info"), None), BAD),
+    ("extra_info a list", _set(("benchmarks", 0, "extra_info"), [1, 2]), BAD),
+    ("extra_info a string", _set(("benchmarks", 1, "extra_info"), "fast"), BAD),
+    ("stats missing", _delete(("benchmarks", 0, "stats")), BAD),
+    ("stats null", _set(("benchmarks", 0, "stats"), None), BAD),
+    ("median a string", _set_stat(0, "median", "fast"), BAD),
+    ("median NaN", _set_stat(0, "median", float("nan")), BAD),
+    ("median Infinity", _set_stat(1, "median", float("inf")), BAD),
+    ("median negative", _set_stat(1, "median", -0.01), BAD),
+    ("median zero", _set_stat(1, "median", 0), BAD),
+    ("median a huge integer", _set_stat(1, "median", 10**30), BAD),
+    ("round time zero", _set_stat(1, "data", [0.01, 0.0, 0.01]), BAD),
+    ("round time negative", _set_stat(0, "data", [0.01, -0.01, 0.01]), BAD),
+    ("round time NaN", _set_stat(0, "data", [0.01, float("nan"), 0.01]), BAD),
+    ("rounds zero", _set_stat(0, "rounds", 0), BAD),
+    ("step_time_s a string", _set_extra(0, "step_time_s", "0.1"), BAD),
+    ("step_time_s NaN", _set_extra(1, "step_time_s", float("nan")), BAD),
+    ("step_time_s negative", _set_extra(1, "step_time_s", -1.0), BAD),
+    ("step_time_s zero", _set_extra(0, "step_time_s", 0), BAD),
+    ("step_time_s a huge integer", _set_extra(0, "step_time_s", 10**40), BAD),
+    ("samples_per_s null", _set_extra(0, "samples_per_s", None), BAD),
+    ("model null", _set_extra(0, "model", None), BAD),
+    ("model a number", _set_extra(1, "model", 7), BAD),
+    # documented: a record lacking a required field loads with a warning (older or foreign
+    # files), and charts and tables skip it
+    ("model missing", _delete(("benchmarks", 0, "extra_info", "model")), ODD),
+    ("accum_steps true", _set_extra(0, "accum_steps", True), BAD),
+    ("accum_steps 2.5", _set_extra(1, "accum_steps", 2.5), BAD),
+    ("accum_steps zero", _set_extra(1, "accum_steps", 0), BAD),
+    ("accum_steps a string", _set_extra(1, "accum_steps", "4"), BAD),
+    ("is_baseline a string", _set_extra(0, "is_baseline", "yes"), BAD),
+    ("input_shape a string", _set_extra(0, "input_shape", "8x16"), BAD),
+    ("input_shape negative", _set_extra(0, "input_shape", [8, -1]), BAD),
+    ("peak memory a huge integer", _set_extra(0, "peak_memory_bytes", 10**40), BAD),
+    ("unknown field a huge integer", _set_extra(0, "zzz_field", 10**40), BAD),
+    ("precision a number", _set_extra(1, "precision", 16), BAD),
+    ("kind unknown", _set_extra(1, "kind", "mystery"), BAD),
+    ("machine_info a list", _set(("machine_info",), [1]), BAD),
+    ("name missing", _delete(("benchmarks", 0, "name")), BAD),
+    ("unknown model", _all_extra("model", "nosuchmodel"), ODD),
+    ("unknown workload spec", _all_extra("workload", "nosuch.py:factory"), ODD),
+    ("unknown fields", _all_extra("zzz_note", "hello"), GOOD),
+    ("no baseline record", lambda d: {**d, "benchmarks": d["benchmarks"][1:]}, ODD),
+    ("a record twice", lambda d: {**d, "benchmarks": d["benchmarks"] + d["benchmarks"][:1]},
+     ODD),
+    ("machine_info missing", _delete(("machine_info",)), ODD),
+    ("pytest record without extra_info",
+     lambda d: {**d, "benchmarks": d["benchmarks"] + [
+         {k: v for k, v in d["benchmarks"][0].items() if k != "extra_info"}]}, ODD),
+]
+
+
+def write_result_file(folder: Path, index: int, name: str, mutation, base: dict) -> Path:
+    path = folder / f"r{index:02d}.json"
+    if mutation is None:
+        path.write_text(json.dumps(base))
+    elif mutation == "TRUNCATE":
+        path.write_text(json.dumps(base)[:300])
+    elif isinstance(mutation, bytes):
+        path.write_bytes(mutation)
+    elif isinstance(mutation, str):
+        path.write_text(mutation)
+    else:
+        path.write_text(json.dumps(mutation(copy.deepcopy(base))))
+    return path
+
+
+# -- in-process driver: gpubench.cli.main as the console script calls it ----------------------
+
+
+def drive(jobs_file: str) -> None:
+    """Child mode: run each argv of ``jobs_file`` through ``gpubench.cli.main`` as
+    ``sys.exit(main())`` would, output and stderr captured; print one JSON line per job."""
+    import warnings
+
+    from gpubench import cli
+
+    saved_filters = warnings.filters[:]
+    results = []
+    for argv in json.loads(Path(jobs_file).read_text()):
+        out, err = io.StringIO(), io.StringIO()
+        warnings.filters[:] = saved_filters
+        warnings._filters_mutated()  # a fresh "once" registry: each call sees its warnings
+        start = time.monotonic()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(argv)
+                rc = 0 if rc is None else rc
+            except SystemExit as exit_:
+                code = exit_.code
+                if code is None or isinstance(code, int):
+                    rc = code or 0
+                else:
+                    print(code, file=sys.stderr)
+                    rc = 1
+            except BaseException:  # what the interpreter would print
+                traceback.print_exc()
+                rc = 1
+        results.append({"argv": argv, "rc": rc, "out": out.getvalue()[-4000:],
+                        "err": err.getvalue()[-4000:], "seconds": time.monotonic() - start})
+    print(json.dumps(results))
+
+
+def run_driver(jobs: list[list[str]], work: Path, tag: str) -> list[Proc]:
+    jobs_file = work / f"jobs-{tag}.json"
+    jobs_file.write_text(json.dumps(jobs))
+    p = run_cmd(["--drive", str(jobs_file)], prefix=[sys.executable, str(Path(__file__))],
+                timeout=600)
+    try:
+        rows = json.loads(p.out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return [Proc(j, -998, "", f"[campaign: driver failed rc {p.rc}: {p.err[-300:]}]")
+                for j in jobs]
+    procs = [Proc(r["argv"], r["rc"], r["out"], r["err"], [], r["seconds"]) for r in rows]
+    if p.left and procs:
+        procs[-1].left = p.left
+    return procs
+
+
+# -- the scenarios ------------------------------------------------------------------------------
+
+
+class Campaign:
+    def __init__(self, work: Path, args: argparse.Namespace):
+        self.work = work
+        self.args = args
+        self.outcomes: list[Outcome] = []
+        self.generated: dict[str, list] = {}
+        self.counter = 0
+
+    def tmp(self, tag: str) -> Path:
+        self.counter += 1
+        path = self.work / f"{self.counter:03d}-{tag}"
+        path.mkdir(parents=True)
+        return path
+
+    def record(self, category: str, name: str, problems: list[str], seconds: float = 0.0):
+        outcome = Outcome(category, name, not problems, "; ".join(problems), seconds)
+        self.outcomes.append(outcome)
+        mark = "ok  " if outcome.ok else "FAIL"
+        print(f"  {mark} [{category}] {name}" + ("" if outcome.ok else f": {outcome.detail}"),
+              flush=True)
+
+    def cli_scenarios(self, category: str, rows: list[tuple]) -> None:
+        """(name, argv, codes, names, env, one_line) rows. The first row of each command, and
+        every row with its own environment, runs as the real ``gpubench`` command (two at a
+        time); the others run through ``gpubench.cli.main`` in one child process (``drive``),
+        which saves a Python start and the torch import per row."""
+        seen: set[str] = set()
+        real, driven = [], []
+        for row in rows:
+            command = row[1][0] if row[1] else ""
+            (real if row[4] is not None or command not in seen else driven).append(row)
+            seen.add(command)
+
+        def one(row):
+            return run_cmd(row[1], env=row[4], timeout=90)
+
+        with ThreadPoolExecutor(2) as pool:
+            results = dict(zip(map(id, real), pool.map(one, real), strict=True))
+        if driven:
+            procs = run_driver([row[1] for row in driven], self.work, f"{category[:4]}{len(rows)}")
+            results.update(zip(map(id, driven), procs, strict=True))
+        for row in rows:
+            name, _, codes, names, _, one_line = row
+            p = results[id(row)]
+            how = "" if row in driven else " (real command)"
+            self.record(category, name + how,
+                        check(p, codes, one_line=one_line, names=names), p.seconds)
+
+    # -- arguments ------------------------------------------------------------------------------
+
+    def arguments(self, valid: Path) -> None:
+        print("arguments", flush=True)
+        out = self.tmp("args")
+        dist_env = {**ENV, "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": "29599"}
+        memory = ["memory", "--model", "bert", "--profile", "smoke", "--device", "cpu",
+                  "--no-leaks", "--no-hygiene", "--out", str(out / "mem")]
+        rows = []
+
+        def row(name, argv, names, codes=(2,), env=None, one_line=True):
+            rows.append((name, argv, codes, names, env, one_line))
+
+        for budget in ("foo", "0", "-1GiB", "nan", "inf", "1e400"):
+            row(f"advise --budget {budget}",
+                ["advise", "--results", str(valid), "--budget", budget, "--out", str(out)],
+                [budget])
+            row(f"memory --budget {budget}", [*memory, "--budget", budget], [budget])
+        row("memory --techniques bogus", [*memory, "--techniques", "bogus", "--budget", "1G"],
+            ["bogus"])
+        row("memory --techniques fp32,,nope", [*memory, "--techniques", "fp32,nope",
+                                               "--budget", "1G"], ["nope"])
+        for value in ("0", "-1", "foo"):
+            row(f"memory --max-batch {value}", [*memory, "--max-batch", value,
+                                                "--budget", "1G"], [value])
+        row("list --models bogus", ["list", "--profile", "smoke", "--models", "bogus"],
+            ["bogus"])
+        row("list --groups bogus", ["list", "--profile", "smoke", "--groups", "bogus"],
+            ["bogus"])
+        row("list --profile bogus", ["list", "--profile", "bogus"], ["bogus"])
+        row("list --model missing.py:f", ["list", "--profile", "smoke", "--model",
+                                         "missing.py:f"], ["missing.py"])
+        for var, value in (("RANK", "foo"), ("RANK", "-1"), ("RANK", "5"),
+                           ("WORLD_SIZE", "0"), ("WORLD_SIZE", "x"), ("LOCAL_RANK", "-3")):
+            env = {**dist_env, "RANK": "0", var: value}
+            row(f"dist with {var}={value}",
+                ["dist", "--model", "bert", "--profile", "smoke", "--device", "cpu",
+                 "--out", str(out / "d.json")], [value], env=env)
+        env = {**dist_env, "RANK": "0"}
+        for flag, value in (("--accum-steps", "0"), ("--rounds", "0"), ("--warmup", "-1"),
+                            ("--chunks", "0"), ("--micro-batch", "-4")):
+            row(f"dist {flag} {value}",
+                ["dist", "--model", "bert", "--profile", "smoke", "--device", "cpu",
+                 flag, value, "--out", str(out / "d.json")], [value], env=env)
+        row("dist --model bogus", ["dist", "--model", "bogus", "--profile", "smoke",
+                                   "--device", "cpu", "--out", str(out / "d.json")],
+            ["bogus"], env=env)
+        run = ["run", "--profile", "smoke", "--models", "bert", "--no-charts",
+               "--out", str(out / "run")]
+        for flag, value in (("--threads", "-1"), ("--threads", "x"), ("--rounds", "-1"),
+                            ("--rounds", "1.5"), ("--rounds", "nan"), ("--warmup", "-2"),
+                            ("--max-time", "-1"), ("--max-time", "nan"), ("--timeout", "0"),
+                            ("--timeout", "inf"), ("--groups", "bogus"), ("--models", "bogus"),
+                            ("--profile", "huge"), ("--device", "tpu")):
+            row(f"run {flag} {value}", [*run, flag, value], [value])
+        case = ["case", "--model", "bert", "--profile", "smoke", "-o", str(out / "c.json")]
+        for flag, value in (("--rounds", "0"), ("--accum-steps", "0"), ("--micro-batch", "-1"),
+                            ("--precision", "fp8"), ("--num-workers", "-1"),
+                            ("--world-size", "0"), ("--timeout", "-5"), ("--seed", "-1"),
+                            ("--seed", "x")):
+            row(f"case {flag} {value}", [*case, flag, value], [value])
+        row("case --model bogus", ["case", "--model", "bogus", "--profile", "smoke",
+                                   "-o", str(out / "c.json")], ["bogus"])
+        row("case --parallel single --world-size 2",
+            [*case, "--parallel", "single", "--world-size", "2"], ["world_size"])
+        row("case --prefetch-factor 2 without workers",
+            [*case, "--dataset", "synthetic", "--prefetch-factor", "2"], ["prefetch_factor"])
+        cmp_ = ["compare", str(valid), str(valid)]
+        for flag, value in (("--alpha", "nan"), ("--alpha", "0"), ("--alpha", "1"),
+                            ("--alpha", "x"), ("--time-threshold", "-1"),
+                            ("--time-threshold", "nan"), ("--memory-threshold", "inf")):
+            row(f"compare {flag} {value}", [*cmp_, flag, value], [value])
+        row("compare with one file", ["compare", str(valid)], ["compare"])
+        row("compare --base B with two NEW",
+            ["compare", "--base", str(valid), str(valid), str(valid)], ["NEW"])
+        row("export missing file", ["export", str(out / "nope.json"), "--github-json",
+                                    str(out / "gh")], ["nope.json"])
+        row("summary missing file", ["summary", str(out / "nope.json")], ["nope.json"])
+        row("advise without --model or --results", ["advise", "--out", str(out)],
+            ["--model"])
+        row("advise --results with unknown --model",
+            ["advise", "--results", str(valid), "--model", "gpt2", "--out", str(out)],
+            ["gpt2"])
+        row("no command", [], ["command"])
+        row("unknown command", ["frobnicate"], ["frobnicate"])
+        self.cli_scenarios("arguments", rows)
+        # --rounds 0 / --threads 0: accepted only where they mean something documented
+        p = run_cmd(["run", "--help"])
+        problems = check(p, (0,))
+        text = " ".join(p.out.split())
+        for flag in ("--rounds", "--threads"):
+            if f"{flag} " not in text or "or 0:" not in text.split(flag, 2)[-1][:200]:
+                problems.append(f"{flag} 0 not documented in run --help")
+        self.record("arguments", "run --rounds 0 / --threads 0 documented", problems, p.seconds)
+
+    # -- output paths ---------------------------------------------------------------------------
+
+    def output_paths(self, valid: Path) -> None:
+        print("output paths", flush=True)
+        base = self.tmp("paths")
+        a_file = base / "a-file"
+        a_file.write_text("keep me")
+        unwritable = Path("/proc/gpubench-campaign-out")  # writable for no one, root included
+        if os.geteuid() != 0:
+            (base / "ro").mkdir()
+            (base / "ro").chmod(0o555)
+            unwritable = base / "ro" / "out"
+        a_folder = base / "a-folder"
+        a_folder.mkdir()
+        folders = {"a file": (a_file, "is a file"),
+                   "under a file": (a_file / "sub", "lies under"),
+                   "read-only": (unwritable, "not writable")}
+        files = {"a folder": (a_folder, "folder"),
+                 "under a file": (a_file / "sub" / "x.out", "lies under"),
+                 "read-only": (unwritable / "x.out", "not writable")}
+        dist_env = {**ENV, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29598"}
+        run = ["run", "--profile", "smoke", "--models", "bert", "--no-charts", "-k", "zerofill"]
+        takes_folder = {
+            "run --out": lambda p: [*run, "--out", p],
+            "run --data-dir": lambda p: [*run, "--out", str(base / "o"), "--data-dir", p],
+            "report -o": lambda p: ["report", str(valid), "-o", p],
+            "export --github-json": lambda p: ["export", str(valid), "--github-json", p],
+            "advise --out": lambda p: ["advise", "--results", str(valid), "--out", p],
+            "compare --github-json": lambda p: ["compare", str(valid), str(valid),
+                                                "--github-json", p],
+            "memory --out": lambda p: ["memory", "--model", "bert", "--profile", "smoke",
+                                       "--budget", "2G", "--techniques", "fp32", "--no-leaks",
+                                       "--no-hygiene", "--out", p],
+        }
+        takes_file = {
+            "compare --markdown": lambda p: ["compare", str(valid), str(valid), "--markdown", p],
+            "case -o": lambda p: ["case", "--model", "bert", "--profile", "smoke", "--rounds",
+                                  "6", "-o", p],
+            "dist --out": lambda p: ["dist", "--model", "bert", "--profile", "smoke",
+                                     "--device", "cpu", "--out", p],
+        }
+        rows = []
+        for options, bad in ((takes_folder, folders), (takes_file, files)):
+            for option, argv in options.items():
+                for what, (path, words) in bad.items():
+                    names = [str(path), words] if option == "run --out" else [str(path)]
+                    env = dist_env if option.startswith("dist") else None
+                    rows.append((f"{option} {what}", argv(str(path)), (2,), names, env, True))
+        started = time.monotonic()
+        self.cli_scenarios("output paths", rows)
+        problems = [] if a_file.read_text() == "keep me" else ["the file given as --out changed"]
+        left = hidden_entries(base)
+        if left:
+            problems.append(f"hidden temporaries left: {left}")
+        self.record("output paths", "nothing written beside the bad paths", problems,
+                    time.monotonic() - started)
+
+    # -- result files ---------------------------------------------------------------------------
+
+    def result_files(self, base: dict) -> None:
+        print("malformed result files", flush=True)
+        folder = self.tmp("files")
+        valid = write_result_file(folder, 99, "valid", None, base)
+        files = [(name, write_result_file(folder, i, name, mutation, base), expect)
+                 for i, (name, mutation, expect) in enumerate(RESULT_FILES)]
+        (folder / "a-directory.json").mkdir()
+        files.append(("a directory", folder / "a-directory.json", BAD))
+        files.append(("a missing file", folder / "missing.json", BAD))
+        commands: dict[str, Callable[[Path, Path], list[str]]] = {
+            "summary": lambda f, o: ["summary", str(f)],
+            "summary --csv": lambda f, o: ["summary", "--csv", str(f)],
+            "report": lambda f, o: ["report", str(f), "-o", str(o)],
+            "compare (as NEW)": lambda f, o: ["compare", str(valid), str(f)],
+            "compare (as BASE)": lambda f, o: ["compare", str(f), str(valid)],
+            "export": lambda f, o: ["export", str(f), "--github-json", str(o)],
+            "advise": lambda f, o: ["advise", "--results", str(f), "--out", str(o)],
+        }
+        jobs = {c: [] for c in commands}
+        for c, make in commands.items():
+            for k, (_, path, _) in enumerate(files):
+                jobs[c].append(make(path, folder / f"out-{c.split()[0]}-{k}"))
+        with ThreadPoolExecutor(2) as pool:
+            done = dict(zip(commands, pool.map(
+                lambda c: run_driver(jobs[c], self.work, c.split()[0] + str(len(c))), commands),
+                strict=True))
+        for c in commands:
+            for (name, path, expect), p in zip(files, done[c], strict=True):
+                codes = {GOOD: (0,), BAD: (2,), ODD: (0, 2)}[expect]
+                if c.startswith("compare") and expect == ODD:
+                    codes = (0, 1, 2)
+                names = [path.name] if expect == BAD else []
+                problems = check(p, codes, one_line=expect == BAD, names=names,
+                                 quiet_or_one_line=expect == ODD and not c.startswith("compare"))
+                self.record(f"result files: {c}", name, problems, p.seconds)
+        # control: the same kinds through the real command
+        for name, path, _ in [f for f in files if f[0] in ("null entry", "median zero",
+                                                                "extra_info a list")]:
+            p = run_cmd(["summary", str(path)])
+            self.record("result files: summary (real command)", name,
+                        check(p, (2,), one_line=True, names=[path.name]), p.seconds)
+        # NaN / negative / zero times never silently accepted (the control file reads fine)
+        self.record("result files", "controls read back unchanged",
+                    [] if json.loads(valid.read_text()) == base else ["valid file changed"])
+
+    # -- the CI gate ----------------------------------------------------------------------------
+
+    def ci_gate(self, base: dict) -> None:
+        print("CI gate", flush=True)
+        folder = self.tmp("gate")
+        valid = folder / "base.json"
+        valid.write_text(json.dumps(base))
+        empty = folder / "empty.json"
+        empty.write_text(json.dumps({**base, "benchmarks": []}))
+        other = folder / "other.json"
+        changed = copy.deepcopy(base)
+        for b in changed["benchmarks"]:
+            b["extra_info"]["model"] = "othermodel"
+            b["extra_info"]["workload"] = "othermodel"
+            b["extra_info"]["case_id"] = b["extra_info"]["case_id"].replace("bert", "other")
+        other.write_text(json.dumps(changed))
+        slow = folder / "slower.json"
+        slower = copy.deepcopy(base)
+        for b in slower["benchmarks"]:
+            b["stats"] = {k: (v * 3 if isinstance(v, float) else
+                              [x * 3 for x in v] if k == "data" else v)
+                          for k, v in b["stats"].items()}
+            b["extra_info"]["step_time_s"] *= 3
+            b["extra_info"]["samples_per_s"] /= 3
+        slow.write_text(json.dumps(slower))
+        rows = [
+            ("compare BASE EMPTY", ["compare", str(valid), str(empty)], (2,), ["empty.json"],
+             None, True),
+            ("compare --report-only BASE EMPTY",
+             ["compare", "--report-only", str(valid), str(empty)], (2,), ["empty.json"], None,
+             True),
+            ("compare BASE NEW-without-common-case", ["compare", str(valid), str(other)], (2,),
+             ["other.json"], None, True),
+            ("compare --new-only BASE NEW-without-common-case",
+             ["compare", "--new-only", str(valid), str(other)], (2,), ["other.json"], None,
+             True),
+            ("compare --alpha nan", ["compare", "--alpha", "nan", str(valid), str(valid)], (2,),
+             ["nan"], None, True),
+        ]
+        self.cli_scenarios("CI gate", rows)
+        p = run_cmd(["compare", str(valid), str(valid)])
+        problems = check(p, (0,))
+        n = len(base["benchmarks"])
+        if f"compared {n} case(s)" not in p.out:
+            problems.append(f"does not say it compared {n} cases")
+        self.record("CI gate", "compare BASE BASE: exit 0 and the count", problems, p.seconds)
+        p = run_cmd(["compare", str(valid), str(slow)])
+        problems = check(p, (1,))
+        if "regression" not in p.err:
+            problems.append("regression not named on stderr")
+        self.record("CI gate", "compare BASE 3x-slower: exit 1", problems, p.seconds)
+
+    # -- configuration types (explicit) -----------------------------------------------------------
+
+    def types(self) -> None:
+        print("configuration types", flush=True)
+        from gpubench.config import LoaderConfig, RunConfig
+
+        class Truthy:
+            def __bool__(self):
+                return True
+
+        try:
+            import numpy as np
+            extra = [np.bool_(True), np.int64(2), np.float64(1.0)]
+        except ImportError:
+            extra = []
+        bool_fields = [f.name for f in dataclasses.fields(RunConfig) if f.type == "bool"]
+        loader_bools = [f.name for f in dataclasses.fields(LoaderConfig) if f.type == "bool"]
+        started = time.monotonic()
+        for name in bool_fields:
+            for value in (1, 0, "yes", "", None, 1.0, [], Truthy(), *extra[:1]):
+                self._expect_value_error(f"RunConfig {name}={value!r}", RunConfig,
+                                         {"model": "bert", "profile": "smoke", name: value})
+        for name in loader_bools:
+            for value in (1, 0, "true", None, *extra[:1]):
+                self._expect_value_error(f"LoaderConfig {name}={value!r}", LoaderConfig,
+                                         {"dataset": "synthetic", name: value})
+        for value in (None, "1", 1.5, True, -1, float("nan"), *extra[1:2]):
+            self._expect_value_error(f"RunConfig seed={value!r}", RunConfig,
+                                     {"model": "bert", "profile": "smoke", "seed": value})
+        for field, values in (("accum_steps", (True, 2.0, "2", 0, None, *extra[1:2])),
+                              ("world_size", (False, 2.0, -1)),
+                              ("micro_batch", (0, True, 4.0, "8")),
+                              ("chunks", (0, 1.0)),
+                              ("model", (None, 5, "", "bogus")),
+                              ("profile", (None, "SMOKE", 1)),
+                              ("loader", (None, {}, "synthetic"))):
+            for value in values:
+                self._expect_value_error(f"RunConfig {field}={value!r}", RunConfig,
+                                         {"model": "bert", "profile": "smoke", field: value})
+        for field, values in (("num_workers", (-1, True, 1.0, "2", None)),
+                              ("prefetch_factor", (0, True, 2.0)),
+                              ("dataset_size", (0, -5, 1.5, True)),
+                              ("cache_items", (0, False)),
+                              ("dataset", (None, "", 3))):
+            for value in values:
+                self._expect_value_error(f"LoaderConfig {field}={value!r}", LoaderConfig,
+                                         {"dataset": "synthetic", field: value})
+        print(f"  ({time.monotonic() - started:.1f} s)")
+
+    def _expect_value_error(self, name: str, cls, kwargs: dict) -> None:
+        try:
+            cls(**kwargs)
+        except ValueError as err:
+            text = str(err)
+            problems = [] if "\n" not in text.strip() else ["message over several lines"]
+            self.record("types", name, problems)
+            return
+        except Exception as err:  # noqa: BLE001 - the criterion: nothing but ValueError
+            self.record("types", name, [f"{type(err).__name__}: {err}"[:200]])
+            return
+        self.record("types", name, ["accepted"])
+
+    # -- generated configurations -------------------------------------------------------------
+
+    def generated_configs(self, n: int, seed: int) -> None:
+        print(f"generated configurations ({n})", flush=True)
+        from gpubench.config import (
+            OPTIMIZER_IMPLS,
+            OPTIMIZERS,
+            PARALLELS,
+            PRECISIONS,
+            SCHEDULES,
+            LoaderConfig,
+            RunConfig,
+        )
+
+        rng = random.Random(seed)
+
+        class Odd:
+            pass
+
+        try:
+            import numpy as np
+            numpy_values = [np.int64(2), np.bool_(False), np.float32(1.0), np.array([1])]
+        except ImportError:
+            numpy_values = []
+        pool = [None, True, False, 0, 1, 2, -1, 7, 2**70, -(2**70), 0.0, 1.0, 2.5, -0.5,
+                float("nan"), float("inf"), "", "1", "fp32", "bert", "bogus", "ddp", "x" * 300,
+                b"bytes", [], [1], {}, {"a": 1}, (1,), Odd(), object(), 1j, range(3),
+                *numpy_values]
+        valid_run = {
+            "model": ["bert", "resnet18", "gpt2"], "profile": ["smoke"], "device": ["cpu"],
+            "precision": list(PRECISIONS), "accum_steps": [1, 2, 4],
+            "micro_batch": [None, 1, 4, 8], "optimizer": list(OPTIMIZERS),
+            "optimizer_impl": list(OPTIMIZER_IMPLS), "parallel": list(PARALLELS),
+            "world_size": [1, 2, 4], "chunks": [1, 2, 4], "schedule": list(SCHEDULES),
+            "seed": [0, 1, 12345, 2**31], "loader": [None],
+        }
+        valid_loader = {
+            "dataset": ["device-resident", "synthetic", "tokens-mmap", "images-jpeg"],
+            "dataset_size": [None, 16, 256], "cache_items": [None, 1, 64],
+            "num_workers": [0, 1, 2], "prefetch_factor": [None, 2, 4],
+        }
+        run_fields = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+        loader_fields = {f.name: f.type for f in dataclasses.fields(LoaderConfig)}
+
+        def draw(name, ftype, valid):
+            if rng.random() < 0.75:  # mostly plausible values, so that some are accepted
+                if ftype == "bool":
+                    return rng.random() < 0.5
+                if name in valid:
+                    return rng.choice(valid[name])
+            return rng.choice(pool)
+
+        def type_ok(value, ftype: str) -> bool:
+            if ftype == "bool":
+                return type(value) is bool
+            if ftype == "int":
+                return type(value) is int
+            if ftype == "int | None":
+                return value is None or type(value) is int
+            if ftype == "str":
+                return type(value) is str
+            if ftype == "LoaderConfig":
+                return type(value) is LoaderConfig
+            return True
+
+        stats = {"RunConfig": [0, 0, 0, []], "LoaderConfig": [0, 0, 0, []]}
+        started = time.monotonic()
+        for i in range(n):
+            loader_kwargs = {k: draw(k, t, valid_loader) for k, t in loader_fields.items()
+                             if rng.random() < 0.6}
+            cls, kwargs, ftypes = LoaderConfig, loader_kwargs, loader_fields
+            if i % 2 == 0:
+                kwargs = {k: draw(k, t, valid_run) for k, t in run_fields.items()
+                          if k == "model" or rng.random() < 0.5}
+                if kwargs.get("loader", "absent") is None or rng.random() < 0.3:
+                    try:
+                        kwargs["loader"] = LoaderConfig(**loader_kwargs)
+                    except ValueError:
+                        kwargs["loader"] = LoaderConfig()
+                cls, ftypes = RunConfig, run_fields
+            s = stats[cls.__name__]
+            s[0] += 1
+            try:
+                with warnings_off():
+                    cfg = cls(**kwargs)
+            except ValueError:
+                s[1] += 1  # rejected as it should be
+                continue
+            except Exception as err:  # noqa: BLE001
+                s[3].append(f"{cls.__name__}({_short(kwargs)}) raised "
+                            f"{type(err).__name__}: {str(err)[:120]}")
+                continue
+            bad = [k for k, t in ftypes.items() if not type_ok(getattr(cfg, k), t)]
+            if bad:
+                shown = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in bad)
+                s[3].append(f"{cls.__name__} accepted {shown}")
+                continue
+            try:
+                hash(cfg)
+                if cls is RunConfig:
+                    cfg.id, cfg.global_batch  # noqa: B018 - derived values must work
+            except Exception as err:  # noqa: BLE001
+                s[3].append(f"accepted {cls.__name__}({_short(kwargs)}) fails later: "
+                            f"{type(err).__name__}: {str(err)[:120]}")
+                continue
+            s[2] += 1  # accepted, declared types
+        self.generated["configs"] = [stats, time.monotonic() - started]
+        for name, (tried, rejected, accepted, failures) in stats.items():
+            print(f"  {name}: {tried} tried, {rejected} rejected with ValueError, "
+                  f"{accepted} accepted with the declared types, {len(failures)} failed")
+            for line in failures[:5]:
+                print(f"    FAIL {line}")
+
+    # -- generated result files ---------------------------------------------------------------
+
+    def generated_files(self, base: dict, n: int, seed: int) -> None:
+        print(f"generated result files ({n})", flush=True)
+        from gpubench.results import ResultsError, load_results
+        from gpubench.summary import summary_markdown
+
+        rng = random.Random(seed + 1)
+        folder = self.tmp("genfiles")
+        values = [None, True, False, 0, -1, 1, 3, 2**63, 2**64, 10**30, 0.0, -0.0, 1e-300,
+                  1e300, 0.5, -2.5, float("nan"), float("inf"), float("-inf"), "", "x", "bert",
+                  "fp32", [], [1, 2], [0.1, float("nan")], [-1], {}, {"a": None}]
+        tried = passed = accepted = 0
+        failures = []
+        started = time.monotonic()
+        for i in range(n):
+            data = copy.deepcopy(base)
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                bench = rng.choice(data["benchmarks"])
+                where = rng.choice(("extra_info", "extra_info", "stats", "bench", "top"))
+                if where == "top":
+                    data[rng.choice(("benchmarks", "machine_info", "datetime", "version"))] = \
+                        rng.choice(values)
+                elif where == "bench" and isinstance(bench, dict):
+                    bench[rng.choice(("name", "group", "stats", "extra_info"))] = \
+                        rng.choice(values)
+                elif isinstance(bench, dict) and isinstance(bench.get(where), dict):
+                    target = bench[where]
+                    key = rng.choice(list(target) + ["zzz_new"])
+                    target[key] = rng.choice(values)
+                if not isinstance(data.get("benchmarks"), list):
+                    break
+            path = folder / f"g{i:04d}.json"
+            path.write_text(json.dumps(data))
+            tried += 1
+            try:
+                with warnings_off():
+                    df = load_results([path])
+                    summary_markdown(df)
+                accepted += 1
+                passed += 1
+            except ResultsError as err:
+                if "\n" in str(err).strip() or path.name not in str(err):
+                    failures.append(f"{path.name}: message not one line naming the file: "
+                                    f"{str(err)[:120]}")
+                else:
+                    passed += 1
+            except Exception as err:  # noqa: BLE001
+                failures.append(f"{path.name}: {type(err).__name__}: {str(err)[:150]}")
+            path.unlink()
+        self.generated["files"] = [tried, passed, accepted, failures,
+                                   time.monotonic() - started]
+        print(f"  {tried} tried, {passed} passed ({accepted} accepted and summarized), "
+              f"{len(failures)} failed")
+        for line in failures[:5]:
+            print(f"    FAIL {line}")
+
+    # -- signals, leftovers, sockets, messages: real runs ---------------------------------------
+
+    def _previous(self, folder: Path) -> tuple[Path, dict]:
+        out = folder / "results"
+        out.mkdir()
+        (out / "benchmark.json").write_text(json.dumps(base_results()))
+        (out / "speedup.png").write_bytes(b"old chart")
+        return out, snapshot(out)
+
+    def _signalled_run(self, name: str, sig: int, trigger: str, after_s: float, extra: list,
+                       *, sockets: bool = False, charts: bool = False,
+                       finished_ok: bool = False, next_run: bool = False) -> None:
+        folder = self.tmp("sig")
+        out, before = self._previous(folder)
+        env = {**ENV, "GPUBENCH_DATA_DIR": str(folder / "data")}
+        argv = [*GPUBENCH, "run", "--profile", "smoke", "--models", "bert", "--out", str(out),
+                *([] if charts else ["--no-charts"]), *extra]
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                cwd=ROOT, start_new_session=True, stdin=subprocess.DEVNULL)
+        problems, listening = [], set()
+        try:
+            seen = b""
+            deadline = time.monotonic() + 240
+            while trigger.encode() not in seen and time.monotonic() < deadline:
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                seen += chunk
+            if trigger.encode() not in seen:
+                problems.append(f"never saw {trigger!r}: {seen[-300:]!r}")
+            end = time.monotonic() + after_s
+            while time.monotonic() < end:
+                if sockets:
+                    listening |= listening_sockets(proc.pid)
+                time.sleep(0.2)
+            if sockets:
+                listening |= listening_sockets(proc.pid)
+            proc.send_signal(sig)
+            rest, err = proc.communicate(timeout=90)
+            out_text = (seen + rest).decode(errors="replace")
+            err = err.decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            problems.append("did not exit within 90 s of the signal")
+            out_text, err = "", ""
+        left = wait_session_gone(proc.pid, 10)
+        kill_session(proc.pid)
+        proc.kill()
+        proc.wait()
+        p = Proc(argv, proc.returncode, out_text, err, left, time.monotonic() - start)
+        one_line = sig != signal.SIGKILL
+        names = [f"gpubench: interrupted ({signal.Signals(sig).name})"] if one_line else []
+        problems += check(p, (128 + sig if one_line else -signal.SIGKILL,),
+                          one_line=one_line, names=names)
+        after = snapshot(out)
+        published = "after the results were written" in p.err  # the signal came too late
+        if after != before and not (finished_ok and published
+                                    and {"benchmark.json", "summary.md"} <= set(after)):
+            problems.append("previous results changed: "
+                            f"{sorted(set(after) ^ set(before)) or 'contents'}")
+        if next_run:  # what SIGKILL left (a staging folder) goes when the next run starts
+            nxt = run_cmd(["run", "--profile", "smoke", "--models", "bert", "-k", "nosuchcase",
+                           "--no-charts", "--out", str(out)], env=env)
+            problems += [f"next run: {x}" for x in check(nxt, (1, 5))]
+            if snapshot(out) != before:
+                problems.append("next run changed the previous results")
+        hidden = hidden_entries(folder)
+        if hidden:
+            problems.append(f"hidden temporaries left: {hidden[:4]}")
+        self.record("signals", name, problems, p.seconds)
+        if sockets:
+            exposed = sorted(f"{a}:{port}" for a, port in listening
+                             if not ipaddress.ip_address(a).is_loopback)
+            sock_problems = [f"listening beyond loopback: {exposed}"] if exposed else []
+            if not listening:
+                sock_problems.append("no listening socket seen (the DDP case was not running?)")
+            self.record("network", f"listening sockets during a DDP case ({len(listening)} "
+                        "seen)", sock_problems, p.seconds)
+
+    def signals(self) -> None:
+        print("signals (real runs; slow)", flush=True)
+        start_up = ("gpubench: profile", 0.5, ["-k", "zerofill"])
+        ddp = ("::test_step[", 4.0, ["-k", "ddp2", "--rounds", "1000"])
+        self._signalled_run("SIGTERM to gpubench run at start-up", signal.SIGTERM, *start_up)
+        self._signalled_run("SIGINT to gpubench run at start-up", signal.SIGINT, *start_up)
+        self._signalled_run("SIGINT to gpubench run mid-DDP-case", signal.SIGINT, *ddp,
+                            sockets=True)
+        self._signalled_run("SIGTERM to gpubench run mid-DDP-case", signal.SIGTERM, *ddp)
+        self._signalled_run("SIGKILL to gpubench run mid-DDP-case: no orphans, its staging "
+                            "folder removed when the next run starts", signal.SIGKILL, *ddp,
+                            next_run=True)
+        one_case = ["-k", "zerofill", "--rounds", "6", "--warmup", "0"]
+        self._signalled_run("SIGTERM as pytest finishes (its clean-up)", signal.SIGTERM,
+                            "passed, ", 0.0, one_case)
+        self._signalled_run("SIGTERM while summary and charts are written", signal.SIGTERM,
+                            "passed, ", 1.5, one_case, charts=True, finished_ok=True)
+
+    def rank_faults(self) -> None:
+        print("rank faults and messages (real runs; slow)", flush=True)
+        for sig, words in ((signal.SIGKILL, ["rank 1 ", "SIGKILL"]),
+                           (signal.SIGSTOP, ["rank(s) 1 ", "hung"])):
+            folder = self.tmp("rank")
+            argv = [*GPUBENCH, "case", "--model", "bert", "--profile", "smoke", "--parallel",
+                    "ddp", "--world-size", "2", "--rounds", "1000", "--timeout", "8",
+                    "-o", str(folder / "ddp.json")]
+            start = time.monotonic()
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={**ENV, "GPUBENCH_DATA_DIR": str(folder / "data")},
+                                    cwd=ROOT, start_new_session=True, stdin=subprocess.DEVNULL)
+            problems = []
+            ranks = []
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None:
+                ranks = rank_pids(proc.pid)
+                if len(ranks) == 2 and all(established(r) >= 2 for r in ranks):
+                    break  # both joined the process group: store and peer connections
+                time.sleep(0.3)
+            time.sleep(4)  # the ranks are in their training check or rounds
+            if len(ranks) == 2:
+                os.kill(max(ranks), sig)  # spawned in rank order: the higher pid is rank 1
+            else:
+                problems.append(f"ranks not found: {ranks}")
+            try:
+                out, err = proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                problems.append("gpubench case did not end within 90 s")
+                kill_session(proc.pid)
+                out, err = proc.communicate()
+            left = wait_session_gone(proc.pid, 10)
+            kill_session(proc.pid)
+            p = Proc(argv, proc.returncode, out.decode(errors="replace"),
+                     err.decode(errors="replace"), left, time.monotonic() - start)
+            problems += check(p, (1, 2, 3, 4), names=words)
+            if "code None" in p.err:
+                problems.append("says 'code None'")
+            what = "killed (SIGKILL)" if sig == signal.SIGKILL else "stopped (SIGSTOP: hangs)"
+            self.record("messages", f"DDP rank 1 {what} mid-case: named, status, no orphans",
+                        problems, p.seconds)
+
+    def cudaless(self) -> None:
+        print("CUDA-less machine", flush=True)
+        import torch
+
+        if torch.cuda.is_available():
+            self.record("messages", "CUDA-less run (skipped: CUDA present)", [])
+            return
+        folder = self.tmp("nocuda")
+        out, before = self._previous(folder)
+        p = run_cmd(["run", "--device", "cuda", "--profile", "smoke", "--models", "bert",
+                     "-k", "zerofill", "--no-charts", "--out", str(out)],
+                    env={**ENV, "GPUBENCH_DATA_DIR": str(folder / "data")})
+        problems = check(p, (1, 2, 3), one_line=True, names=["CUDA"])
+        if "pytest exit code" in p.err:
+            problems.append("reports a pytest exit code")
+        if snapshot(out) != before:
+            problems.append("previous results changed")
+        self.record("messages", "gpubench run --device cuda without CUDA", problems, p.seconds)
+        p = run_cmd(["case", "--device", "cuda", "--model", "bert", "--profile", "smoke",
+                     "-o", str(folder / "c.json")])
+        self.record("messages", "gpubench case --device cuda without CUDA",
+                    check(p, (2, 3), one_line=True, names=["CUDA"]), p.seconds)
+
+    def leftovers(self) -> None:
+        print("leftovers (dataset generation killed; file permissions)", flush=True)
+        folder = self.tmp("left")
+        data = folder / "data"
+        data.mkdir()
+        code = ("import sys; from pathlib import Path; "
+                "from gpubench.datasets import ensure_image_folder; "
+                "ensure_image_folder(Path(sys.argv[1]), 'images-jpeg', 20000, 64, 10, processes=2)")
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-c", code, str(data)], env=ENV, cwd=ROOT,
+                                start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        problems = []
+        partial = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            partial = [p for p in data.iterdir() if p.name.startswith(".") and p.is_dir()]
+            if partial and sum(1 for _ in partial[0].iterdir()) > 20:
+                break
+            time.sleep(0.2)
+        if not partial:
+            problems.append(f"no partial folder seen (rc {proc.poll()}, "
+                            f"{proc.stderr.read().decode()[-200:] if proc.poll() else ''})")
+        with contextlib.suppress(ProcessLookupError):  # the generator only: its pool follows
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        left = wait_session_gone(proc.pid, 10)
+        kill_session(proc.pid)
+        if left:
+            problems.append(f"generation workers outlived the killed generator: {left}")
+        out = folder / "out"
+        p = run_cmd(["run", "--profile", "smoke", "--models", "bert", "-k", "nosuchcase",
+                     "--no-charts", "--out", str(out), "--data-dir", str(data)])
+        problems += check(p, (1, 2, 4, 5), traceback_ok=False)
+        still = [q.name for q in data.iterdir() if q.name.startswith(".")]
+        if still:
+            problems.append(f"partial dataset folder left after the next run started: {still}")
+        self.record("leftovers", "kill during dataset generation; the next run cleans up",
+                    problems, time.monotonic() - start)
+        # permissions: result files follow the umask, not owner-only
+        base = folder / "perm"
+        base.mkdir()
+        src = base / "r.json"
+        src.write_text(json.dumps(base_results()))
+        old = os.umask(0o022)
+        try:
+            p1 = run_cmd(["export", str(src), "--github-json", str(base / "gh")])
+            p2 = run_cmd(["compare", str(src), str(src), "--markdown", str(base / "cmp.md")])
+            p3 = run_cmd(["advise", "--results", str(src), "--out", str(base / "adv")])
+        finally:
+            os.umask(old)
+        problems = check(p1, (0,)) + check(p2, (0,)) + check(p3, (0,))
+        modes = {str(f.relative_to(base)): oct(f.stat().st_mode & 0o777)
+                 for f in base.rglob("*") if f.is_file() and f != src}
+        closed = {k: v for k, v in modes.items() if int(v, 8) & 0o044 != 0o044}
+        if closed:
+            problems.append(f"owner-only under umask 022: {closed}")
+        if not modes:
+            problems.append("nothing written")
+        self.record("leftovers", "written files follow the umask (022: world-readable)",
+                    problems, p1.seconds + p2.seconds + p3.seconds)
+
+
+class warnings_off(contextlib.AbstractContextManager):
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore")
+        return self
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def _short(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v!r}"[:40] for k, v in kwargs.items())[:200]
+
+
+def rank_pids(sid: int) -> list[int]:
+    """Rank processes of a session: multiprocessing spawn children, not its resource tracker."""
+    pids = []
+    for pid in session_processes(sid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+            pids.append(pid)
+    return sorted(pids)
+
+
+def established(pid: int) -> int:
+    """TCP connections of ``pid`` in state ESTABLISHED."""
+    import psutil
+
+    try:
+        return sum(c.status == psutil.CONN_ESTABLISHED
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
+    except (psutil.Error, OSError):
+        return 0
+
+
+def listening_sockets(sid: int) -> set[tuple[str, int]]:
+    """(address, port) of TCP sockets listening in any process of session ``sid``."""
+    import psutil
+
+    found = set()
+    for pid in session_processes(sid):
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except (psutil.Error, OSError):
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and c.laddr:
+                found.add((c.laddr.ip.split("%")[0], c.laddr.port))
+    return found
+
+
+# -- summary ------------------------------------------------------------------------------------
+
+
+def summary_text(c: Campaign, wall_s: float, command: str) -> str:
+    tried = len(c.outcomes)
+    passed = sum(o.ok for o in c.outcomes)
+    lines = [
+        "# gpubench fault campaign (issue #15)",
+        "",
+        f"command: {command}",
+        f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; wall time {wall_s:.0f} s",
+        "",
+        f"scenarios: {tried} tried, {passed} passed, {tried - passed} failed",
+    ]
+    if "configs" in c.generated:
+        stats, secs = c.generated["configs"]
+        g_tried = sum(s[0] for s in stats.values())
+        g_passed = sum(s[1] + s[2] for s in stats.values())
+        lines.append(f"generated configurations: {g_tried} tried, {g_passed} passed, "
+                     f"{g_tried - g_passed} failed ("
+                     + "; ".join(f"{k}: {s[0]} tried, {s[1]} rejected with ValueError, "
+                                 f"{s[2]} accepted with the declared types"
+                                 for k, s in stats.items()) + f"; {secs:.0f} s)")
+    if "files" in c.generated:
+        f_tried, f_passed, f_accepted, _, secs = c.generated["files"]
+        lines.append(f"generated result files: {f_tried} tried, {f_passed} passed, "
+                     f"{f_tried - f_passed} failed ({f_accepted} accepted and summarized, the "
+                     f"rest refused with a one-line ResultsError naming the file; {secs:.0f} s)")
+    lines += ["", "## per category", ""]
+    cats: dict[str, list[Outcome]] = {}
+    for o in c.outcomes:
+        cats.setdefault(o.category, []).append(o)
+    for cat, outs in cats.items():
+        lines.append(f"- {cat}: {len(outs)} tried, {sum(o.ok for o in outs)} passed")
+    failed = [o for o in c.outcomes if not o.ok]
+    lines += ["", f"## failed scenarios ({len(failed)})", ""]
+    lines += [f"- [{o.category}] {o.name}: {o.detail}" for o in failed] or ["none"]
+    gen_failures = []
+    if "configs" in c.generated:
+        for stats in c.generated["configs"][0].values():
+            gen_failures += stats[3]
+    if "files" in c.generated:
+        gen_failures += c.generated["files"][3]
+    lines += ["", f"## failed generated inputs ({len(gen_failures)})", ""]
+    lines += [f"- {f}" for f in gen_failures[:50]] or ["none"]
+    if len(gen_failures) > 50:
+        lines.append(f"- ... and {len(gen_failures) - 50} more")
+    lines += ["", "## every scenario", ""]
+    lines += [f"- {'pass' if o.ok else 'FAIL'} [{o.category}] {o.name}" for o in c.outcomes]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "results" / "fault_campaign.txt"))
+    parser.add_argument("--skip-slow", action="store_true",
+                        help="skip the scenarios that run cases (signals, ranks, leftovers)")
+    parser.add_argument("--configs", type=int, default=8000,
+                        help="generated RunConfig/LoaderConfig constructions")
+    parser.add_argument("--files", type=int, default=600, help="generated result files")
+    parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument("--only", default="", help="comma-separated parts (debugging)")
+    parser.add_argument("--drive", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.drive:
+        drive(args.drive)
+        return 0
+    if not sys.platform.startswith("linux"):
+        print("the campaign reads /proc: Linux only", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    base = base_results()
+    with tempfile.TemporaryDirectory(prefix="gpubench-campaign-") as tmp:
+        work = Path(tmp)
+        c = Campaign(work, args)
+        valid = work / "valid.json"
+        valid.write_text(json.dumps(base))
+        parts = {
+            "arguments": lambda: c.arguments(valid),
+            "paths": lambda: c.output_paths(valid),
+            "files": lambda: c.result_files(base),
+            "gate": lambda: c.ci_gate(base),
+            "types": c.types,
+            "configs": lambda: c.generated_configs(args.configs, args.seed),
+            "genfiles": lambda: c.generated_files(base, args.files, args.seed),
+            "signals": c.signals,
+            "ranks": c.rank_faults,
+            "cuda": c.cudaless,
+            "leftovers": c.leftovers,
+        }
+        slow = {"signals", "ranks", "leftovers", "cuda"}
+        only = {p for p in args.only.split(",") if p}
+        for name, part in parts.items():
+            if (only and name not in only) or (args.skip_slow and name in slow):
+                continue
+            t = time.monotonic()
+            try:
+                part()
+            except Exception:  # noqa: BLE001 - a campaign bug is a failed scenario, not a stop
+                c.record("campaign", f"part {name} crashed",
+                         [traceback.format_exc().strip().splitlines()[-1]])
+            print(f"  [{name}: {time.monotonic() - t:.0f} s]", flush=True)
+        command = " ".join(["python", "scripts/fault_campaign.py", *sys.argv[1:]])
+        text = summary_text(c, time.monotonic() - started, command)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    head = text.split("## every scenario")[0]
+    print("\n" + head)
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
