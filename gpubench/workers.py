@@ -36,6 +36,11 @@ DEFAULT_TIMEOUT_S = 300.0
 START_TIMEOUT_S = 180.0
 """Seconds for workers to start (import torch, build the model, join the process group)."""
 
+REPORT_GRACE_S = 5.0
+"""Seconds (at most half the timeout) the host waits past a command's timeout for the ranks'
+reports: a rank whose collective timed out (the process group has the same timeout) then says
+so, and the message names the ranks it waited for (the hung ones), not every rank."""
+
 LOOPBACK = "127.0.0.1"
 
 STAGES = {
@@ -175,7 +180,8 @@ class WorkerGroup:
                 conn.send((command, payload))
             except (BrokenPipeError, OSError):
                 self._fail_dead_rank(rank, command)
-        return self._collect(command, self.timeout_s if timeout_s is None else timeout_s)
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        return self._collect(command, limit, grace_s=min(REPORT_GRACE_S, 0.5 * limit))
 
     def _exit_status(self, rank: int) -> str:
         proc = self.procs[rank]
@@ -193,9 +199,9 @@ class WorkerGroup:
         earliest = min(order.index(self.stages[r]) for r in pending)
         return [r for r in sorted(pending) if order.index(self.stages[r]) == earliest]
 
-    def _collect(self, command: str, timeout_s: float) -> list[Any]:
+    def _collect(self, command: str, timeout_s: float, grace_s: float = 0.0) -> list[Any]:
         results: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s + grace_s
         pending = dict(enumerate(self.conns))
         while pending:
             remaining = deadline - time.monotonic()

@@ -247,3 +247,13 @@ def test_collective_timeout_names_the_rank_that_hung_not_the_one_that_waited():
     assert message.startswith("rank(s) 1 did not finish 'rank1_hangs_in_allreduce' (hung?)"), \
         message
     assert "rank 0 gave up waiting" in message and "\n" not in message
+
+
+def test_rank_that_hangs_is_named_when_the_host_times_out_too():
+    """The same hang with the host's own deadline equal to the process group's timeout: the
+    host used to give up first and name every rank ("rank(s) 0, 1 did not finish"); it now
+    waits a grace period for rank 0's report (fault campaign: SIGSTOP of a rank mid-step)."""
+    with WorkerGroup(2, Program, timeout_s=3, start_timeout_s=120) as group:
+        with pytest.raises(WorkerTimeout) as err:
+            group.call("rank1_hangs_in_allreduce")
+    assert str(err.value).startswith("rank(s) 1 did not finish"), str(err.value)
