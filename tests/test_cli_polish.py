@@ -71,7 +71,8 @@ def test_gpubench_case_shows_progress_on_a_terminal_stderr(monkeypatch, tmp_path
         return benchmark.extra_info
 
     monkeypatch.setattr(gpubench.runner, "run_case", fake_run_case)
-    monkeypatch.setattr(gpubench.machine, "machine_info", lambda device: {"device": device})
+    monkeypatch.setattr(gpubench.machine, "machine_info",
+                        lambda device, storage_dir=None: {"device": device})
     screen = Terminal()
     monkeypatch.setattr(sys, "stderr", screen)
     out = tmp_path / "one.json"

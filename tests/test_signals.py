@@ -166,7 +166,7 @@ def test_complete_run_replaces_the_folder_as_a_whole(fake_pytest, previous, caps
     fake_pytest(_results(_bench("new")))
     assert cli.main([*RUN, "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["advice.md", "benchmark.json",
-                                                    "summary.md"]  # no stale chart
+                                                    "memory.json", "summary.md"]  # no stale chart
     assert "test_step[new]" in (out / "benchmark.json").read_text()
     umask = os.umask(0)
     os.umask(umask)
