@@ -26,17 +26,27 @@ def _progress_bar():
 def run_parity_for(specs, profile: str, device: str, out: Path, chart: bool = True,
                    steps: int | None = None, techniques: list[str] | None = None
                    ) -> list[Path]:
-    """``gpubench run --parity``: the default techniques of every model in ``specs``, into
-    ``out`` (``write_parity``), a progress line per model on a terminal."""
+    """``gpubench run --parity``: the default techniques of every model in ``specs`` (workload
+    specs; anything else, such as a record without a model, is passed over), into ``out``
+    (``write_parity``: a list, empty when no model could be trained), a progress line per model
+    on a terminal. A model whose training fails is left out with a one-line warning, so that
+    the run's other results are still written."""
+    import warnings
+
     from gpubench.parity import run_parity
+    from gpubench.workers import WorkerError
 
     reports = []
-    for spec in specs:
+    for spec in dict.fromkeys(s for s in specs if isinstance(s, str) and s):
         print(f"gpubench: convergence parity of {spec} ...", flush=True)
         bar = _progress_bar()
         try:
             reports.append(judge(run_parity(spec, profile, device, techniques, steps,
                                             progress=bar)))
+        except (ValueError, RuntimeError, WorkerError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            warnings.warn(f"convergence parity of {spec} failed: {type(err).__name__}: "
+                          f"{first}", stacklevel=2)
         finally:
             if bar is not None:
                 bar.close()

@@ -260,3 +260,14 @@ def test_report_shows_the_parity_beside_the_results(cli_run, tmp_path):
     assert rows and all("not measured" not in row for row in rows)
     html = (tmp_path / "report" / "report.html").read_text()
     assert 'src="parity.png"' not in html and html.count("data:image/png;base64") >= 2
+
+
+def test_run_parity_for_passes_over_records_without_a_model_and_warns_on_failure(tmp_path):
+    """``gpubench run --parity`` gets the models of its records: a missing one (NaN) is passed
+    over, a failing one is a warning, and parity.json is still a (here empty) list."""
+    from gpubench.parity_cli import run_parity_for
+
+    with pytest.warns(UserWarning, match="convergence parity of bert failed: ValueError: steps"):
+        run_parity_for([float("nan"), "bert"], "smoke", "cpu", tmp_path, steps=0)
+    assert json.loads((tmp_path / "parity.json").read_text()) == []
+    assert load_parity_reports([tmp_path / "parity.json"]) == []
