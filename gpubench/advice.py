@@ -353,6 +353,8 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
         if r.get("dataset") == base["dataset"] and r["num_workers"] > 0
         and r["micro_batch"] == base["micro_batch"] and not r.get("cached")
         and not _flag(r.get("cold"))
+        # the loader group's cases: the baseline's step (not a recipe stack's)
+        and r["precision"] == "fp32" and r["accum_steps"] == 1 and r["parallel"] == "single"
     ]
     if not tuned:
         return [_missing(c.model, claim, "loader.png", "on-disk data with 0 and more workers")]

@@ -445,14 +445,18 @@ def plot_loader(df: pd.DataFrame) -> plt.Figure:
     if "loader_stall_fraction" not in df:
         raise CannotPlot("results carry no loader stall measurements")
     base = df[df["is_baseline"] == True].groupby("model")["micro_batch"].first()  # noqa: E712
-    # On-disk data at the default batch, warm, without caching: the num_workers x pin_memory
-    # grid (the cold cases, read from the disk, are the storage verdict's).
+    # On-disk data at the default batch, warm, without caching, feeding the baseline's step:
+    # the num_workers x pin_memory grid (the cold cases, read from the disk, are the storage
+    # verdict's; the recipe group's stacks are the recipe verdict's).
     grid = df[(df.get("cached", False) != True)  # noqa: E712
               & ~df.get("cold", pd.Series(False, index=df.index)).astype(object).eq(True)
               & df["dataset"].isin(["images-jpeg", "tokens-mmap"])
               & (df["micro_batch"] == df["model"].map(base))
               & df["prefetch_factor"].isna() & (df["persistent_workers"] != True)  # noqa: E712
-              & (df["non_blocking"] != True)]  # noqa: E712
+              & (df["non_blocking"] != True)  # noqa: E712
+              # the baseline's step fed by the loader (not a recipe stack's)
+              & (df["precision"] == "fp32") & (df["parallel"] == "single")
+              & (df["accum_steps"] == 1)]
     if grid["num_workers"].nunique() < 2:
         raise CannotPlot("no data-loader cases varying num_workers on on-disk data")
     resident = df[df["is_baseline"] == True]  # noqa: E712  (its batches are on the device)

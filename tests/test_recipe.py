@@ -111,3 +111,12 @@ def test_the_ddp_stack_is_judged_on_gpus_only():
 def test_no_recipe_cases_not_measured():
     v = _recipe_verdict([_row("bert-fp32", 1.0)])
     assert v.verdict == "inconclusive" and "not measured" in v.why
+
+
+def test_the_workers_verdict_compares_loader_cases_not_the_stack():
+    rows = _stack_rows(0.5)  # the stack: by far the most samples/s
+    rows.append(_row("bert-fp32-tokens", 1.5, dataset="tokens", num_workers=0, group="loader"))
+    for r in rows:
+        r["loader_stall_fraction"] = 0.1
+    (v,) = [v for v in advise(pd.DataFrame(rows)) if v.claim == CLAIMS["loader-workers"].text]
+    assert "best: bert-fp32-tokens-w2" in v.why
