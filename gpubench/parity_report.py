@@ -126,8 +126,9 @@ def describe(report: dict) -> tuple[str, str]:
     why = (f"{report['model']} trained from the same initial weights on a fixed, memorisable "
            f"set of {report['batches']} batches of {report['global_batch']} samples in the same "
            f"order; parity: the final loss (mean of the last {report['final_window']} steps) "
-           f"within {report['tolerance']:.0%} of FP32's initial loss of FP32's final loss, and "
-           f"the loss curve within {report['curve_tolerance']:.0%} of it on average")
+           f"no further from FP32's than {report['tolerance']:.0%} of FP32's initial loss, and "
+           f"the smoothed loss curve no further than {report['curve_tolerance']:.0%} of it on "
+           "average")
     if report.get("batch_norm"):
         why += ("; the model has BatchNorm, which normalises each micro-batch (accumulation) "
                 "and each rank's shard (DDP without SyncBatchNorm) by its own statistics: "
