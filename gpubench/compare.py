@@ -7,8 +7,9 @@ U on the per-round times, as asv does) *and* its median moved by more than a min
 test). When a case has so few rounds that the test cannot reach the significance level however
 large the change (3 against 3 rounds: p >= 0.1), it is "too few rounds to decide", never
 "unchanged". Several base files pool their rounds per case. ``--normalized`` compares each
-case's time divided by its own run's FP32 baseline median, which survives moving to a faster or
-slower machine.
+case's time divided by its own run's FP32 baseline: round by round by the paired baseline round
+taken right before it where the case has them (drift within a run cancels), else by the
+baseline's median; either survives moving to a faster or slower machine.
 """
 
 from __future__ import annotations
@@ -91,6 +92,16 @@ def _round_times(row: pd.Series) -> np.ndarray:
     return np.asarray([row["step_time_s"]], dtype=float)
 
 
+def _paired_rounds(row: pd.Series, n: int) -> np.ndarray | None:
+    """The case's paired baseline rounds (``paired_baseline_rounds_s``, round i before the
+    case's round i), where it has one positive round per round of its own; else None."""
+    paired = row.get("paired_baseline_rounds_s")
+    if not isinstance(paired, list | tuple | np.ndarray) or len(paired) != n:
+        return None
+    paired = np.asarray(paired, dtype=float)
+    return paired if np.all(np.isfinite(paired) & (paired > 0)) else None
+
+
 def _cases(df: pd.DataFrame, normalized: bool) -> dict[tuple, dict]:
     """KEY -> pooled rounds, median, memory and memory kind of one side (one or more runs).
     Memory is the training memory (``results.training_memory``: exact on the CPU, where the
@@ -114,7 +125,12 @@ def _cases(df: pd.DataFrame, normalized: bool) -> dict[tuple, dict]:
         if pd.isna(time) or not np.isfinite(float(time)) or float(time) <= 0:
             continue
         rounds = _round_times(r)
-        if normalized:
+        paired = _paired_rounds(r, rounds.size) if normalized else None
+        if paired is not None:
+            # Round i over the baseline round taken right before it: the drift between the
+            # case's rounds and the baseline's separate ones cancels (as in the summary).
+            rounds = rounds / paired
+        elif normalized:
             ref = refs.get((r["run"], r["model"], r["profile"], r["device"]))
             if ref is None or not ref > 0:
                 case["note"] = "no baseline to normalize"

@@ -92,6 +92,28 @@ def test_normalized_compare_survives_a_slower_machine():
     assert norm.loc["a", "status"] == "unchanged"
 
 
+def test_normalized_compare_uses_the_paired_baseline_rounds():
+    # The machine slowed 30% while case "a" ran (its paired baseline rounds slowed with it),
+    # not while the baseline case did: against the baseline's median "a" reads 30% slower,
+    # against its own paired rounds it is unchanged.
+    def frame(drift):
+        rows = _frame({"base": 1.0, "a": 0.5}, scale=1.0)
+        a = rows["case_id"] == "a"
+        rounds = [list(np.asarray(r) * drift) for r in rows.loc[a, "rounds_s"]]
+        rows.loc[a, "rounds_s"] = pd.Series(rounds, index=rows.index[a])
+        rows.loc[a, "step_time_s"] = [float(np.median(r)) for r in rounds]
+        rows["paired_baseline_rounds_s"] = [
+            list(np.full(len(r), 1.0 * (drift if c == "a" else 1.0)))
+            for c, r in zip(rows["case_id"], rows["rounds_s"], strict=True)]
+        return rows
+    table = compare_runs(frame(1.0), frame(1.3), normalized=True).set_index("case_id")
+    assert table.loc["a", "status"] == "unchanged"
+    median_only = compare_runs(frame(1.0).drop(columns="paired_baseline_rounds_s"),
+                               frame(1.3).drop(columns="paired_baseline_rounds_s"),
+                               normalized=True).set_index("case_id")
+    assert median_only.loc["a", "status"] == "regression"
+
+
 # --- cases keyed by (model, profile, device, case id); thresholds; several bases; the CI gate ---
 
 MACHINE = {
