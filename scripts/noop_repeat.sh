@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Repeat the no-op techniques of the cpu profile (tf32 and empty_cache do nothing on a CPU;
-# zero_grad fill costs nothing measurable on these small models) N times and report how often
+# zero_grad fill costs little on these small models, and measurably on resnet18) N times and report how often
 # each reads 1.00x within +-3% with a paired interval that contains 1.0 (README, "How speedups
-# are measured"). Usage: scripts/noop_repeat.sh [N] [OUT]
+# are measured"). Usage: [ROUNDS=R] scripts/noop_repeat.sh [N] [OUT] (ROUNDS: timed rounds per
+# case, default the cpu profile's)
 set -euo pipefail
 N=${1:-10}
 OUT=${2:-/tmp/gpubench-noop}
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 for i in $(seq 1 "$N"); do
   python -m pytest benchmarks/test_training_step.py -q -p no:cacheprovider \
-    --gpubench-profile cpu --gpubench-groups precision,memory \
+    --gpubench-profile cpu --gpubench-groups precision,memory ${ROUNDS:+--gpubench-rounds $ROUNDS} \
     -k "tf32 or emptycache or zerofill" --benchmark-json="$OUT/run$i.json" > "$OUT/run$i.log"
   echo "run $i done"
 done
