@@ -34,6 +34,7 @@ from gpubench.flops import count_flops_detailed
 from gpubench.memory import (
     SavedActivations,
     allocator_counters,
+    freeze_long_lived,
     read_peak,
     release_free_memory,
     reset_peak,
@@ -101,6 +102,7 @@ class CaseProgram:
             per_machine = local_world_size or world_size
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
         self.rank = rank
+        freeze_long_lived()  # gc.collect() in every reset_peak scans only what cases create
         self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
         self.start_bytes: list[int | None] = []
         self.start_counters: list[dict | None] = []

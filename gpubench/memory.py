@@ -56,6 +56,24 @@ def track_large_allocations() -> None:
         _LIBC.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
 
 
+_FROZEN = False
+
+
+def freeze_long_lived() -> None:
+    """Once per process, after its imports and before it builds a case: collect garbage, then
+    move every object alive now (modules, classes, the test session: about half a million of
+    them with torch, torchvision and transformers imported) into the collector's permanent
+    generation (``gc.freeze``). A full collection then scans only what cases create: 0.26 s per
+    ``gc.collect()`` on the 2-core CI machine before, about a millisecond after; the automatic
+    collections that would land inside timed rounds shrink alike. Objects frozen here that later
+    become cyclic garbage are never collected, which is why it runs before any case exists."""
+    global _FROZEN
+    if not _FROZEN:
+        gc.collect()
+        gc.freeze()
+        _FROZEN = True
+
+
 def release_free_memory() -> None:
     """Collect garbage and hand freed heap back to the OS, so that the resident size reflects
     live memory and a later measurement is not absorbed by free space left by earlier work."""
