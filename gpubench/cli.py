@@ -343,7 +343,9 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         from gpubench.memory_report import hygiene_reports
 
         state["stage"] = "measuring no_grad and del"
-        models = dict(zip(df["model"], df["workload"].fillna(df["model"]), strict=True))
+        named = df[df["model"].notna()]  # records of no model (loader workers' overhead)
+        models = dict(zip(named["model"], named["workload"].fillna(named["model"]),
+                          strict=True))
         reports = hygiene_reports(models, profile, device)
         atomic.write_text(staging / "memory.json", json.dumps(reports, indent=1))
         state["stage"] = "writing the summary and charts"

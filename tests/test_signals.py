@@ -175,6 +175,15 @@ def test_complete_run_replaces_the_folder_as_a_whole(fake_pytest, previous, caps
     assert not _no_hidden_left(out.parent)
 
 
+def test_records_of_no_model_get_no_memory_measurement(fake_pytest, previous, capsys):
+    out, _ = previous
+    workers = {"kind": "overhead", "case_id": "overhead-workers2", "step_time_s": 0.001}
+    fake_pytest(_results(_bench("new"), _bench("workers", extra=workers)))
+    assert cli.main([*RUN, "--out", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert [r["model"] for r in json.loads((out / "memory.json").read_text())] == ["bert"]
+
+
 def test_folder_with_other_files_is_updated_file_by_file(fake_pytest, previous):
     out, _ = previous
     (out / "notes").mkdir()
