@@ -761,9 +761,9 @@ def check_empty_cache_oom(c: _Cases) -> list[Verdict]:
     if device not in spec.devices:
         return [Verdict(c.model, claim, measured, "not testable here",
                         "needs CUDA: the CPU allocator keeps no cache to empty (on the CPU the "
-                        "frontier runs against a --budget)", "memory.md")]
+                        "frontier runs against a --budget)", "memory.json")]
     if plain is None or emptied is None:
-        return [_missing(c.model, claim, "memory.md", "the fp32 and emptycache OOM frontiers: "
+        return [_missing(c.model, claim, "memory.json", "the fp32 and emptycache OOM frontiers: "
                          "gpubench memory --techniques fp32,emptycache, and its memory.json")]
     why = ("when an allocation fails, PyTorch's caching allocator itself frees its unused "
            "cached blocks and retries (allocation retries) before raising out of memory, so "
@@ -772,13 +772,13 @@ def check_empty_cache_oom(c: _Cases) -> list[Verdict]:
     if plain.get("capped") or emptied.get("capped"):
         return [Verdict(c.model, claim, measured, "inconclusive",
                         "the search reached its limit (--max-batch) without running out of "
-                        "memory; " + why, "memory.md")]
+                        "memory; " + why, "memory.json")]
     low = spec.parts["max_batch"][0]
     ratio = (emptied["max_batch"] / plain["max_batch"] if plain["max_batch"]
              else float("inf") if emptied["max_batch"] else 1.0)
     verdict = ("holds" if ratio >= low else "smaller than claimed" if ratio > 1
                else "does not hold")
-    return [Verdict(c.model, claim, measured + f" (x{ratio:.2f})", verdict, why, "memory.md")]
+    return [Verdict(c.model, claim, measured + f" (x{ratio:.2f})", verdict, why, "memory.json")]
 
 
 def _hygiene_ratio(new: dict, base: dict) -> tuple[float, str]:
@@ -802,7 +802,7 @@ def check_no_grad(c: _Cases) -> list[Verdict]:
     claim = spec.text
     h = _hygiene(c)
     if h is None:
-        return [_missing(c.model, claim, "memory.md",
+        return [_missing(c.model, claim, "memory.json",
                          "the hygiene measurements of gpubench memory, in its memory.json")]
     ev = h["evaluation"]
     grad = ev["grad"]
@@ -819,7 +819,7 @@ def check_no_grad(c: _Cases) -> list[Verdict]:
     why = ("autograd saves what backward needs only while grad mode is on; under no_grad and "
            "inference_mode nothing is saved and each activation is freed once the next layer "
            "has used it; model.eval() alone switches dropout and BatchNorm, not autograd")
-    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "memory.md")]
+    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "memory.json")]
 
 
 def check_del(c: _Cases) -> list[Verdict]:
@@ -829,7 +829,7 @@ def check_del(c: _Cases) -> list[Verdict]:
     claim = spec.text
     h = _hygiene(c)
     if h is None:
-        return [_missing(c.model, claim, "memory.md",
+        return [_missing(c.model, claim, "memory.json",
                          "the hygiene measurements of gpubench memory, in its memory.json")]
     graph, outputs = h["kept_graph"], h["kept_outputs"]
     r_graph, basis = _hygiene_ratio(graph["deleted"], graph["kept"])
@@ -846,7 +846,7 @@ def check_del(c: _Cases) -> list[Verdict]:
            "(del, .item() or .detach() frees it); after backward() the graph is already freed, "
            "so deleting the outputs frees only their own storage, until the next forward "
            "would have rebound the names")
-    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "memory.md")]
+    return [Verdict(c.model, claim, measured, combine_parts(parts), why, "memory.json")]
 
 
 def recipe_ingredients(c: _Cases, stack: pd.Series) -> dict[str, pd.Series | None]:
