@@ -64,28 +64,21 @@ def load_memory_reports(paths) -> list[dict]:
     """``memory.json`` files: one report of ``gpubench memory``, or a list of them (one per
     model, as ``gpubench run`` writes its loop-hygiene measurements). A bad one: a one-line
     ``ResultsError``."""
-    from gpubench.results import ResultsError
+    from gpubench.results import load_report_files
 
-    reports = []
-    for path in map(Path, paths):
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ResultsError(f"{path}: no such file") from None
-        except (OSError, ValueError) as err:
-            raise ResultsError(f"{path}: not a gpubench memory.json ({err})") from None
-        for report in data if isinstance(data, list) else [data]:
-            if not isinstance(report, dict) or not isinstance(report.get("model"), str) \
-                    or not isinstance(report.get("frontier", []), list):
-                raise ResultsError(f"{path}: not a gpubench memory.json (no model or frontier)")
-            reports.append(report)
-    return reports
+    def problem(report: dict) -> str | None:
+        if not isinstance(report.get("model"), str) \
+                or not isinstance(report.get("frontier", []), list):
+            return "no model or frontier"
+        return None
+    return load_report_files(paths, "memory.json", problem)
 
 
 def memory_reports_beside(files) -> list[dict]:
     """The reports of the ``memory.json`` beside each result file, where there is one."""
-    folders = dict.fromkeys(Path(f).resolve().parent for f in files)
-    return load_memory_reports(p for p in (d / "memory.json" for d in folders) if p.is_file())
+    from gpubench.results import files_beside
+
+    return load_memory_reports(files_beside(files, "memory.json"))
 
 
 def hygiene_reports(models: dict[str, str], profile: str, device: str) -> list[dict]:

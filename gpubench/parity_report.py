@@ -246,26 +246,18 @@ def write_parity(reports: dict | list[dict], out: Path, chart: bool = True) -> l
 def load_parity_reports(paths) -> list[dict]:
     """The reports in ``parity.json`` files of ``gpubench parity`` (one report) or ``gpubench
     run --parity`` (a list, one per model); a bad file: a one-line ``ResultsError``."""
-    from gpubench.results import ResultsError
+    from gpubench.results import load_report_files
 
-    reports = []
-    for path in map(Path, paths):
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ResultsError(f"{path}: no such file") from None
-        except (OSError, ValueError) as err:
-            raise ResultsError(f"{path}: not a gpubench parity.json ({err})") from None
-        for report in data if isinstance(data, list) else [data]:
-            if not isinstance(report, dict) or report.get("kind") != "parity" \
-                    or not isinstance(report.get("techniques"), list):
-                raise ResultsError(f"{path}: not a gpubench parity.json (no kind 'parity' or "
-                                   "techniques)")
-            reports.append(judge(report))  # the verdicts by this version's tolerances
-    return reports
+    def problem(report: dict) -> str | None:
+        if report.get("kind") != "parity" or not isinstance(report.get("techniques"), list):
+            return "no kind 'parity' or techniques"
+        return None
+    # The verdicts by this version's tolerances.
+    return [judge(r) for r in load_report_files(paths, "parity.json", problem)]
 
 
 def parity_reports_beside(files) -> list[dict]:
     """The reports of the ``parity.json`` beside each result file, where there is one."""
-    folders = dict.fromkeys(Path(f).resolve().parent for f in files)
-    return load_parity_reports(p for p in (d / "parity.json" for d in folders) if p.is_file())
+    from gpubench.results import files_beside
+
+    return load_parity_reports(files_beside(files, "parity.json"))

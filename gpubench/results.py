@@ -121,6 +121,32 @@ class ResultsError(ValueError):
     first bad field."""
 
 
+def load_report_files(paths: Iterable, name: str, problem) -> list[dict]:
+    """The reports in JSON side files (``memory.json``, ``parity.json``): one report per file,
+    or a list of them (one per model, as ``gpubench run`` writes them). ``problem(report)``
+    says what a report lacks (None: nothing); a bad file is a one-line ``ResultsError``."""
+    reports = []
+    for path in map(Path, paths):
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ResultsError(f"{path}: no such file") from None
+        except (OSError, ValueError) as err:
+            raise ResultsError(f"{path}: not a gpubench {name} ({err})") from None
+        for report in data if isinstance(data, list) else [data]:
+            why = "not a mapping" if not isinstance(report, dict) else problem(report)
+            if why:
+                raise ResultsError(f"{path}: not a gpubench {name} ({why})")
+            reports.append(report)
+    return reports
+
+
+def files_beside(files: Iterable, name: str) -> list[Path]:
+    """The file ``name`` in each result file's folder, where there is one (each folder once)."""
+    folders = dict.fromkeys(Path(f).resolve().parent for f in files)
+    return [p for p in (d / name for d in folders) if p.is_file()]
+
+
 def _describe(value) -> str:
     text = json.dumps(value) if not isinstance(value, float) else repr(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
