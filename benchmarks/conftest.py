@@ -21,6 +21,11 @@ ROUNDS = {"smoke": (3, 1), "cpu": (12, 1), "gpu-small": (30, 5), "gpu-full": (30
 MAX_TIME_S = {"smoke": 2.0, "cpu": 3.0, "gpu-small": 5.0, "gpu-full": 10.0}
 """Seconds of timed rounds per case; slower cases run fewer rounds (at least 6)."""
 
+MIN_TIME_S = {"smoke": 0.0, "cpu": 0.6, "gpu-small": 0.0, "gpu-full": 0.0}
+"""Seconds of timed rounds a fast case runs at least: more rounds (up to 4 times the profile's),
+each paired with a baseline round. A 15 ms CPU step gets 40 rounds instead of 12, which halves
+how far its paired speedup moves from run to run, for 0.4 s more of timed rounds per side."""
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("gpubench")
@@ -41,7 +46,11 @@ def pytest_addoption(parser):
                     help="untimed warm-up rounds per case (default: per profile)")
     group.addoption("--gpubench-max-time", type=float, default=-1,
                     help="seconds of timed rounds per case: slow cases run fewer rounds, at "
-                    "least 5 (default per profile; 0: always the full rounds)")
+                    "least 6 (default per profile; 0: always the full rounds)")
+    group.addoption("--gpubench-min-time", type=float, default=-1,
+                    help="seconds of timed rounds a fast case runs at least: more rounds, up "
+                    "to 4 times --gpubench-rounds (default per profile: cpu 0.6, others 0; "
+                    "0 when --gpubench-rounds is given)")
     group.addoption("--gpubench-slow", action="store_true",
                     help="also run slow cases (torch.compile)")
     group.addoption("--gpubench-threads", type=int, default=0,
@@ -96,7 +105,11 @@ class Options:
             raise pytest.UsageError(f"--gpubench-groups must be from {', '.join(GROUPS)}; got "
                                     f"{', '.join(bad)}")
         rounds, warmup = ROUNDS[self.profile]
-        self.rounds = config.getoption("--gpubench-rounds") or rounds
+        fixed_rounds = config.getoption("--gpubench-rounds")
+        self.rounds = fixed_rounds or rounds
+        min_time = config.getoption("--gpubench-min-time")
+        self.min_time_s = ((0.0 if fixed_rounds else MIN_TIME_S[self.profile]) if min_time < 0
+                           else min_time)
         w = config.getoption("--gpubench-warmup")
         self.warmup = warmup if w < 0 else w
         max_time = config.getoption("--gpubench-max-time")
@@ -107,6 +120,10 @@ class Options:
         self.paired = not config.getoption("--gpubench-unpaired")
         self.trace_dir = config.getoption("--gpubench-trace") or None
         self._baseline = None
+        from gpubench.runner import RankPool
+
+        self.ranks = RankPool()
+        """Rank processes kept between consecutive multi-process cases."""
 
     def paired_baseline(self, cfg):
         """The running PairedBaseline of ``cfg``'s baseline (one at a time, started on first
@@ -165,10 +182,17 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_runtest_teardown(item, nextitem):
-    """The paired baseline worker lives while consecutive cases share it."""
+    """The paired baseline worker lives while consecutive cases share it; the rank processes
+    of multi-process cases while the next case can run in them."""
     opts = getattr(item.config, "gpubench", None)
-    if opts is not None and (nextitem is None or "case_id" not in nextitem.fixturenames):
+    if opts is None:
+        return
+    if nextitem is None or "case_id" not in nextitem.fixturenames:
         opts.close_baseline()
+    next_case = (getattr(opts, "cases", {}).get(nextitem.callspec.params.get("case_id"))
+                 if nextitem is not None and hasattr(nextitem, "callspec") else None)
+    if next_case is None or not opts.ranks.matches(next_case.cfg, opts.timeout_s):
+        opts.ranks.close()
 
 
 @pytest.fixture

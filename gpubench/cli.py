@@ -109,6 +109,8 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
         cmd.append(f"--gpubench-warmup={args.warmup}")
     if args.max_time is not None:
         cmd.append(f"--gpubench-max-time={args.max_time}")
+    if getattr(args, "min_time", None) is not None:
+        cmd.append(f"--gpubench-min-time={args.min_time}")
     if args.timeout is not None:
         cmd.append(f"--gpubench-timeout={args.timeout}")
     if args.unpaired:
@@ -590,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-time", type=non_negative, default=None,
                      help="seconds of timed rounds per case; slower cases run fewer rounds, "
                      "at least 6 (default: per profile; 0: always the full rounds)")
+    run.add_argument("--min-time", type=non_negative, default=None,
+                     help="seconds of timed rounds a fast case runs at least: more rounds, up "
+                     "to 4 times --rounds (default: cpu 0.6, other profiles 0; 0 when --rounds "
+                     "is given)")
     run.add_argument("--timeout", type=positive, default=None,
                      help="seconds a multi-process rank may take per command before the case "
                      "fails as hung (default 300)")

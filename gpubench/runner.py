@@ -9,6 +9,7 @@ command round trip, which the ``workers`` benchmark reports on its own).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 
@@ -19,19 +20,80 @@ from gpubench.config import RunConfig
 from gpubench.distributed import backend_for
 from gpubench.flops import step_peak_flops
 from gpubench.machine import device_name
-from gpubench.measure import MIN_ROUNDS, CaseProgram, InProcess, budget_rounds, measure
+from gpubench.measure import MIN_ROUNDS, CaseProgram, InProcess, Phases, budget_rounds, measure
 from gpubench.trace import trace_case
 from gpubench.workers import DEFAULT_TIMEOUT_S, WorkerGroup
 
-__all__ = ["MIN_ROUNDS", "budget_rounds", "launcher", "record", "run_case"]
+__all__ = ["MIN_ROUNDS", "RankPool", "budget_rounds", "launcher", "record", "run_case"]
 
 
-def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """The launcher of ``cfg``: worker processes per rank for DDP, FSDP and pipeline cases; one
-    worker process for a case whose CUDA allocator settings must be in place before CUDA starts
-    (``expandable_segments``: the process is started with ``cfg.worker_env()``); this process
-    otherwise (a context manager whose ``call`` runs the measurement commands)."""
+class RankPool:
+    """Rank processes kept from one multi-process case to the next: a run's DDP, FSDP and
+    pipeline cases of a model come one after another, and each would otherwise start its ranks
+    afresh (spawn, import torch, join the process group: about 3 s per case on a 2-core
+    machine, more than its timed rounds). A case whose world size, backend, worker environment
+    and timeout match the running ranks' rebuilds its program in them
+    (``WorkerGroup.rebuild``); any other case, or a failure, stops them first. Between cases
+    the ranks hold no program (its loader workers stopped, its memory freed)."""
+
+    def __init__(self):
+        self.group: WorkerGroup | None = None
+        self.key: tuple | None = None
+        self.started = 0
+        """Rank groups started so far (the rest of the cases reused one)."""
+
+    @staticmethod
+    def key_of(cfg: RunConfig, timeout_s: float) -> tuple:
+        return (cfg.world_size, backend_for(cfg.device), tuple(sorted(cfg.worker_env().items())),
+                timeout_s)
+
+    def matches(self, cfg: RunConfig, timeout_s: float) -> bool:
+        """Whether ``cfg`` would run in the ranks running now."""
+        return (self.group is not None and self.group.alive
+                and self.key == self.key_of(cfg, timeout_s))
+
+    @contextlib.contextmanager
+    def lease(self, cfg: RunConfig, timeout_s: float):
+        """The ranks of ``cfg`` with its program built, as a launcher for ``measure``."""
+        check_world_size(cfg)
+        if not self.matches(cfg, timeout_s):
+            self.close()
+        try:
+            if self.group is None:
+                self.group = WorkerGroup(cfg.world_size, CaseProgram, (cfg,),
+                                         backend=backend_for(cfg.device), timeout_s=timeout_s,
+                                         env=cfg.worker_env())
+                self.key = self.key_of(cfg, timeout_s)
+                self.started += 1
+            else:
+                self.group.rebuild(CaseProgram, (cfg,))
+            yield self.group
+            self.group.rebuild(_no_program)  # the case's loader workers and memory go now
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.group is not None:
+            group, self.group, self.key = self.group, None, None
+            group.close(graceful=group.alive)
+
+
+def _no_program(rank: int, world_size: int) -> None:
+    """What a pooled rank holds between cases: nothing."""
+    return None
+
+
+def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S,
+             ranks: RankPool | None = None):
+    """The launcher of ``cfg``: worker processes per rank for DDP, FSDP and pipeline cases
+    (from ``ranks`` when given, see ``RankPool``); one worker process for a case whose CUDA
+    allocator settings must be in place before CUDA starts (``expandable_segments``: the
+    process is started with ``cfg.worker_env()``); this process otherwise (a context manager
+    whose ``call`` runs the measurement commands)."""
     if cfg.multiprocess:
+        if ranks is not None:
+            return ranks.lease(cfg, timeout_s)
         check_world_size(cfg)
         return WorkerGroup(cfg.world_size, CaseProgram, (cfg,), backend=backend_for(cfg.device),
                            timeout_s=timeout_s, env=cfg.worker_env())
@@ -43,29 +105,40 @@ def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S):
 
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
              timeout_s: float = DEFAULT_TIMEOUT_S, max_time_s: float | None = None,
-             group=None, baseline=None, trace_dir=None) -> dict:
+             group=None, baseline=None, trace_dir=None, ranks: RankPool | None = None,
+             min_time_s: float | None = None) -> dict:
     """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``.
 
     ``rounds`` shrinks for slow steps so the timed rounds take about ``max_time_s`` (never below
-    ``MIN_ROUNDS``). Multi-process cases start their own worker processes, unless ``group`` (the
+    ``MIN_ROUNDS``), and grows for fast ones until they take ``min_time_s``
+    (``budget_rounds``). Multi-process cases start their own worker processes, unless ``group`` (the
     ranks of an existing job, see ``LocalRanks``) is given. ``baseline`` (a ``PairedBaseline``
     of ``cfg.baseline``) pairs every timed round with a baseline round (drift-robust speedup).
     With ``trace_dir``, a few more steps are profiled after the timed rounds
-    (``gpubench.trace``: a trace per case and rank in that folder, ``top_ops`` in the record)."""
+    (``gpubench.trace``: a trace per case and rank in that folder, ``top_ops`` in the record).
+    ``ranks`` (a ``RankPool``) lends a multi-process case rank processes kept from the
+    previous case."""
     reason = unsupported_reason(cfg, check_devices=group is None)
     if reason:
         raise Unsupported(reason)
+    phases = Phases()
     if group is not None:
-        measured = measure(benchmark, cfg, group, rounds, warmup_rounds, max_time_s, baseline)
+        measured = measure(benchmark, cfg, group, rounds, warmup_rounds, max_time_s, baseline,
+                           phases, min_time_s)
         measured["peak_flops_per_device"] = _shared_peak(cfg)
         if trace_dir:
             measured.update(trace_case(group, cfg, trace_dir))
+            phases.lap("trace")
     else:
-        with launcher(cfg, timeout_s) as own:
+        with launcher(cfg, timeout_s, ranks) as own:
+            phases.lap("build")
             measured = measure(benchmark, cfg, own, rounds, warmup_rounds, max_time_s,
-                               baseline)
+                               baseline, phases, min_time_s)
             if trace_dir:
                 measured.update(trace_case(own, cfg, trace_dir))
+                phases.lap("trace")
+        phases.lap("close")
+    measured["harness_s"] = phases.seconds
     return record(benchmark, cfg, measured)
 
 

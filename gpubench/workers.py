@@ -51,6 +51,10 @@ STAGES = {
 """Start-up stages a rank reports, in order, with what it is doing in each."""
 
 
+REBUILD = "__rebuild__"
+"""The command that replaces a rank's program (``WorkerGroup.rebuild``)."""
+
+
 class WorkerError(RuntimeError):
     """A rank failed; the message carries its traceback."""
 
@@ -118,6 +122,15 @@ def _rank_main(conn, payload: bytes) -> None:
             command, payload = conn.recv()
             if command == "stop":
                 break
+            if command == REBUILD:  # a new program in this rank (WorkerGroup.rebuild)
+                close = getattr(handler, "close", None)
+                handler = None
+                if close is not None:
+                    close()
+                factory, args = payload
+                handler = factory(rank, world_size, *args)
+                conn.send(("ok", None))
+                continue
             conn.send(("ok", getattr(handler, command)(*payload)))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
@@ -182,6 +195,18 @@ class WorkerGroup:
                 self._fail_dead_rank(rank, command)
         limit = self.timeout_s if timeout_s is None else timeout_s
         return self._collect(command, limit, grace_s=min(REPORT_GRACE_S, 0.5 * limit))
+
+    def rebuild(self, factory: Callable[..., Any], args: tuple = ()) -> None:
+        """Close each rank's program (its ``close``, if any) and build
+        ``factory(rank, world_size, *args)`` in its place, in the same processes and process
+        group: the next case of a run without starting, importing and joining again (about 3
+        s per case on a 2-core machine)."""
+        self.call(REBUILD, factory, args)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the ranks are running (a failure or ``close`` stops them all)."""
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
 
     def _exit_status(self, rank: int) -> str:
         proc = self.procs[rank]

@@ -38,6 +38,18 @@ def test_budget_rounds_shrinks_slow_cases_but_keeps_a_sample():
     assert budget_rounds(10, 10.0, 0) == 10
 
 
+def test_budget_rounds_extends_fast_cases_to_the_minimum_time_within_a_cap():
+    from gpubench.measure import EXTEND_FACTOR
+    from gpubench.runner import budget_rounds
+
+    assert budget_rounds(12, 0.015, 3.0, 0.6) == 40  # 40 x 15 ms = 0.6 s
+    assert budget_rounds(12, 0.045, 3.0, 0.6) == 14
+    assert budget_rounds(12, 0.001, 3.0, 0.6) == EXTEND_FACTOR * 12  # capped
+    assert budget_rounds(12, 0.1, 3.0, 0.6) == 12  # already long enough
+    assert budget_rounds(12, 0.9, 3.0, 0.6) == 6  # slow: max-time still shrinks
+    assert budget_rounds(12, 0.015, 3.0, 0) == 12
+
+
 def test_only_the_loader_group_reads_through_a_loader():
     """Technique cases time the step on device-resident batches; the loader group alone
     measures loading (collation, copies, workers), and the recipe group stacks it with the

@@ -257,3 +257,27 @@ def test_rank_that_hangs_is_named_when_the_host_times_out_too():
         with pytest.raises(WorkerTimeout) as err:
             group.call("rank1_hangs_in_allreduce")
     assert str(err.value).startswith("rank(s) 1 did not finish"), str(err.value)
+
+
+class LoaderStart:
+    """A rank that reports how its DataLoader workers would start."""
+
+    def __init__(self, rank, world_size):
+        pass
+
+    def methods(self):
+        import multiprocessing
+
+        from gpubench.config import LoaderConfig
+        from gpubench.data import build_loader
+
+        loader = build_loader(list(range(8)), LoaderConfig(dataset="synthetic", num_workers=1),
+                              2, seed=0)
+        return multiprocessing.get_start_method(), loader.multiprocessing_context.get_start_method()
+
+
+def test_a_ranks_loader_workers_are_forked_as_under_torchrun():
+    # A spawned rank defaults to spawn, whose loader workers re-import torch (seconds each);
+    # a training script's ranks on Linux fork them.
+    with WorkerGroup(1, LoaderStart) as group:
+        assert group.call("methods") == [("spawn", "fork")]

@@ -1,0 +1,76 @@
+"""Rank processes kept between consecutive multi-process cases (``runner.RankPool``): the next
+case rebuilds its program in the same processes, measures what a fresh group measures, and a
+failure or a case of another shape starts afresh."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gpubench.config import RunConfig
+from gpubench.runner import RankPool, run_case
+from gpubench.standalone import StandaloneBenchmark
+from gpubench.workers import WorkerError, WorkerGroup
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks ranks")
+
+
+class Counter:
+    def __init__(self, rank, world_size, start=0):
+        self.rank, self.value = rank, start
+
+    def bump(self):
+        self.value += 1
+        return self.value
+
+
+def test_rebuild_replaces_each_ranks_program_in_the_same_processes():
+    with WorkerGroup(2, Counter, (10,)) as group:
+        pids = group.pids
+        assert group.call("bump") == [11, 11]
+        group.rebuild(Counter, (100,))
+        assert group.call("bump") == [101, 101]
+        assert group.pids == pids and group.alive
+
+
+def _run(cfg, pool):
+    return run_case(StandaloneBenchmark(cfg.id), cfg, rounds=2, warmup_rounds=0,
+                    timeout_s=120, ranks=pool)
+
+
+def test_consecutive_ddp_cases_share_their_ranks_and_still_check_and_measure():
+    pool = RankPool()
+    try:
+        first = RunConfig(model="bert", profile="smoke", parallel="ddp", world_size=2)
+        second = first.with_(accum_steps=2)
+        a = _run(first, pool)
+        pids = pool.group.pids
+        b = _run(second, pool)
+        assert pool.started == 1 and pool.group.pids == pids  # no new processes
+        for info in (a, b):
+            assert info["check_grad_cosine"] > 0.9999 and info["flops_per_step"] > 0
+        # accumulation over 2 micro-batches of the same size: twice the forward work
+        assert b["flops_per_step"] == pytest.approx(2 * a["flops_per_step"], rel=0.01)
+        other = first.with_(parallel="pipeline", chunks=2, world_size=2, accum_steps=1)
+        _run(other, pool)  # same world size and backend: the same ranks again
+        assert pool.started == 1
+    finally:
+        pool.close()
+    assert pool.group is None
+
+
+def test_a_failing_case_stops_the_pooled_ranks(monkeypatch):
+    pool = RankPool()
+    try:
+        cfg = RunConfig(model="bert", profile="smoke", parallel="ddp", world_size=2)
+        _run(cfg, pool)
+        group = pool.group
+        with pytest.raises(WorkerError):
+            with pool.lease(cfg, 120) as ranks:
+                ranks.call("no_such_command")
+        assert pool.group is None and not group.alive
+        _run(cfg, pool)  # and the next case starts fresh ones
+        assert pool.started == 2
+    finally:
+        pool.close()
