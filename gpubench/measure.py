@@ -100,6 +100,27 @@ def counted_step(case) -> tuple:
     return inner, step
 
 
+_LAST_COUNT: dict = {}
+"""The last FLOP and saved-activation count in this process, by ``count_key``: one entry, as a
+run's cases of a model follow one another."""
+
+
+def count_key(cfg: RunConfig, rank: int) -> tuple:
+    """What a step's FLOPs and saved activations depend on: ``cfg`` less the choices that change
+    neither the ops a step runs nor the tensors autograd saves (the optimizer and its form,
+    zero_grad's mode, ``empty_cache``, the allocator settings, TF32's math mode, and how the
+    batches are loaded, except which dataset), and the rank. The optimizer's own arithmetic is
+    no matmul, convolution or attention: FLOP counting leaves it out either way."""
+    from gpubench.config import LoaderConfig
+
+    loader = cfg.loader
+    return (rank, cfg.with_(
+        precision="fp32" if cfg.precision == "tf32" else cfg.precision,
+        optimizer="sgd", optimizer_impl="default", zero_grad_set_to_none=True,
+        empty_cache=False, expandable_segments=False,
+        loader=LoaderConfig(dataset=loader.dataset, dataset_size=loader.dataset_size)))
+
+
 class CaseProgram:
     """One process's part of a case; each method is a command of the measurement protocol."""
 
@@ -151,12 +172,23 @@ class CaseProgram:
     def count(self) -> dict:
         """FLOPs of one step (ops counted as zero listed) and the saved activations of its
         largest micro-batch, on this process. DataParallel cases are counted on the unwrapped
-        model (``counted_step``)."""
+        model (``counted_step``). A case whose count the previous case's equals
+        (``count_key``: an optimizer form, a memory or loader knob) takes it instead of counting
+        again; its step then runs plainly, so the case's steps before its timed rounds stay
+        as many."""
+        key = count_key(self.cfg, self.rank)
+        if key in _LAST_COUNT:
+            with self.case.precision.math_mode():
+                self.case.step()
+            return dict(_LAST_COUNT[key], count_reused=True)
         model, step = counted_step(self.case)
         with self.case.precision.math_mode(), SavedActivations(model) as saved:
             counted = count_flops_detailed(step)
-        return {"flops": counted.total, "uncounted_ops": counted.uncounted_ops,
-                "activation_bytes": saved.per_micro_batch_bytes}
+        result = {"flops": counted.total, "uncounted_ops": counted.uncounted_ops,
+                  "activation_bytes": saved.per_micro_batch_bytes}
+        _LAST_COUNT.clear()
+        _LAST_COUNT[key] = result
+        return result
 
     def step(self) -> float:
         """One synchronized training step; returns its seconds."""
@@ -337,6 +369,8 @@ def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
         "flops_per_step": sum(flops),
         "uncounted_ops": sorted({op for c in counts for op in c["uncounted_ops"]}),
         "activation_bytes": max(c["activation_bytes"] for c in counts),
+        # taken from the previous case, whose count this one's equals (``count_key``)
+        "count_reused": all(c.get("count_reused", False) for c in counts),
         "loader_wait_s": max((m["loader_wait_s"] or 0) for m in memories),
         "loader_stall_fraction": max(stalls) if stalls else None,
         "loss_reference": check["reference_loss"],

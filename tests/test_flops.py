@@ -145,3 +145,46 @@ def test_measured_matmul_peak_is_positive_and_cached():
     first = matmul_peak_flops("cpu", "fp32")
     assert first > 1e8
     assert matmul_peak_flops("cpu", "fp32") == first
+
+
+@pytest.mark.parametrize("changes", [
+    {"optimizer": "adamw", "optimizer_impl": "foreach"}, {"zero_grad_set_to_none": False},
+    {"empty_cache": True}, {"precision": "tf32"},
+])
+def test_a_count_reused_between_cases_equals_counting_again(changes):
+    """``count_key`` leaves out only what changes neither the ops nor the saved tensors: the
+    reused figures must equal a fresh count of the case."""
+    from gpubench import measure
+    from gpubench.config import RunConfig
+    from gpubench.measure import InProcess
+
+    base = RunConfig(model="resnet18", profile="smoke")
+    measure._LAST_COUNT.clear()
+    fresh = {}
+    for cfg in (base, base.with_(**changes)):
+        measure._LAST_COUNT.clear()
+        with InProcess(cfg) as case:
+            fresh[cfg] = case.call("count")[0]
+    measure._LAST_COUNT.clear()
+    with InProcess(base) as case:
+        case.call("count")
+    with InProcess(base.with_(**changes)) as case:
+        reused = case.call("count")[0]
+    assert reused.pop("count_reused") is True
+    assert reused == fresh[base.with_(**changes)]
+
+
+def test_a_count_is_not_reused_where_the_step_differs():
+    from gpubench import measure
+    from gpubench.config import RunConfig
+    from gpubench.measure import InProcess
+
+    base = RunConfig(model="resnet18", profile="smoke")
+    measure._LAST_COUNT.clear()
+    with InProcess(base) as case:
+        first = case.call("count")[0]
+    for changes in ({"checkpointing": True}, {"accum_steps": 2}, {"precision": "bf16"}):
+        with InProcess(base.with_(**changes)) as case:
+            other = case.call("count")[0]
+        assert "count_reused" not in other, changes
+    assert first["flops"] > 0
