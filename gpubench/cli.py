@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from gpubench import atomic
@@ -317,6 +318,7 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
     remove_stale_partials(data_dir)
 
     print(f"gpubench: profile {profile} on {device}; results go to {out}/", flush=True)
+    started = time.monotonic()
     staging = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(out.name), suffix=".tmp",
                                     dir=out.parent))
     state["stage"] = "running the cases"
@@ -374,6 +376,7 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
             state["stage"] = "after the results were written"
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
         print("\n" + text)
+        print(f"gpubench: {_run_cost_line(df, time.monotonic() - started)}")
         print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
         if not args.no_charts:
             print(f"gpubench: charts and report in {out}/")
@@ -382,6 +385,16 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         return code
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run_cost_line(df, wall_s: float) -> str:
+    """How long the run took and how much of it was timed rounds (the step cases' and their
+    paired baseline's, the claims pairs' and the harness checks' rounds)."""
+    timed = sum(sum(r) for r in df["rounds_s"].dropna())
+    if "paired_baseline_rounds_s" in df:
+        timed += sum(sum(r) for r in df["paired_baseline_rounds_s"].dropna())
+    return (f"the run took {wall_s // 60:.0f}:{wall_s % 60:02.0f}, of which timed rounds "
+            f"{timed:.0f} s ({timed / wall_s:.0%}; where the rest went: summary.md)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ combine the processes' figures into one record.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import os
 import statistics
@@ -206,6 +207,15 @@ class CaseProgram:
         self.waits_at_reset = len(self.case.batches.waits)
         self.start_bytes = [reset_peak(d) for d in self.case.devices]
         self.start_counters = [allocator_counters(d) for d in self.case.devices]
+
+    def reset_window(self) -> None:
+        """Start a timed window whose memory an earlier window measured (an in-process case
+        paired in this process): step times and loader waits restart; garbage is collected,
+        but no freed memory is handed back to the system (which ``reset_peak`` does, and which
+        makes the next step fault its pages in again)."""
+        gc.collect()
+        self.times = []
+        self.waits_at_reset = len(self.case.batches.waits)
 
     def read_peak(self) -> dict:
         """Figures of the measured window on this process: each device's peak memory (on CUDA
@@ -452,18 +462,27 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     if local:
         partner = _local_partner(baseline)  # built beside the case only now
         phases.lap("partner")
-    group.call("reset_peak")  # the timed window (and, unpaired or multi-process, the memory)
+    if isinstance(partner, LocalBaseline):
+        # Memory was measured in the case's own window: the timed one only restarts the
+        # times, and with no memory handed back there is nothing for a warm-up round to
+        # re-fault (the partner's first paired step is its second: its grads and optimizer
+        # state exist).
+        group.call("reset_window")
+        window_warmup = 0
+    else:
+        group.call("reset_peak")  # the timed window, which is also the memory window
+        window_warmup = WINDOW_WARMUP_ROUNDS
     try:
         with Sampler.for_case(cfg, group, partner, rounds) as telemetry:  # gpubench.telemetry
             if partner is None:
                 benchmark.pedantic(group.call, args=("step",), rounds=rounds,
-                                   warmup_rounds=WINDOW_WARMUP_ROUNDS, iterations=1)
+                                   warmup_rounds=window_warmup, iterations=1)
             else:
                 partner.times = []
                 benchmark.pedantic(group.call, args=("step",),
                                    setup=telemetry.untimed(partner.step), rounds=rounds,
-                                   warmup_rounds=WINDOW_WARMUP_ROUNDS, iterations=1)
-                partner.times = partner.times[-rounds:]  # the warm-up round's pair left out
+                                   warmup_rounds=window_warmup, iterations=1)
+                partner.times = partner.times[-rounds:]  # a warm-up round's pair left out
         phases.lap("rounds")
         timing = group.call("read_peak")
     finally:

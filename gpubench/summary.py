@@ -158,6 +158,67 @@ def storage_markdown(df: pd.DataFrame) -> str:
             + "\n".join(parts))
 
 
+PHASES = {
+    "build": "building cases (rank processes started where not reused)",
+    "prepare": "data path to steady state, loader probe",
+    "check": "training check (FP32 reference, 3 steps)",
+    "count": "FLOP and saved-activation count (1 step)",
+    "warmup": "warm-up rounds (the in-process case's memory window)",
+    "partner": "building the paired baseline beside the case",
+    "untimed_rounds": "in the timed window, untimed (warm-up pair, baseline worker start)",
+    "finish": "all-reduce probe, records",
+    "close": "closing cases",
+    "trace": "profiling (--trace)",
+}
+"""The parts of each case's measurement (``harness_s`` in its record, ``measure.Phases``)."""
+
+
+def run_cost(df: pd.DataFrame) -> pd.DataFrame:
+    """Per run, seconds of the cases' timed rounds, of their paired baseline rounds and of each
+    untimed part (``PHASES``), summed over the step records, with each one's share."""
+    steps = df[(df["kind"] == "step") & df["step_time_s"].notna()] if "kind" in df else df.iloc[:0]
+    if steps.empty or "harness_s" not in steps:
+        return pd.DataFrame(columns=["run", "part", "seconds", "share"])
+    rows = []
+    for run, group in steps.groupby("run", sort=False):
+        phases: dict[str, float] = {}
+        for h in group["harness_s"].dropna():
+            for k, v in h.items():
+                phases[k] = phases.get(k, 0.0) + float(v)
+        if not phases:
+            continue
+        timed = sum(sum(r) for r in group["rounds_s"].dropna())
+        paired = (sum(sum(r) for r in group["paired_baseline_rounds_s"].dropna())
+                  if "paired_baseline_rounds_s" in group else 0.0)
+        parts = {"timed rounds of the cases": timed, "paired baseline rounds": paired}
+        phases["untimed_rounds"] = max(0.0, phases.pop("rounds", 0.0) - timed - paired)
+        parts.update({PHASES.get(k, k): v for k, v in phases.items() if v > 0})
+        total = sum(parts.values())
+        rows += [{"run": run, "part": k, "seconds": v, "share": v / total}
+                 for k, v in parts.items()]
+    return pd.DataFrame(rows)
+
+
+def run_cost_markdown(df: pd.DataFrame) -> str:
+    """Where the cases' time went (``run_cost``), one table per run; empty without records of
+    their phases (results written before they were recorded)."""
+    cost = run_cost(df)
+    parts = []
+    for run, group in cost.groupby("run", sort=False):
+        total = group["seconds"].sum()
+        timed = group["seconds"].iloc[:2].sum()
+        cells = group.assign(seconds=group["seconds"].map(lambda v: f"{v:.1f}"),
+                             share=group["share"].map(lambda v: f"{v:.0%}"))
+        parts.append(
+            f"### Where the cases' time went ({run})\n\n"
+            f"{total:.0f} s in the step cases, {timed / total:.0%} of it timed rounds (the "
+            "cases' and their paired baseline's); pytest's start, the claims pairs and the "
+            "harness checks come on top.\n\n"
+            + tables.markdown_table(cells[["part", "seconds", "share"]],
+                                    ["left", "right", "right"]) + "\n")
+    return "\n".join(parts)
+
+
 def summary_markdown(df: pd.DataFrame) -> str:
     """One Markdown section per run and model, then the storage section (``storage_markdown``)
     where a run has one."""
@@ -196,6 +257,9 @@ def summary_markdown(df: pd.DataFrame) -> str:
                 "overhead_us": "per-step command round trip (us)"}
         parts.append("### Multi-process machinery (no-op step)\n\n"
                      + markdown_table(procs, cols) + "\n")
+    cost = run_cost_markdown(df)
+    if cost:
+        parts.append(cost)
     if not parts:
         return "No measured cases.\n"
     return "\n".join(parts)

@@ -224,3 +224,25 @@ def test_random_malformed_records_raise_only_results_error(tmp_path, doc):
         assert df["kind"].isin(["step", "claim", "overhead"]).all()
         assert (df["time_median"] > 0).all()
         with_baseline_ratios(df)
+
+
+def test_run_cost_splits_the_cases_time_into_timed_rounds_and_each_untimed_part(tmp_path):
+    from gpubench.summary import run_cost, run_cost_markdown, summary_markdown
+
+    harness = {"build": 0.5, "check": 0.3, "count": 0.1, "warmup": 0.1, "rounds": 0.9}
+    rec = _record(harness_s=harness, paired_baseline_rounds_s=[0.1, 0.1, 0.1])
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_doc(rec)))
+    df = load_results([path])
+    cost = run_cost(df).set_index("part")["seconds"]
+    assert cost["timed rounds of the cases"] == pytest.approx(0.31)  # STATS' rounds
+    assert cost["paired baseline rounds"] == pytest.approx(0.3)
+    assert cost["in the timed window, untimed (warm-up pair, baseline worker start)"] == \
+        pytest.approx(0.9 - 0.61)
+    assert cost.sum() == pytest.approx(sum(harness.values()))
+    text = run_cost_markdown(df)
+    assert "32% of it timed rounds" in text  # 0.61 of 1.9 s
+    assert "Where the cases' time went" in summary_markdown(df)
+    old = tmp_path / "old.json"  # results from before harness_s: no section
+    old.write_text(json.dumps(_doc(_record())))
+    assert run_cost_markdown(load_results([old])) == ""
