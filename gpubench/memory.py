@@ -83,10 +83,14 @@ def release_free_memory() -> None:
 
 
 def reset_peak(device: torch.device) -> int | None:
-    """Start a new peak-memory window; return the memory in use at its start (bytes)."""
+    """Start a new peak-memory window; return the memory in use at its start (bytes). On CUDA
+    the caching allocator's free blocks are released first (after garbage collection and a
+    synchronize), so that the window's ``peak_reserved_bytes`` is what its own steps reserve,
+    not what an earlier case (in this process, or in a reused rank) left cached."""
     release_free_memory()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device)
     if cpu_peak_supported():
