@@ -189,10 +189,27 @@ def pytest_runtest_teardown(item, nextitem):
         return
     if nextitem is None or "case_id" not in nextitem.fixturenames:
         opts.close_baseline()
-    next_case = (getattr(opts, "cases", {}).get(nextitem.callspec.params.get("case_id"))
-                 if nextitem is not None and hasattr(nextitem, "callspec") else None)
-    if next_case is None or not opts.ranks.matches(next_case.cfg, opts.timeout_s):
-        opts.ranks.close()
+    if opts.ranks.group is not None:
+        next_case = _next_running_case(item, nextitem, opts)
+        if next_case is None or not opts.ranks.matches(next_case.cfg, opts.timeout_s):
+            opts.ranks.close()
+
+
+def _next_running_case(item, nextitem, opts):
+    """The next case of the session that will run here (past those that skip: more GPUs than
+    the machine has, slow ones not asked for), or None when a test of another kind comes
+    first."""
+    items = item.session.items
+    start = items.index(nextitem) if nextitem in items else len(items)
+    cases = getattr(opts, "cases", {})
+    for later in items[start:]:
+        callspec = getattr(later, "callspec", None)
+        case = cases.get(callspec.params.get("case_id")) if callspec is not None else None
+        if case is None:
+            return None
+        if (opts.slow or not case.slow) and case.skip_reason() is None:
+            return case
+    return None
 
 
 @pytest.fixture

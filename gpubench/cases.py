@@ -165,7 +165,10 @@ def parallel_cases(base: RunConfig) -> list[RunConfig]:
             base.with_(parallel="pipeline", world_size=2, chunks=chunks),
             base.with_(parallel="pipeline", world_size=2, chunks=chunks, schedule="1f1b"),
         ]
-    return [*ddp, *fsdp, *dp, *split]
+    # The cases of this process first, then those of rank processes one after another, so
+    # that a run starts the ranks once and rebuilds each case in them (``runner.RankPool``).
+    here = [*dp, *(c for c in split if not c.multiprocess)]
+    return [*here, *ddp, *fsdp, *(c for c in split if c.multiprocess)]
 
 
 MAX_WORKERS_PER_CORE = 2
@@ -262,7 +265,8 @@ def recipe_cases(base: RunConfig) -> list[RunConfig]:
                               pin_memory=cuda, non_blocking=cuda)
     stack = base.with_(precision=recipe_precision(base.device), loader=loader,
                        accum_steps=RECIPE_ACCUM_STEPS)
-    return [stack, stack.with_(parallel="ddp", world_size=2, ddp_no_sync=True)]
+    # DDP first: it runs right after the parallel group (``model_cases``), in its ranks.
+    return [stack.with_(parallel="ddp", world_size=2, ddp_no_sync=True), stack]
 
 
 def compile_cases(base: RunConfig) -> list[RunConfig]:
@@ -279,8 +283,8 @@ def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
         ("memory", memory_cases(base), False),
         ("layout", layout_cases(base), False),
         ("parallel", parallel_cases(base), False),
+        ("recipe", recipe_cases(base), False),  # its DDP case in the parallel group's ranks
         ("loader", loader_cases(base), False),
-        ("recipe", recipe_cases(base), False),
         ("compile", compile_cases(base), True),
     ]
     return [BenchCase(cfg, group, slow) for group, cfgs, slow in groups for cfg in cfgs]

@@ -30,7 +30,7 @@ def _row(case_id, median, **extra):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_stack_is_what_a_reader_of_s1_builds(device):
     base = baseline("resnet18", "cpu", device)
-    single, ddp = recipe_cases(base)
+    ddp, single = recipe_cases(base)  # DDP first: it runs in the parallel group's ranks
     assert single.precision == recipe_precision(device)
     assert single.accum_steps == RECIPE_ACCUM_STEPS
     assert single.resolved_micro_batch == base.resolved_micro_batch  # "a larger batch"
@@ -44,7 +44,7 @@ def test_the_stack_is_what_a_reader_of_s1_builds(device):
 
 def test_every_ingredient_is_a_case_of_its_own_group():
     cases = {c.id: c for c in profile_cases("gpu-small", "cuda", ("resnet50",))}
-    single, ddp = (c.cfg for c in cases.values() if c.group == "recipe")
+    ddp, single = (c.cfg for c in cases.values() if c.group == "recipe")
     base = baseline("resnet50", "gpu-small", "cuda")
     for ingredient in (base.with_(precision=single.precision),
                        base.with_(accum_steps=RECIPE_ACCUM_STEPS),
