@@ -190,17 +190,19 @@ def _fingerprint(params: list[torch.Tensor]) -> tuple:
 
 def _reference_key(case: Case, fixed: list) -> tuple | None:
     """What the FP32 reference of ``case`` depends on: the samples (their bytes), the initial
-    weights (the workload, profile, seed and checkpointing that build them, and their
-    fingerprint), how the loss averages (chunks), the optimizer that makes the reference
+    weights (the workload, profile, seed and checkpointing that build them, the reference
+    module's class, and their fingerprint), how the loss averages (chunks), the optimizer that makes the reference
     update, and the precision's math mode the check runs under. None where a reference is per
     rank or per stage (multi-process cases), or the reference model is the trained one split
     (model parallel): computed each time."""
     cfg = case.cfg
     if cfg.parallel != "single" or case.reference_model is None:
         return None
+    model = case.reference_model
     return (cfg.model, cfg.profile, cfg.device, cfg.seed, cfg.checkpointing, cfg.channels_last,
             cfg.precision, cfg.optimizer, reference_chunks(case), _digest(fixed),
-            _fingerprint(list(case.reference_model.parameters())))
+            f"{type(model).__module__}.{type(model).__qualname__}",
+            _fingerprint(list(model.parameters())))
 
 
 def _references(case: Case, fixed: list, computes_loss: bool) -> tuple:

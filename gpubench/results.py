@@ -42,7 +42,7 @@ _STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl"
 _BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
          "fsdp_mixed_precision", "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
          "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark", "expandable_segments",
-         "cold")
+         "cold", "count_reused")
 _COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
            "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
 _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
