@@ -60,10 +60,23 @@ class LeakResult:
         return self.out_of_memory_after is not None
 
     @property
+    def sustained_growth_bytes_per_step(self) -> float:
+        """The smaller of the growth fitted over the first and over the second half of the
+        measured steps: a loop that leaks grows in both; a one-off allocation (a buffer created
+        lazily, the heap extended once) raises the fit over all steps, but only one half, or
+        neither where it falls between them."""
+        m = self.memory_bytes
+        if len(m) < 4:
+            return self.growth_bytes_per_step
+        half = len(m) // 2
+        return min(_slope(m[:half]), _slope(m[half:]))
+
+    @property
     def leaks(self) -> bool:
         if self.out_of_memory:
             return self.out_of_memory_after > 0  # it ran, then memory ran out: it grew
-        return self.growth_bytes_per_step > self.threshold_bytes_per_step
+        return min(self.growth_bytes_per_step,
+                   self.sustained_growth_bytes_per_step) > self.threshold_bytes_per_step
 
     @property
     def verdict(self) -> str:

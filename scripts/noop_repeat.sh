@@ -2,8 +2,8 @@
 # Repeat the no-op techniques of the cpu profile (tf32 and empty_cache do nothing on a CPU;
 # zero_grad fill costs little on these small models, and measurably on resnet18) N times and report how often
 # each reads 1.00x within +-3% with a paired interval that contains 1.0 (README, "How speedups
-# are measured"). Usage: [ROUNDS=R] scripts/noop_repeat.sh [N] [OUT] (ROUNDS: timed rounds per
-# case, default the cpu profile's)
+# are measured"). Usage: [ROUNDS=R] scripts/noop_repeat.sh [N] [OUT] (ROUNDS fixes the timed
+# rounds per case; default: the cpu profile's budget, 12 rounds, more for fast steps up to 0.6 s)
 set -euo pipefail
 N=${1:-10}
 OUT=${2:-/tmp/gpubench-noop}

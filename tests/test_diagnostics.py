@@ -162,3 +162,19 @@ def test_leaky_loop_that_runs_out_of_memory_is_reported_as_leaking():
     results = {r.name: r for r in check_loops(lambda: build(cfg), steps=3, budget_bytes=1)}
     assert len(results) == 2 * len(LOOPS)
     assert all(r.out_of_memory_after == 0 for r in results.values())
+
+
+def test_a_one_off_allocation_is_not_a_leak_but_steady_growth_is():
+    from gpubench.leaks import LeakResult
+
+    mib = 2**20
+    # One 8 MiB jump in 4 measured steps (a lazily created buffer): the fit over all steps reads
+    # 3.4 MiB per step, but the two halves grow by 0.12 and 0.5 MiB.
+    one_off = LeakResult("loop", 3.4 * mib, mib, [0, int(0.12 * mib), int(8.2 * mib),
+                                                     int(8.7 * mib)])
+    assert one_off.sustained_growth_bytes_per_step < mib and not one_off.leaks
+    steady = LeakResult("loop", 4 * mib, mib, [i * 4 * mib for i in range(6)])
+    assert steady.sustained_growth_bytes_per_step == pytest.approx(4 * mib) and steady.leaks
+    # CUDA-like staircase: a 2 MiB segment every 4 steps is 0.5 MiB per step, in both halves
+    stairs = LeakResult("loop", 0.5 * mib, 256 * 2**10, [(i // 4) * 2 * mib for i in range(16)])
+    assert stairs.leaks
