@@ -130,12 +130,14 @@ class Options:
         use), or None when pairing is off."""
         if not self.paired:
             return None
+        spare = None
         if self._baseline is not None and not self._baseline.matches(cfg):
-            self.close_baseline()
+            spare = self._baseline.handoff()  # its worker process builds the next baseline
+            self._baseline = None
         if self._baseline is None:
             from gpubench.measure import PairedBaseline
 
-            self._baseline = PairedBaseline(cfg, self.timeout_s, max(1, self.warmup))
+            self._baseline = PairedBaseline(cfg, self.timeout_s, max(1, self.warmup), spare)
         return self._baseline
 
     def close_baseline(self):

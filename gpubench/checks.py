@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -238,7 +241,9 @@ def _agreement(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float
     return dot / max(na * nb, 1e-300), na / nb
 
 
-def check_case(case: Case, steps: int = CHECK_STEPS) -> CheckResult:
+def check_case(case: Case, steps: int = CHECK_STEPS,
+               around_first_step: Callable[[], AbstractContextManager] | None = None
+               ) -> CheckResult:
     """Assert the case matches its FP32 reference and that its loss falls on fixed batches.
 
     1. The first optimizer step's gradient (as the optimizer sees it: accumulated, unscaled,
@@ -251,7 +256,8 @@ def check_case(case: Case, steps: int = CHECK_STEPS) -> CheckResult:
        below the first.
 
     On a pipeline rank that does not compute the loss, the gradient check covers its stage and
-    no losses are returned.
+    no losses are returned. ``around_first_step``: a context (made anew) the first training
+    step runs in, e.g. one that counts its FLOPs and saved activations.
     """
     cid = case.cfg.id
     fixed = case.fixed_batches()
@@ -269,7 +275,9 @@ def check_case(case: Case, steps: int = CHECK_STEPS) -> CheckResult:
         # retried rather than counted.
         while len(losses) < steps and skipped <= MAX_SKIPPED_STEPS:
             scale = scaler.get_scale() if scaler.is_enabled() else None
-            loss = case.step(itertools.cycle(fixed))
+            first = around_first_step is not None and not losses and not skipped
+            with around_first_step() if first else contextlib.nullcontext():
+                loss = case.step(itertools.cycle(fixed))
             if scale is not None and scaler.get_scale() < scale:
                 skipped += 1
                 continue

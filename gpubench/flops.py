@@ -117,18 +117,37 @@ class _Counter(FlopCounterMode):
         return super()._count_flops(func_packet, out, args, kwargs)
 
 
+class counting_flops:
+    """``with counting_flops() as counted: ...``: the FLOPs of what the block runs, in
+    ``counted.result`` (a ``FlopCount``) once it ends. ``custom_mapping`` replaces gpubench's
+    extra formulas (``{}``: torch's registry alone)."""
+
+    def __init__(self, custom_mapping: dict | None = None):
+        self._counter = _Counter(EXTRA_FLOP_FORMULAS if custom_mapping is None
+                                 else custom_mapping)
+        self.result: FlopCount | None = None
+
+    def __enter__(self) -> counting_flops:
+        self._counter.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        counter = self._counter
+        counter.__exit__(*exc)
+        by_op = {str(op): int(n)
+                 for op, n in counter.get_flop_counts().get("Global", {}).items()}
+        no_formula = sorted(counter.no_formula)
+        self.result = FlopCount(int(counter.get_total_flops()), by_op,
+                                [op for op in no_formula if is_heavy_op(op)], no_formula)
+
+
 def count_flops_detailed(fn: Callable[[], object],
                          custom_mapping: dict | None = None) -> FlopCount:
     """FLOPs of what ``fn`` runs (forward, backward and recompute), per op, and the heavy ops
-    counted as zero. ``custom_mapping`` replaces gpubench's extra formulas (``{}``: torch's
-    registry alone)."""
-    counter = _Counter(EXTRA_FLOP_FORMULAS if custom_mapping is None else custom_mapping)
-    with counter:
+    counted as zero (``counting_flops`` around a call of ``fn``)."""
+    with counting_flops(custom_mapping) as counted:
         fn()
-    by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
-    no_formula = sorted(counter.no_formula)
-    return FlopCount(int(counter.get_total_flops()), by_op,
-                     [op for op in no_formula if is_heavy_op(op)], no_formula)
+    return counted.result
 
 
 def count_flops(fn: Callable[[], object]) -> int:

@@ -17,6 +17,7 @@ combine the processes' figures into one record.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -32,7 +33,7 @@ from gpubench.build import build
 from gpubench.checks import check_case
 from gpubench.config import RunConfig
 from gpubench.data import measure_loader
-from gpubench.flops import count_flops_detailed
+from gpubench.flops import count_flops_detailed, counting_flops
 from gpubench.memory import (
     SavedActivations,
     allocator_counters,
@@ -145,6 +146,7 @@ class CaseProgram:
         self.times: list[float] = []
         self.waits_at_reset = 0
         self.last_loss: torch.Tensor | None = None
+        self._counted: dict | None = None  # what the check's first step counted
 
     @property
     def cfg(self) -> RunConfig:
@@ -167,26 +169,42 @@ class CaseProgram:
         return info
 
     def check(self) -> dict:
+        """The training check (``gpubench.checks.check_case``). Its first training step also
+        counts the case's FLOPs and saved activations (``count`` then returns them), unless
+        the previous case's count is this one's (``count_key``) or the case is DataParallel
+        (counted on the unwrapped model, ``counted_step``)."""
+        self._counted = None
+        counting = (self.cfg.parallel != "dp"
+                    and count_key(self.cfg, self.rank) not in _LAST_COUNT)
         with self.case.precision.math_mode():
-            return dataclasses.asdict(check_case(self.case))
+            result = check_case(self.case,
+                                around_first_step=self._counting if counting else None)
+        return dataclasses.asdict(result)
+
+    @contextlib.contextmanager
+    def _counting(self):
+        with SavedActivations(self.case.model) as saved, counting_flops() as counted:
+            yield
+        self._counted = {"flops": counted.result.total,
+                         "uncounted_ops": counted.result.uncounted_ops,
+                         "activation_bytes": saved.per_micro_batch_bytes}
 
     def count(self) -> dict:
         """FLOPs of one step (ops counted as zero listed) and the saved activations of its
-        largest micro-batch, on this process. DataParallel cases are counted on the unwrapped
-        model (``counted_step``). A case whose count the previous case's equals
-        (``count_key``: an optimizer form, a memory or loader knob) takes it instead of counting
-        again; its step then runs plainly, so the case's steps before its timed rounds stay
-        as many."""
+        largest micro-batch, on this process: those the check's first step counted, else the
+        previous case's where they are this one's (``count_key``: an optimizer form, a memory
+        or loader knob; ``count_reused``), else counted over one more step. DataParallel
+        cases are counted on the unwrapped model (``counted_step``)."""
         key = count_key(self.cfg, self.rank)
-        if key in _LAST_COUNT:
-            with self.case.precision.math_mode():
-                self.case.step()
+        result = getattr(self, "_counted", None)
+        if result is None and key in _LAST_COUNT:
             return dict(_LAST_COUNT[key], count_reused=True)
-        model, step = counted_step(self.case)
-        with self.case.precision.math_mode(), SavedActivations(model) as saved:
-            counted = count_flops_detailed(step)
-        result = {"flops": counted.total, "uncounted_ops": counted.uncounted_ops,
-                  "activation_bytes": saved.per_micro_batch_bytes}
+        if result is None:
+            model, step = counted_step(self.case)
+            with self.case.precision.math_mode(), SavedActivations(model) as saved:
+                counted = count_flops_detailed(step)
+            result = {"flops": counted.total, "uncounted_ops": counted.uncounted_ops,
+                      "activation_bytes": saved.per_micro_batch_bytes}
         _LAST_COUNT.clear()
         _LAST_COUNT[key] = result
         return result
@@ -298,10 +316,14 @@ class PairedBaseline:
     of rounds removes. Multi-process cases (DDP, pipeline: fresh rank processes) pair with one
     baseline worker process, started on first use and kept while consecutive cases share it."""
 
-    def __init__(self, cfg: RunConfig, timeout_s: float, warmup_rounds: int = 2):
+    def __init__(self, cfg: RunConfig, timeout_s: float, warmup_rounds: int = 2,
+                 spare=None):
+        """``spare``: the worker of a previous ``PairedBaseline`` (``handoff``), which builds
+        this baseline in place of starting a process of its own."""
         self.cfg = cfg.baseline
         self.timeout_s, self.warmup_rounds = timeout_s, max(1, warmup_rounds)
         self.group = None
+        self.spare = spare
         self.times: list[float] = []
 
     def matches(self, cfg: RunConfig) -> bool:
@@ -313,8 +335,15 @@ class PairedBaseline:
         if self.group is None:
             from gpubench.workers import WorkerGroup
 
-            self.group = WorkerGroup(1, CaseProgram, (self.cfg,), backend="gloo",
-                                     timeout_s=self.timeout_s)
+            spare, self.spare = self.spare, None
+            if spare is not None and spare.alive and spare.timeout_s == self.timeout_s:
+                spare.rebuild(CaseProgram, (self.cfg,))
+                self.group = spare
+            else:
+                if spare is not None:
+                    spare.close()
+                self.group = WorkerGroup(1, CaseProgram, (self.cfg,), backend="gloo",
+                                         timeout_s=self.timeout_s)
             for _ in range(self.warmup_rounds):
                 self.group.call("step")
         self.times.append(self.group.call("step")[0])
@@ -324,10 +353,19 @@ class PairedBaseline:
         timed window's warm-up round steps it again) now."""
         return LocalBaseline(self.cfg, 1)
 
+    def handoff(self):
+        """This baseline's worker process, for the next model's baseline (``spare``), or
+        None; this one then holds none."""
+        group, self.group = self.group, None
+        if group is None:
+            group, self.spare = self.spare, None
+        return group
+
     def close(self) -> None:
-        if self.group is not None:
-            self.group.close()
-            self.group = None
+        for group in (self.group, self.spare):
+            if group is not None:
+                group.close()
+        self.group = self.spare = None
 
 
 class LocalBaseline:

@@ -188,3 +188,23 @@ def test_a_count_is_not_reused_where_the_step_differs():
             other = case.call("count")[0]
         assert "count_reused" not in other, changes
     assert first["flops"] > 0
+
+
+@pytest.mark.parametrize("changes", [{}, {"accum_steps": 2}, {"checkpointing": True}])
+def test_the_checks_first_step_counts_what_a_separate_count_step_counts(changes):
+    """``CaseProgram.check`` counts FLOPs and saved activations around its first training
+    step; they must equal a count over a step of their own."""
+    from gpubench import measure
+    from gpubench.config import RunConfig
+    from gpubench.measure import InProcess
+
+    cfg = RunConfig(model="bert", profile="smoke", **changes)
+    measure._LAST_COUNT.clear()
+    with InProcess(cfg) as case:
+        alone = case.call("count")[0]
+    measure._LAST_COUNT.clear()
+    with InProcess(cfg) as case:
+        case.call("check")
+        assert case.program._counted is not None
+        during_check = case.call("count")[0]
+    assert during_check == alone and alone["flops"] > 0 and alone["activation_bytes"] > 0

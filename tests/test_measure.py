@@ -31,3 +31,25 @@ def test_an_in_process_case_pairs_in_its_own_process_and_keeps_its_own_peak():
     for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
         assert paired[key] == alone[key]
     assert paired["peak_memory_bytes"] < alone["peak_memory_bytes"] + 100 * 2**20
+
+
+def test_the_next_models_baseline_is_built_in_the_previous_baseline_worker():
+    first = PairedBaseline(RunConfig(model="resnet18", profile="smoke"), timeout_s=60)
+    second = None
+    try:
+        first.step()
+        pids = first.group.pids
+        second = PairedBaseline(RunConfig(model="bert", profile="smoke"), timeout_s=60,
+                                spare=first.handoff())
+        assert first.group is None
+        second.step()
+        assert second.group.pids == pids  # no new process
+        with InProcess(RunConfig(model="bert", profile="smoke")) as bert:
+            bert.call("reset_peak")
+            want = bert.call("read_peak")[0]["param_bytes"]
+        second.group.call("reset_peak")
+        assert second.group.call("read_peak")[0]["param_bytes"] == want  # bert's program
+    finally:
+        first.close()
+        if second is not None:
+            second.close()

@@ -183,7 +183,11 @@ def test_start_up_hang_names_the_rank_that_did_not_start(monkeypatch):
 # -- parent death -----------------------------------------------------------------------------
 
 HOST = textwrap.dedent("""
+    import faulthandler
+    import signal
     import time
+
+    faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks if the host hangs
 
     class Spin:
         def __init__(self, rank, world_size):
@@ -213,8 +217,10 @@ HOST = textwrap.dedent("""
 def test_ranks_exit_within_seconds_when_their_host_dies(tmp_path, sig, phase):
     host = tmp_path / "host.py"
     host.write_text(HOST)
+    err = (tmp_path / "host.err").open("w")
     proc = subprocess.Popen([sys.executable, str(host)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=Path(__file__).resolve().parents[1])
+                            stderr=err, start_new_session=True,
+                            cwd=Path(__file__).resolve().parents[1])
     try:
         ranks = []
         for line in proc.stdout:
@@ -226,7 +232,14 @@ def test_ranks_exit_within_seconds_when_their_host_dies(tmp_path, sig, phase):
         if phase == "mid-case":
             time.sleep(0.5)
         proc.send_signal(sig)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)  # faulthandler: every thread's stack
+            time.sleep(2)
+            err.flush()
+            raise AssertionError(f"the host did not exit within 30 s of {sig.name} ({phase}); "
+                                 f"its stderr:\n{(tmp_path / 'host.err').read_text()}") from None
         left = wait_gone(proc.pid, within_s=5)
         assert not left, f"processes left 5 s after the host died ({sig.name}, {phase}): {left}"
     finally:
@@ -234,6 +247,7 @@ def test_ranks_exit_within_seconds_when_their_host_dies(tmp_path, sig, phase):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
+        err.close()
 
 
 def test_collective_timeout_names_the_rank_that_hung_not_the_one_that_waited():
