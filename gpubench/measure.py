@@ -171,10 +171,12 @@ class CaseProgram:
     def check(self) -> dict:
         """The training check (``gpubench.checks.check_case``). Its first training step also
         counts the case's FLOPs and saved activations (``count`` then returns them), unless
-        the previous case's count is this one's (``count_key``) or the case is DataParallel
-        (counted on the unwrapped model, ``counted_step``)."""
+        the previous case's count is this one's (``count_key``), the case is DataParallel
+        (counted on the unwrapped model, ``counted_step``) or a pipeline, whose first step
+        sets its stages up with ``autograd.grad`` calls that saved-tensor hooks do not allow
+        (it is counted over a step of its own)."""
         self._counted = None
-        counting = (self.cfg.parallel != "dp"
+        counting = (self.cfg.parallel not in ("dp", "pipeline")
                     and count_key(self.cfg, self.rank) not in _LAST_COUNT)
         with self.case.precision.math_mode():
             result = check_case(self.case,

@@ -188,6 +188,9 @@ HOST = textwrap.dedent("""
     import time
 
     faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks if the host hangs
+    # A process started in the background of a non-interactive shell inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler: the host would not see it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     class Spin:
         def __init__(self, rank, world_size):
