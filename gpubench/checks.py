@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import math
 from collections.abc import Callable
@@ -112,9 +111,7 @@ class _Reference:
     initial model as the reference: parameters are paired by name, and the trained side's
     gradients and updates are compared whole (``_full``: gathered from all ranks)."""
 
-    def __init__(self, case: Case, fixed: list, cached: tuple | None = None):
-        """``cached``: (grads, before, updates) of an earlier case with the same reference
-        (``_reference_key``), reused instead of computed again."""
+    def __init__(self, case: Case, fixed: list):
         trained = [p for g in case.optimizer.param_groups for p in g["params"]]
         if case.cfg.parallel == "fsdp":
             by_name = dict(case.reference_model.named_parameters())
@@ -126,11 +123,6 @@ class _Reference:
             shared = {id(p) for p in case.reference_model.parameters()}
             self.params = [p for p in trained if id(p) in shared and p.requires_grad]
             ref_params = self.params
-        self.seen_grads: list[torch.Tensor] | None = None
-        self.seen_updates: list[torch.Tensor] | None = None
-        if cached is not None:
-            self.grads, self.before, self.updates = cached
-            return
         objective = _reference_objective(case.reference_model, fixed, reference_chunks(case))
         grads = torch.autograd.grad(objective, ref_params, allow_unused=True)
         self.grads = [torch.zeros_like(p) if g is None else g.detach().float()
@@ -150,6 +142,8 @@ class _Reference:
             c.grad = g.clone()
         opt.step()
         self.updates = [c.detach() - b for c, b in zip(copies, self.before, strict=True)]
+        self.seen_grads: list[torch.Tensor] | None = None
+        self.seen_updates: list[torch.Tensor] | None = None
 
     def before_step(self, optimizer, args, kwargs) -> None:
         if self.seen_grads is None:
@@ -161,68 +155,6 @@ class _Reference:
         if self.seen_updates is None:
             self.seen_updates = [_full(p.detach()).float() - b
                                  for p, b in zip(self.params, self.before, strict=True)]
-
-
-_LAST_REFERENCE: dict = {}
-"""The last reference computed in this process, by ``_reference_key``: (loss, (grads, before,
-updates)). One entry: a run's cases of a model follow one another, and most share their
-reference (the optimizer forms, the memory and loader cases, TF32 on a CPU)."""
-
-
-def _digest(tensors) -> str:
-    """A digest of the bytes of every tensor in ``tensors`` (nested tuples, lists, dicts)."""
-    from torch.utils._pytree import tree_leaves
-
-    h = hashlib.blake2b(digest_size=16)
-    for t in tree_leaves(tensors):
-        if isinstance(t, torch.Tensor):
-            t = t.detach().cpu().contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def _fingerprint(params: list[torch.Tensor]) -> tuple:
-    """A cheap fingerprint of initial weights (count, float64 sum, float64 sum of squares):
-    one read of the weights, where hashing their bytes would cost what the reuse saves."""
-    sums = torch.stack([torch.stack([p.detach().sum(dtype=torch.float64),
-                                     (p.detach().float() ** 2).sum(dtype=torch.float64)])
-                        for p in params]).sum(0).tolist()
-    return (len(params), *sums)
-
-
-def _reference_key(case: Case, fixed: list) -> tuple | None:
-    """What the FP32 reference of ``case`` depends on: the samples (their bytes), the initial
-    weights (the workload, profile, seed and checkpointing that build them, the reference
-    module's class, and their fingerprint), how the loss averages (chunks), the optimizer that makes the reference
-    update, and the precision's math mode the check runs under. None where a reference is per
-    rank or per stage (multi-process cases), or the reference model is the trained one split
-    (model parallel): computed each time."""
-    cfg = case.cfg
-    if cfg.parallel != "single" or case.reference_model is None:
-        return None
-    model = case.reference_model
-    return (cfg.model, cfg.profile, cfg.device, cfg.seed, cfg.checkpointing, cfg.channels_last,
-            cfg.precision, cfg.optimizer, reference_chunks(case), _digest(fixed),
-            f"{type(model).__module__}.{type(model).__qualname__}",
-            _fingerprint(list(model.parameters())))
-
-
-def _references(case: Case, fixed: list, computes_loss: bool) -> tuple:
-    """(FP32 reference loss or None, ``_Reference`` or None) of ``case`` on ``fixed``, reused
-    from the previous case where it is the same (``_reference_key``)."""
-    if case.reference_model is None:
-        return (reference_loss(case, fixed) if computes_loss else None), None
-    key = _reference_key(case, fixed)
-    if key is not None and key in _LAST_REFERENCE:
-        loss, cached = _LAST_REFERENCE[key]
-        return loss, _Reference(case, fixed, cached)
-    loss = reference_loss(case, fixed) if computes_loss else None
-    ref = _Reference(case, fixed)
-    _LAST_REFERENCE.clear()
-    if key is not None:
-        _LAST_REFERENCE[key] = (loss, (ref.grads, ref.before, ref.updates))
-    return loss, ref
 
 
 def _agreement(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float, float]:
@@ -262,7 +194,8 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
     cid = case.cfg.id
     fixed = case.fixed_batches()
     computes_loss = case.cfg.parallel != "pipeline" or case.strategy.is_last
-    reference, grad_ref = _references(case, fixed, computes_loss)
+    reference = reference_loss(case, fixed) if computes_loss else None
+    grad_ref = _Reference(case, fixed) if case.reference_model is not None else None
     hooks = [] if grad_ref is None else [
         case.optimizer.register_step_pre_hook(grad_ref.before_step),
         case.optimizer.register_step_post_hook(grad_ref.after_step),

@@ -390,9 +390,9 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
 def _run_cost_line(df, wall_s: float) -> str:
     """How long the run took and how much of it was timed rounds (the step cases' and their
     paired baseline's, the claims pairs' and the harness checks' rounds)."""
-    timed = sum(sum(r) for r in df["rounds_s"].dropna())
-    if "paired_baseline_rounds_s" in df:
-        timed += sum(sum(r) for r in df["paired_baseline_rounds_s"].dropna())
+    from gpubench.summary import timed_seconds
+
+    timed = sum(timed_seconds(df))
     return (f"the run took {wall_s // 60:.0f}:{wall_s % 60:02.0f}, of which timed rounds "
             f"{timed:.0f} s ({timed / wall_s:.0%}; where the rest went: summary.md)")
 

@@ -33,7 +33,7 @@ from gpubench.build import build
 from gpubench.checks import check_case
 from gpubench.config import RunConfig
 from gpubench.data import measure_loader
-from gpubench.flops import count_flops_detailed, counting_flops
+from gpubench.flops import counting_flops
 from gpubench.memory import (
     SavedActivations,
     allocator_counters,
@@ -184,8 +184,10 @@ class CaseProgram:
         return dataclasses.asdict(result)
 
     @contextlib.contextmanager
-    def _counting(self):
-        with SavedActivations(self.case.model) as saved, counting_flops() as counted:
+    def _counting(self, model=None):
+        """Count the FLOPs and saved activations of what runs inside (on ``model``, default the
+        case's) into ``self._counted``."""
+        with SavedActivations(model or self.case.model) as saved, counting_flops() as counted:
             yield
         self._counted = {"flops": counted.result.total,
                          "uncounted_ops": counted.result.uncounted_ops,
@@ -198,18 +200,15 @@ class CaseProgram:
         or loader knob; ``count_reused``), else counted over one more step. DataParallel
         cases are counted on the unwrapped model (``counted_step``)."""
         key = count_key(self.cfg, self.rank)
-        result = getattr(self, "_counted", None)
-        if result is None and key in _LAST_COUNT:
+        if self._counted is None and key in _LAST_COUNT:
             return dict(_LAST_COUNT[key], count_reused=True)
-        if result is None:
+        if self._counted is None:
             model, step = counted_step(self.case)
-            with self.case.precision.math_mode(), SavedActivations(model) as saved:
-                counted = count_flops_detailed(step)
-            result = {"flops": counted.total, "uncounted_ops": counted.uncounted_ops,
-                      "activation_bytes": saved.per_micro_batch_bytes}
+            with self.case.precision.math_mode(), self._counting(model):
+                step()
         _LAST_COUNT.clear()
-        _LAST_COUNT[key] = result
-        return result
+        _LAST_COUNT[key] = self._counted
+        return self._counted
 
     def step(self) -> float:
         """One synchronized training step; returns its seconds."""

@@ -173,6 +173,14 @@ PHASES = {
 """The parts of each case's measurement (``harness_s`` in its record, ``measure.Phases``)."""
 
 
+def timed_seconds(frame: pd.DataFrame) -> tuple[float, float]:
+    """(seconds of the records' own timed rounds, seconds of their paired baseline rounds)."""
+    own = sum(sum(r) for r in frame["rounds_s"].dropna())
+    paired = (sum(sum(r) for r in frame["paired_baseline_rounds_s"].dropna())
+              if "paired_baseline_rounds_s" in frame else 0.0)
+    return own, paired
+
+
 def run_cost(df: pd.DataFrame) -> pd.DataFrame:
     """Per run, seconds of the cases' timed rounds, of their paired baseline rounds and of each
     untimed part (``PHASES``), summed over the step records, with each one's share."""
@@ -187,9 +195,7 @@ def run_cost(df: pd.DataFrame) -> pd.DataFrame:
                 phases[k] = phases.get(k, 0.0) + float(v)
         if not phases:
             continue
-        timed = sum(sum(r) for r in group["rounds_s"].dropna())
-        paired = (sum(sum(r) for r in group["paired_baseline_rounds_s"].dropna())
-                  if "paired_baseline_rounds_s" in group else 0.0)
+        timed, paired = timed_seconds(group)
         parts = {"timed rounds of the cases": timed, "paired baseline rounds": paired}
         phases["untimed_rounds"] = max(0.0, phases.pop("rounds", 0.0) - timed - paired)
         parts.update({PHASES.get(k, k): v for k, v in phases.items() if v > 0})
