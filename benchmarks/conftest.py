@@ -42,12 +42,12 @@ def pytest_addoption(parser):
                     help=f"comma-separated case groups from {', '.join(GROUPS)} (default: all)")
     group.addoption("--gpubench-rounds", type=int, default=0,
                     help="timed rounds per case (default: per profile)")
-    group.addoption("--gpubench-warmup", type=int, default=-1,
+    group.addoption("--gpubench-warmup", type=int, default=None,
                     help="untimed warm-up rounds per case (default: per profile)")
-    group.addoption("--gpubench-max-time", type=float, default=-1,
+    group.addoption("--gpubench-max-time", type=float, default=None,
                     help="seconds of timed rounds per case: slow cases run fewer rounds, at "
                     "least 6 (default per profile; 0: always the full rounds)")
-    group.addoption("--gpubench-min-time", type=float, default=-1,
+    group.addoption("--gpubench-min-time", type=float, default=None,
                     help="seconds of timed rounds a fast case runs at least: more rounds, up "
                     "to 4 times --gpubench-rounds (default per profile: cpu 0.6, others 0; "
                     "0 when --gpubench-rounds is given)")
@@ -71,6 +71,14 @@ def pytest_addoption(parser):
                     help="after each case's timed rounds, profile a few steps: a Chrome trace "
                     "per case (and rank) in DIR and the top operators in the record (default: "
                     "off, the profiler is never entered)")
+
+
+def _non_negative(config: pytest.Config, name: str):
+    """The value of option ``name`` (None where not given); a negative one is a usage error."""
+    value = config.getoption(name)
+    if value is not None and value < 0:
+        raise pytest.UsageError(f"{name} must be 0 or more; got {value:g}")
+    return value
 
 
 class Options:
@@ -105,15 +113,15 @@ class Options:
             raise pytest.UsageError(f"--gpubench-groups must be from {', '.join(GROUPS)}; got "
                                     f"{', '.join(bad)}")
         rounds, warmup = ROUNDS[self.profile]
-        fixed_rounds = config.getoption("--gpubench-rounds")
+        fixed_rounds = _non_negative(config, "--gpubench-rounds")
         self.rounds = fixed_rounds or rounds
-        min_time = config.getoption("--gpubench-min-time")
-        self.min_time_s = ((0.0 if fixed_rounds else MIN_TIME_S[self.profile]) if min_time < 0
-                           else min_time)
-        w = config.getoption("--gpubench-warmup")
-        self.warmup = warmup if w < 0 else w
-        max_time = config.getoption("--gpubench-max-time")
-        self.max_time_s = MAX_TIME_S[self.profile] if max_time < 0 else max_time
+        min_time = _non_negative(config, "--gpubench-min-time")
+        self.min_time_s = ((0.0 if fixed_rounds else MIN_TIME_S[self.profile])
+                           if min_time is None else min_time)
+        w = _non_negative(config, "--gpubench-warmup")
+        self.warmup = warmup if w is None else w
+        max_time = _non_negative(config, "--gpubench-max-time")
+        self.max_time_s = MAX_TIME_S[self.profile] if max_time is None else max_time
         self.slow = config.getoption("--gpubench-slow")
         self.threads = config.getoption("--gpubench-threads")
         self.timeout_s = config.getoption("--gpubench-timeout")

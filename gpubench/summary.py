@@ -161,8 +161,8 @@ def storage_markdown(df: pd.DataFrame) -> str:
 PHASES = {
     "build": "building cases (rank processes started where not reused)",
     "prepare": "data path to steady state, loader probe",
-    "check": "training check (FP32 reference, 3 steps)",
-    "count": "FLOP and saved-activation count (1 step)",
+    "check": "training check (FP32 reference, 3 steps; the first counts FLOPs)",
+    "count": "FLOP and saved-activation count (where the check did not)",
     "warmup": "warm-up rounds (the in-process case's memory window)",
     "partner": "building the paired baseline beside the case",
     "untimed_rounds": "in the timed window, untimed (warm-up pair, baseline worker start)",

@@ -1,3 +1,5 @@
+import pytest
+
 from gpubench.cases import PROFILE_MODELS, profile_cases
 from gpubench.config import PROFILES
 
@@ -97,3 +99,28 @@ def test_emulated_precision_combinations_leave_the_cpu_profile():
     else:
         assert "emulated" in stacked and "gpubench case" in stacked
     assert budget_reason(base.with_(device="cuda", precision="bf16", checkpointing=True)) is None
+
+
+@pytest.mark.parametrize("option", ["--gpubench-min-time", "--gpubench-max-time",
+                                    "--gpubench-rounds", "--gpubench-warmup"])
+def test_a_negative_round_budget_is_a_one_line_usage_error(option):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "pytest", str(root / "benchmarks"),
+                           "--collect-only", "-q", "-p", "no:cacheprovider", f"{option}=-1"],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode == 4  # pytest's usage error
+    assert f"{option} must be 0 or more; got -1" in done.stderr
+
+
+def test_gpubench_run_rejects_a_negative_min_time(capsys):
+    from gpubench import cli
+
+    with pytest.raises(SystemExit) as err:
+        cli.main(["run", "--min-time", "-1"])
+    assert err.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--min-time" in line and "-1" in line
