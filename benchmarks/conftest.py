@@ -71,6 +71,10 @@ def pytest_addoption(parser):
                     help="after each case's timed rounds, profile a few steps: a Chrome trace "
                     "per case (and rank) in DIR and the top operators in the record (default: "
                     "off, the profiler is never entered)")
+    group.addoption("--gpubench-resume", action="store_true",
+                    help="continue the run recorded in the journal beside --benchmark-json "
+                    "(cases.jsonl): its passed cases are kept and not run again; refused when "
+                    "the journal is of another profile, device, model set or options")
 
 
 def _non_negative(config: pytest.Config, name: str):
@@ -133,6 +137,31 @@ class Options:
         self.ranks = RankPool()
         """Rank processes kept between consecutive multi-process cases."""
 
+    def run_key(self) -> dict:
+        """What makes two sessions one run (``--gpubench-resume`` checks it): the cases
+        measured, how, where, and by which versions. ``-k`` and ``--gpubench-timeout`` are
+        not part of it."""
+        import platform
+
+        import gpubench
+
+        return {"profile": self.profile, "device": self.device, "models": list(self.models),
+                "groups": list(self.groups), "rounds": self.rounds, "warmup": self.warmup,
+                "max_time_s": self.max_time_s, "min_time_s": self.min_time_s,
+                "paired": self.paired, "slow": self.slow, "threads": self.threads,
+                "node": platform.node(), "torch": torch.__version__,
+                "gpubench": gpubench.__version__}
+
+    def case_info(self, item) -> dict:
+        """``case_id``, ``model`` and ``group`` of a benchmark case's item (journal lines of
+        failed cases), or ``{}`` for another test."""
+        callspec = getattr(item, "callspec", None)
+        case = getattr(self, "cases", {}).get(callspec.params.get("case_id")) \
+            if callspec is not None else None
+        if case is None:
+            return {}
+        return {"case_id": case.id, "model": case.cfg.name, "group": case.group}
+
     def paired_baseline(self, cfg):
         """The running PairedBaseline of ``cfg``'s baseline (one at a time, started on first
         use), or None when pairing is off."""
@@ -169,6 +198,21 @@ def pytest_configure(config):
     # Keep the raw per-round times in the JSON: comparisons use a statistical test on them.
     if hasattr(config.option, "benchmark_save_data"):
         config.option.benchmark_save_data = True
+    json_path = getattr(config.option, "benchmark_json", None)
+    if json_path:  # every finished case on disk at once (gpubench.journal)
+        from gpubench.journal import Journal, JournalError
+
+        journal = Journal(config, json_path, config.gpubench.run_key(),
+                          resume=config.getoption("--gpubench-resume"),
+                          case_info=config.gpubench.case_info)
+        try:
+            journal.start()
+        except JournalError as err:
+            raise pytest.UsageError(str(err)) from None
+        config.pluginmanager.register(journal, "gpubench-journal")
+    elif config.getoption("--gpubench-resume"):
+        raise pytest.UsageError("--gpubench-resume needs --benchmark-json=FILE (the run to "
+                                "continue is recorded beside it)")
 
 
 def pytest_generate_tests(metafunc):

@@ -115,6 +115,10 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, dest)
+    except OSError as err:  # a full disk names the result, not its hidden temporary
+        if not err.filename or str(err.filename) == str(tmp):
+            err.filename = str(dest)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

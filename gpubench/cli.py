@@ -169,77 +169,78 @@ def check_output(option: str, path, *, is_file: bool = False) -> Path:
     return path
 
 
-def _ours_only(folder: Path) -> bool:
-    """Whether ``folder`` holds only files of the kinds a run writes (results, tables, charts,
-    report; traces in ``traces/``), so that replacing it as a whole loses nothing of the
-    user's."""
-    import os
+PREVIOUS_DIR = "previous"
+"""Where a new run (not ``--resume``) moves the earlier run's files it finds in ``--out``."""
 
-    from gpubench.trace import TRACES_DIR_NAME
+OUR_DIRS = ("traces", "logs")
 
-    def ours(e: os.DirEntry) -> bool:
-        if e.name == TRACES_DIR_NAME and e.is_dir(follow_symlinks=False):
-            return all(t.is_file(follow_symlinks=False) and t.name.endswith(".json")
-                       for t in os.scandir(e.path))
-        return (e.is_file(follow_symlinks=False)
-                and e.name.endswith((".json", ".md", ".html", ".png", ".svg", ".csv")))
 
-    try:
-        return all(ours(e) for e in os.scandir(folder))
-    except OSError:
+def _is_ours(entry: os.DirEntry) -> bool:
+    """Whether ``entry`` of a results folder is of the kinds a run writes (results, journal,
+    tables, charts, report; ``traces/``, ``logs/``): what a new run moves aside."""
+    if entry.name.startswith("."):
         return False
+    if entry.is_dir(follow_symlinks=False):
+        return entry.name in OUR_DIRS
+    return (entry.is_file(follow_symlinks=False)
+            and entry.name.endswith((".json", ".jsonl", ".md", ".html", ".png", ".svg", ".csv")))
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two folders (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-    import os
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if not hasattr(libc, "renameat2"):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b),
-                          rename_exchange) == 0
-
-
-def _publish_folder(staging: Path, out: Path) -> None:
-    """Make the finished ``staging`` folder the results folder ``out``: the whole folder at once
-    where ``out`` holds only an earlier run's files, otherwise file by file (other files kept)."""
-    import os
+def _set_aside_previous(out: Path) -> int:
+    """Move the earlier run's files in ``out`` into ``out/previous/`` (an older
+    ``previous/`` is replaced), so that the new run writes into a clean folder and the earlier
+    results stay whole; other files are left where they are. Renames inside ``out``: the same
+    filesystem, whatever ``out`` is (a mount point, a symlink). Returns how many were moved."""
     import shutil
 
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp made it owner-only
-    if not out.exists():
-        os.rename(staging, out)
-    elif not out.is_symlink() and _ours_only(out) and _exchange(staging, out):
-        shutil.rmtree(staging, ignore_errors=True)  # now the previous results
-    else:
-        names = sorted(p.name for p in staging.iterdir())
-        for name in sorted(names, key=lambda n: n == "benchmark.json"):  # the results last
-            if (staging / name).is_dir() and (out / name).is_dir() \
-                    and not (out / name).is_symlink():  # traces/: the new run's replace it
-                shutil.rmtree(out / name)
-            os.replace(staging / name, out / name)
+    entries = [e for e in os.scandir(out) if _is_ours(e)]
+    if not entries:
+        return 0
+    previous = out / PREVIOUS_DIR
+    if previous.is_symlink() or (previous.exists() and not previous.is_dir()):
+        raise ValueError(f"--out {out}: {previous} is not a folder; the earlier results "
+                         "cannot be moved there (move it away, or use --resume)")
+    if previous.is_dir() and not (out / "benchmark.json").exists():
+        # A run stopped before any case finished (its journal, failed cases' logs): no
+        # measurement to keep, and not worth the earlier results set aside before it.
+        for entry in entries:
+            (shutil.rmtree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
+        return 0
+    if previous.exists():  # the older generation: renamed to a hidden name, then removed
+        doomed = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(PREVIOUS_DIR), suffix=".tmp",
+                                       dir=out))
+        os.rename(previous, doomed / PREVIOUS_DIR)
+        shutil.rmtree(doomed, ignore_errors=True)
+    previous.mkdir()
+    for entry in sorted(entries, key=lambda e: e.name != "benchmark.json"):  # results first
+        os.rename(entry.path, previous / entry.name)
+    return len(entries)
 
 
-def _keep_finished_cases(json_path: Path, dest: Path) -> int:
-    """Save the cases of an interrupted run that had finished (records with gpubench's
-    ``extra_info``) to ``dest``; return how many."""
-    import json
-
+def _records_in(json_path: Path) -> int:
+    """How many records the result file holds (0 when there is none, or it is unreadable)."""
     try:
-        data = json.loads(json_path.read_text())
-        finished = [b for b in data["benchmarks"] if isinstance(b, dict) and b.get("extra_info")]
+        return len(json.loads(json_path.read_text())["benchmarks"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
-    if finished:
-        atomic.write_text(dest, json.dumps({**data, "benchmarks": finished}, indent=4))
-    return len(finished)
+
+
+def _restore_previous(out: Path) -> None:
+    """Undo ``_set_aside_previous`` for a run that produced nothing: the earlier run's files
+    go back into ``out`` (the new run's empty journal is dropped)."""
+    previous = out / PREVIOUS_DIR
+    if not previous.is_dir():
+        return
+    from gpubench.journal import journal_path
+
+    journal_path(out / "benchmark.json").unlink(missing_ok=True)
+    for entry in os.scandir(previous):
+        if not (out / entry.name).exists():
+            os.rename(entry.path, out / entry.name)
+    try:
+        previous.rmdir()
+    except OSError:
+        pass
 
 
 def _raise_interrupted(signum, frame):  # a signal handler
@@ -254,18 +255,23 @@ def _interrupted_message(sig, state: dict) -> str:
         return f"gpubench: interrupted ({sig}) while starting; nothing was run"
     if stage == "after the results were written":
         return f"gpubench: interrupted ({sig}) {stage} to {out}/"
-    saved = ""
     if stage == "running the cases":
-        saved = (f"; {kept} finished case(s) kept in {out}-interrupted/benchmark.json"
-                 if kept else "; no case had finished")
-    return f"gpubench: interrupted ({sig}) while {stage}; {out}/ unchanged{saved}"
+        if not kept:
+            return (f"gpubench: interrupted ({sig}) while running the cases; no case had "
+                    f"finished")
+        return (f"gpubench: interrupted ({sig}) while running the cases; {kept} finished "
+                f"case(s) kept in {out}/benchmark.json (the same command with --resume runs "
+                "the rest)")
+    return (f"gpubench: interrupted ({sig}) while {stage}; the {kept} finished case(s) are "
+            f"in {out}/benchmark.json (gpubench report {out}/benchmark.json -o {out} draws "
+            "the charts)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run the cases in a pytest child, then write results, summary, advice and charts into a
-    hidden staging folder beside ``--out`` and publish it as a whole. SIGINT/SIGTERM go to
-    the child; the run then ends with one line and 130/143, the previous results unchanged
-    and the finished cases kept in ``<out>-interrupted/benchmark.json``."""
+    """Run the cases in a pytest child, which writes every case into ``--out`` the moment it
+    finishes (``gpubench.journal``), then write summary, advice and charts beside them.
+    SIGINT/SIGTERM go to the child; the run then ends with one line and 130/143, the finished
+    cases kept (``--resume`` continues the run)."""
     import signal
 
     from gpubench.signals import Interrupted
@@ -280,17 +286,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        lock = state.get("lock")
+        if lock is not None:
+            lock.release()
 
 
 def _run_cases(args: argparse.Namespace, state: dict) -> int:
     """``cmd_run`` with its SIGINT/SIGTERM handlers installed; ``state`` tells it how far the
     run got."""
-    import os
-    import shutil
     import signal
 
     from gpubench.datasets import default_data_dir, remove_stale_partials
-    from gpubench.signals import PARENT_PID_ENV, Interrupted, run_forwarding_signals
+    from gpubench.journal import LOCK_ENV, RunLock, journal_path, logs_dir, read_journal
+    from gpubench.signals import PARENT_PID_ENV, Interrupted, run_forwarding_signals, signal_name
 
     device, profile = _resolve(args.device, args.profile)
     if device == "cuda" and default_device() != "cuda":
@@ -311,80 +319,130 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
     if out.resolve().parent == out.resolve():
         print(f"gpubench: --out {out} cannot be a filesystem root", file=sys.stderr)
         return 2
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # What killed runs left: staging folders beside out, temporary files in it, partial data.
-    atomic.remove_stale_temporaries(out.parent, lambda n: n.startswith(f".{out.name}."))
-    atomic.remove_stale_temporaries(out)
+    resume = getattr(args, "resume", False)
+    json_path = out / "benchmark.json"
+    if resume and read_journal(journal_path(json_path)).header is None:
+        print(f"gpubench: --resume: {journal_path(json_path)} holds no run to continue; "
+              "nothing was run", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    state["lock"] = RunLock(json_path).acquire()  # one run per folder (JournalError: exit 2)
+    atomic.remove_stale_temporaries(out)  # what killed runs left: temporary files in out
     remove_stale_partials(data_dir)
-
-    print(f"gpubench: profile {profile} on {device}; results go to {out}/", flush=True)
-    started = time.monotonic()
-    staging = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(out.name), suffix=".tmp",
-                                    dir=out.parent))
-    state["stage"] = "running the cases"
     signals = (signal.SIGINT, signal.SIGTERM)
-    try:
-        json_path = staging / "benchmark.json"
-        cmd = [*pytest_command(args, json_path), "-p", "gpubench.pytest_signals"]
-        # SIGINT too is forwarded as SIGTERM, which the plugin turns into an orderly stop.
-        code, signum = run_forwarding_signals(
-            cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid())}, forward_as=signal.SIGTERM)
-        if signum is not None:
-            state["kept"] = _keep_finished_cases(json_path,
-                                                 Path(f"{out}-interrupted") / "benchmark.json")
-            raise Interrupted(signum)
-        if not json_path.exists():
-            why = ("no case ran: every selected case was skipped or none was selected "
-                   "(gpubench list shows which skip here, and why)" if code in (0, 5)
-                   else f"the benchmark run wrote no results (pytest exit code {code})")
-            print(f"gpubench: {why}; {out}/ is unchanged", file=sys.stderr)
-            return code or 1
-        state["stage"] = "writing the summary and charts"
-        df = load_results([json_path], labels=[profile])
-        text = summary_markdown(df)
-        atomic.write_text(staging / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
-        from gpubench.advice import advice_markdown
-        from gpubench.memory_report import hygiene_reports
-
-        state["stage"] = "measuring no_grad and del"
-        named = df[df["model"].notna()]  # records of no model (loader workers' overhead)
-        models = dict(zip(named["model"], named["workload"].fillna(named["model"]),
-                          strict=True))
-        reports = hygiene_reports(models, profile, device)
-        atomic.write_text(staging / "memory.json", json.dumps(reports, indent=1))
-        state["stage"] = "writing the summary and charts"
-        parity = None
-        if getattr(args, "parity", False):  # opt-in: N training steps per technique and model
-            from gpubench.parity_cli import run_parity_for
-            from gpubench.parity_report import load_parity_reports
-
-            state["stage"] = "training for convergence parity"
-            run_parity_for(list(models.values()), profile, device, staging,
-                           chart=not args.no_charts)
-            parity = load_parity_reports([staging / "parity.json"])
-            state["stage"] = "writing the summary and charts"
-        atomic.write_text(staging / "advice.md", "# gpubench advice\n\n"
-                          + advice_markdown(df, memory_reports=reports, parity_reports=parity))
-        if not args.no_charts:
-            from gpubench.report import write_report
-
-            write_report([json_path], staging, labels=[profile])
-        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # publish whole or not at all
+    moved = 0
+    if not resume:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # the earlier run moved as a whole
         try:
-            _publish_folder(staging, out)
+            moved = _set_aside_previous(out)
         finally:
-            state["stage"] = "after the results were written"
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
-        print("\n" + text)
-        print(f"gpubench: {_run_cost_line(df, time.monotonic() - started)}")
-        print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
-        if not args.no_charts:
-            print(f"gpubench: charts and report in {out}/")
-        if code != 0:
-            print(f"gpubench: some cases failed (pytest exit code {code})", file=sys.stderr)
-        return code
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if moved:
+            print(f"gpubench: the earlier results in {out}/ are now in {out / PREVIOUS_DIR}/",
+                  flush=True)
+
+    print(f"gpubench: profile {profile} on {device}; results go to {out}/"
+          + (" (resuming)" if resume else ""), flush=True)
+    started = time.monotonic()
+    state["stage"] = "running the cases"
+    cmd = [*pytest_command(args, json_path), "-p", "gpubench.pytest_signals", "--tb=no"]
+    if resume:
+        cmd.append("--gpubench-resume")
+    # SIGINT too is forwarded as SIGTERM, which the plugin turns into an orderly stop.
+    code, signum = run_forwarding_signals(
+        cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
+                  LOCK_ENV: str(state["lock"].path)}, forward_as=signal.SIGTERM)
+    if code == 4:  # pytest's usage error (a --resume of another run): its one line is said
+        if moved:
+            _restore_previous(out)
+        return 2
+    kept, failed = _records_in(json_path), len(read_journal(journal_path(json_path)).failed)
+    state["kept"] = kept
+    if not kept and not failed and moved:
+        _restore_previous(out)  # nothing new: the folder as it was
+    if signum is not None:
+        raise Interrupted(signum)
+    failures = (f"; {failed} failed (one line each in summary.md, tracebacks in "
+                f"{logs_dir(json_path)}/)" if failed else "")
+    if code < 0:
+        why = " (out of memory?)" if -code == signal.SIGKILL else ""
+        print(f"gpubench: the benchmark process was killed by {signal_name(-code)}{why}; "
+              f"{kept} finished case(s) kept in {json_path}", file=sys.stderr, flush=True)
+    if not kept:
+        if failed:
+            why = f"no case finished: {failed} failed (tracebacks in {logs_dir(json_path)}/)"
+        elif code in (0, 5):
+            why = ("no case ran: every selected case was skipped or none was selected "
+                   "(gpubench list shows which skip here, and why)")
+        else:
+            why = f"the benchmark run wrote no results (pytest exit code {code})"
+        print(f"gpubench: {why}", file=sys.stderr)
+        return (code if code > 0 else 1) or 1
+    try:
+        wrote = _write_derived(args, state, out, json_path, profile, device, started)
+    except OSError as err:
+        where = f"{err.filename}: " if getattr(err, "filename", None) else ""
+        print(f"gpubench: cannot write {where}{err.strerror or err}; the {kept} finished "
+              f"case(s) are in {json_path}", file=sys.stderr)
+        return 1
+    state["stage"] = "after the results were written"
+    print(f"gpubench: {kept} finished case(s) in {json_path}{failures}"
+          + ("" if wrote else "; summary and charts not written"),
+          file=sys.stderr if failed or code else sys.stdout)
+    if code < 0:
+        return 1
+    if code == 2:  # pytest stopped the session early (a result it could not write)
+        print("gpubench: the run stopped before its last case (pytest exit code 2)",
+              file=sys.stderr)
+        return 1
+    if code != 0:
+        print(f"gpubench: some cases failed (pytest exit code {code})", file=sys.stderr)
+    return code
+
+
+def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, device: str,
+                   started: float) -> bool:
+    """summary.md, memory.json (no_grad / del), parity (opt-in), advice.md, charts and report
+    from the finished cases, each written atomically into ``out``."""
+    from gpubench.journal import failures_beside
+    from gpubench.summary import failures_markdown
+
+    state["stage"] = "writing the summary and charts"
+    df = load_results([json_path], labels=[profile])
+    failures = failures_beside([json_path])
+    text = summary_markdown(df) + failures_markdown(failures)
+    atomic.write_text(out / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
+    from gpubench.advice import advice_markdown
+    from gpubench.memory_report import hygiene_reports
+
+    state["stage"] = "measuring no_grad and del"
+    named = df[df["model"].notna()]  # records of no model (loader workers' overhead)
+    models = dict(zip(named["model"], named["workload"].fillna(named["model"]), strict=True))
+    reports = hygiene_reports(models, profile, device)
+    atomic.write_text(out / "memory.json", json.dumps(reports, indent=1))
+    state["stage"] = "writing the summary and charts"
+    parity = None
+    if getattr(args, "parity", False):  # opt-in: N training steps per technique and model
+        from gpubench.parity_cli import run_parity_for
+        from gpubench.parity_report import load_parity_reports
+
+        state["stage"] = "training for convergence parity"
+        run_parity_for(list(models.values()), profile, device, out, chart=not args.no_charts)
+        parity = load_parity_reports([out / "parity.json"])
+        state["stage"] = "writing the summary and charts"
+    atomic.write_text(out / "advice.md", "# gpubench advice\n\n"
+                      + advice_markdown(df, memory_reports=reports, parity_reports=parity)
+                      + failures_markdown(failures))
+    if not args.no_charts:
+        from gpubench.report import write_report
+
+        write_report([json_path], out, labels=[profile])
+    print("\n" + text)
+    print(f"gpubench: {_run_cost_line(df, time.monotonic() - started)}")
+    print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
+    if not args.no_charts:
+        print(f"gpubench: charts and report in {out}/")
+    return True
 
 
 def _run_cost_line(df, wall_s: float) -> str:
@@ -409,13 +467,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
+    from gpubench.journal import failures_beside
+    from gpubench.summary import failures_markdown
+
     df = load_results(args.files)
     if args.csv:
         from gpubench.summary import summary_frame
 
         summary_frame(df).to_csv(sys.stdout, index=False)
     else:
-        print(summary_markdown(df))
+        print(summary_markdown(df) + failures_markdown(failures_beside(args.files)))
     return 0
 
 
@@ -632,6 +693,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "parity's default techniques and steps: minutes per model on a CPU): "
                      "parity.json and a chart per model, and the accuracy verdict in the advice")
     run.add_argument("--no-charts", action="store_true", help="skip the charts and report")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --out that stopped (interrupted, killed, a "
+                     "failing machine): its finished cases are kept and not run again; "
+                     "refused when that run had another profile, device, models or options")
     run.set_defaults(func=cmd_run)
 
     lst = sub.add_parser("list", help="list the cases of a profile")

@@ -1,13 +1,14 @@
 """pytest plugin that ``gpubench run`` loads into its pytest child (``-p gpubench.pytest_signals``,
 with ``GPUBENCH_PARENT_PID`` set); inert otherwise.
 
-- SIGTERM stops pytest like Ctrl-C (``KeyboardInterrupt``), so that the cases that finished are
-  still written by pytest-benchmark instead of being lost with the process.
+- SIGTERM stops pytest like Ctrl-C (``KeyboardInterrupt``): the running case's ranks and workers
+  are stopped in order (the cases that finished are on disk already, ``gpubench.journal``).
 - Once the session is finishing (pytest-benchmark measuring the machine and writing its JSON),
   SIGINT and SIGTERM are held until pytest exits: an interrupt then cannot lose the results, nor
   interrupt pytest's own clean-up with a traceback (``gpubench run``, which received the signal,
   still reports it and keeps the finished cases).
-- pytest follows the death of ``gpubench run`` (SIGTERM, then SIGKILL if it lingers).
+- pytest follows the death of ``gpubench run`` at once (SIGKILL: nothing is left to save, and
+  nobody is left to read a traceback; its ranks and workers follow it).
 - pytest-benchmark's own notes on stderr (where it wrote the JSON, that it saved nothing) are
   left out: ``gpubench run`` reports the outcome in one line.
 """
@@ -21,7 +22,7 @@ import warnings
 
 import pytest
 
-from gpubench.signals import PARENT_PID_ENV, die_with_parent, signal_name
+from gpubench.signals import PARENT_PID_ENV, die_with_parent
 
 
 def _active() -> bool:
@@ -30,14 +31,14 @@ def _active() -> bool:
 
 
 def _terminate_as_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"gpubench: stopping on {signal_name(signum)}")
+    raise KeyboardInterrupt("gpubench run is stopping")
 
 
 def pytest_configure(config) -> None:
     if not _active():
         return
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    die_with_parent(int(os.environ[PARENT_PID_ENV]), signal.SIGTERM)
+    die_with_parent(int(os.environ[PARENT_PID_ENV]), signal.SIGKILL)
     # gpubench run says itself what was written and kept: pytest-benchmark's "Wrote benchmark
     # data in: <hidden staging folder>" and "Not saving anything, no benchmarks have been run!"
     # (an interrupt before any case finished) would be stray lines on its stderr.

@@ -6,7 +6,10 @@ never a crash."""
 from __future__ import annotations
 
 import base64
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,9 +199,15 @@ def telemetry_markdown(df: pd.DataFrame) -> str:
 
 def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
                     memory_reports: list[dict] | None = None,
-                    parity_reports: list[dict] | None = None) -> list[Section]:
-    sections = [Section("runs", "Runs", runs_markdown(df) + "\n"),
-                Section("reading-guide", "How to read this report", READING_GUIDE + "\n")]
+                    parity_reports: list[dict] | None = None,
+                    failures: list[dict] | None = None) -> list[Section]:
+    sections = [Section("runs", "Runs", runs_markdown(df) + "\n")]
+    if failures:  # gpubench.journal: cases that failed are results too
+        from gpubench.summary import failures_markdown
+
+        sections.append(Section("failed", "Failed cases",
+                                failures_markdown(failures).split("\n", 3)[-1]))
+    sections.append(Section("reading-guide", "How to read this report", READING_GUIDE + "\n"))
     for name in charts:
         sections.append(Section(name, CHART_TITLES.get(name, name), f"![{name}]({name}.png)\n"))
     if skipped:
@@ -235,6 +244,24 @@ def write_report(
     """Draw every chart into ``out`` and write ``report.md`` and ``report.html``; return paths."""
     out, files = Path(out), list(files)
     df = load_results(files, labels)
+    out.mkdir(parents=True, exist_ok=True)
+    # Drawn into a hidden folder inside ``out`` (same filesystem), then moved in by renames:
+    # a full disk or an interrupt while drawing leaves ``out`` as it was.
+    staging = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix("report"), suffix=".tmp",
+                                    dir=out))
+    try:
+        made = _write_report_into(staging, out, files, df)
+        written = []
+        for path in made:
+            os.replace(path, out / path.name)
+            written.append(out / path.name)
+        return written
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_report_into(out: Path, final: Path, files: list, df) -> list[Path]:
+    """``write_report``'s files, written into ``out``; ``final`` is where they will live."""
     written, drawn, skipped, pngs = [], [], [], {}
     for name, plot in CHARTS.items():
         try:
@@ -257,10 +284,14 @@ def write_report(
     parity = parity_reports_beside(files)
     for r in parity:  # the page embeds the parity charts (here, or beside the results)
         name = r.get("chart", "parity.png")
-        found = [c for c in (out / name, *(Path(f).parent / name for f in files)) if c.is_file()]
+        found = [c for c in (out / name, final / name, *(Path(f).parent / name for f in files))
+                 if c.is_file()]
         if found:
             pngs[found[0].stem] = base64.b64encode(found[0].read_bytes()).decode()
-    sections = report_sections(df, drawn, skipped, memory_reports_beside(files), parity)
+    from gpubench.journal import failures_beside
+
+    sections = report_sections(df, drawn, skipped, memory_reports_beside(files), parity,
+                               failures_beside(files))
     markdown = f"# {title}\n\n" + "\n".join(f"## {s.title}\n\n{s.body}" for s in sections)
     atomic.write_text(out / "report.md", markdown)
     written.append(out / "report.md")

@@ -269,3 +269,15 @@ def summary_markdown(df: pd.DataFrame) -> str:
     if not parts:
         return "No measured cases.\n"
     return "\n".join(parts)
+
+
+def failures_markdown(failures: list[dict]) -> str:
+    """The failed cases of a run (``gpubench.journal.failures_beside``): one line each, with
+    where its traceback is; empty when none failed."""
+    if not failures:
+        return ""
+    lines = [f"| {f.get('case_id') or f.get('nodeid')} | {f.get('model') or ''} | "
+             f"{(f.get('reason') or 'failed').replace('|', '/')} | {f.get('log') or ''} |"
+             for f in failures]
+    return ("\n### Failed cases\n\n| case | model | reason | traceback |\n| --- | --- | --- | "
+            "--- |\n" + "\n".join(lines) + "\n")

@@ -1,5 +1,6 @@
-"""``gpubench run`` under signals and bad folders: one line, exit 2 / 130 / 143, the previous
-results untouched, the finished cases kept, no process and no temporary left behind."""
+"""``gpubench run`` under signals and bad folders: one line, exit 2 / 130 / 143, the earlier
+results kept whole (in ``<out>/previous/``), the finished cases kept in ``<out>/``, no process
+and no temporary left behind."""
 
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def previous(tmp_path):
 
 def _snapshot(out: Path) -> dict:
     return {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def _earlier_kept(out: Path, before: dict) -> bool:
+    """The earlier run whole: in ``out/previous/`` once a case of the new run finished, else
+    still in ``out`` (a run that produced nothing puts it back)."""
+    previous = out / "previous"
+    return _snapshot(previous if previous.is_dir() else out) == before
 
 
 @pytest.fixture
@@ -125,29 +133,28 @@ def test_unusable_data_dir_is_one_line_exit_2(tmp_path, fake_pytest, capsys, pre
 # -- interrupts -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_run_keeps_previous_results_and_the_finished_cases(
+def test_interrupted_run_keeps_the_earlier_results_and_the_finished_cases(
         fake_pytest, previous, capsys, sig):
     out, before = previous
-    unfinished = _bench("half", extra={})  # pytest-benchmark's record of the interrupted case
-    fake_pytest(_results(_bench("done"), unfinished), code=2, signum=sig)
+    fake_pytest(_results(_bench("done")), code=2, signum=sig)
     assert cli.main([*RUN, "--out", str(out)]) == 128 + sig
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"gpubench: interrupted ({sig.name}) while running the cases; {out}/ "
-                   f"unchanged; 1 finished case(s) kept in {out}-interrupted/benchmark.json"]
-    assert _snapshot(out) == before
-    kept = json.loads((out.parent / f"{out.name}-interrupted" / "benchmark.json").read_text())
+    assert err == [f"gpubench: interrupted ({sig.name}) while running the cases; 1 finished "
+                   f"case(s) kept in {out}/benchmark.json (the same command with --resume "
+                   "runs the rest)"]
+    assert _snapshot(out / "previous") == before
+    kept = json.loads((out / "benchmark.json").read_text())
     assert [b["name"] for b in kept["benchmarks"]] == ["test_step[done]"]
     assert not _no_hidden_left(out.parent) and not _no_hidden_left(out)
 
 
-def test_interrupt_while_writing_charts_leaves_previous_results_whole(
+def test_interrupt_while_writing_charts_keeps_the_finished_cases(
         fake_pytest, previous, capsys, monkeypatch):
     out, before = previous
     fake_pytest(_results(_bench("new")))
     import gpubench.report
 
     def killed_mid_charts(files, folder, labels=None):
-        (Path(folder) / "speedup.png").write_bytes(b"new chart")
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)  # the handler raises here
 
@@ -156,22 +163,47 @@ def test_interrupt_while_writing_charts_leaves_previous_results_whole(
     assert cli.main([*args, "--out", str(out)]) == 143
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"gpubench: interrupted (SIGTERM) while writing the summary and charts; "
-                   f"{out}/ unchanged"]
-    assert _snapshot(out) == before
+                   f"the 1 finished case(s) are in {out}/benchmark.json (gpubench report "
+                   f"{out}/benchmark.json -o {out} draws the charts)"]
+    assert "test_step[new]" in (out / "benchmark.json").read_text()
+    assert _snapshot(out / "previous") == before
     assert not _no_hidden_left(out.parent)
 
 
-def test_complete_run_replaces_the_folder_as_a_whole(fake_pytest, previous, capsys):
+def test_a_failure_after_the_cases_is_one_line_and_keeps_them(fake_pytest, previous, capsys,
+                                                             monkeypatch):
+    """A full disk while the summary is written: the cases stay, the line names the file."""
     out, _ = previous
+    fake_pytest(_results(_bench("new")))
+    import errno
+
+    import gpubench.memory_report
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "memory.json"))
+
+    monkeypatch.setattr(gpubench.memory_report, "hygiene_reports", full)
+    assert cli.main([*RUN, "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpubench: cannot write {out / 'memory.json'}: No space left on device; the 1 "
+        f"finished case(s) are in {out}/benchmark.json"]
+    assert "test_step[new]" in (out / "benchmark.json").read_text()
+
+
+def test_a_new_run_sets_the_earlier_one_aside_whole(fake_pytest, previous, capsys):
+    out, before = previous
     fake_pytest(_results(_bench("new")))
     assert cli.main([*RUN, "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["advice.md", "benchmark.json",
-                                                    "memory.json", "summary.md"]  # no stale chart
+                                                    "memory.json", "previous", "summary.md"]
     assert "test_step[new]" in (out / "benchmark.json").read_text()
+    assert _snapshot(out / "previous") == before  # the old chart with its own results
+    assert f"{out}/previous/" in capsys.readouterr().out
     umask = os.umask(0)
     os.umask(umask)
-    for path in (out, *out.iterdir()):
-        assert path.stat().st_mode & 0o777 & ~umask == (0o777 if path.is_dir() else 0o666) & ~umask
+    for path in out.iterdir():
+        if path.is_file():
+            assert path.stat().st_mode & 0o777 & ~umask == 0o666 & ~umask
     assert not _no_hidden_left(out.parent)
 
 
@@ -184,12 +216,14 @@ def test_records_of_no_model_get_no_memory_measurement(fake_pytest, previous, ca
     assert [r["model"] for r in json.loads((out / "memory.json").read_text())] == ["bert"]
 
 
-def test_folder_with_other_files_is_updated_file_by_file(fake_pytest, previous):
+def test_other_files_in_the_folder_stay_where_they_are(fake_pytest, previous):
     out, _ = previous
     (out / "notes").mkdir()
+    (out / "notes.txt").write_text("mine")
     fake_pytest(_results(_bench("new")))
     assert cli.main([*RUN, "--out", str(out)]) == 0
-    assert (out / "notes").is_dir() and (out / "summary.md").read_text().endswith("summary")
+    assert (out / "notes").is_dir() and (out / "notes.txt").read_text() == "mine"
+    assert (out / "summary.md").read_text().endswith("summary")
 
 
 def test_stale_temporaries_of_killed_runs_are_removed_on_start(fake_pytest, previous):
@@ -197,15 +231,13 @@ def test_stale_temporaries_of_killed_runs_are_removed_on_start(fake_pytest, prev
     dead = subprocess.Popen(["true"])
     dead.wait()
     own = f"{dead.pid}-{atomic.HOST_ID}"
-    stale_staging = out.parent / f".{out.name}.{own}.abcd1234.tmp"
-    stale_staging.mkdir()
     stale_file = out / f".benchmark.json.{own}.abcd1234.tmp.json"
     stale_file.write_text("half")
-    alive = out.parent / f".{out.name}.{os.getppid()}-{atomic.HOST_ID}.efgh5678.tmp"
-    alive.mkdir()  # a concurrent run's staging folder: kept
-    fake_pytest(None, code=4)  # pytest wrote nothing
-    assert cli.main([*RUN, "--out", str(out)]) == 4
-    assert not stale_staging.exists() and not stale_file.exists()
+    alive = out / f".summary.md.{os.getppid()}-{atomic.HOST_ID}.efgh5678.tmp.md"
+    alive.write_text("a concurrent writer's")  # kept
+    fake_pytest(None, code=4)  # pytest wrote nothing (a usage error)
+    assert cli.main([*RUN, "--out", str(out)]) == 2
+    assert not stale_file.exists()
     assert alive.exists()
 
 
@@ -269,7 +301,7 @@ def test_gpubench_run_interrupted(tmp_path, sig, phase):
     assert len(ours) == 1 and ours[0].startswith(f"gpubench: interrupted ({sig.name})"), stderr
     assert "Traceback" not in stderr, stderr
     assert not left, f"processes left 10 s after gpubench exited: {left}"
-    assert _snapshot(out) == before
+    assert _earlier_kept(out, before)
 
 
 @pytest.mark.slow
@@ -278,7 +310,7 @@ def test_gpubench_killed_mid_case_leaves_no_process(tmp_path):
         tmp_path, signal.SIGKILL, "::test_step[", 3.0, ["-k", "ddp2", "--rounds", "1000"])
     assert code == -signal.SIGKILL
     assert not left, f"pytest or ranks outlived gpubench by 10 s: {left}"
-    assert _snapshot(out) == before
+    assert _earlier_kept(out, before)
 
 
 def test_interrupt_while_starting_is_one_line(fake_pytest, previous, capsys, monkeypatch):
@@ -315,7 +347,7 @@ def test_sigterm_leaves_exactly_one_line_on_stderr(tmp_path, trigger, after):
     assert code == 143, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpubench: interrupted (SIGTERM)"), stderr
-    assert not left and _snapshot(out) == before
+    assert not left and _earlier_kept(out, before)
 
 
 def test_run_on_cuda_without_cuda_is_one_line_before_anything_runs(fake_pytest, previous,

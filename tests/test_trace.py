@@ -70,25 +70,26 @@ def test_run_passes_the_trace_folder_to_pytest_beside_the_results():
     assert not any(a.startswith("--gpubench-trace") for a in cli.pytest_command(args, json_path))
 
 
-def test_a_results_folder_with_traces_is_replaced_whole(tmp_path):
-    out, staging = tmp_path / "out", tmp_path / ".out.new"
-    for folder, tag in ((out, "old"), (staging, "new")):
-        (folder / "traces").mkdir(parents=True)
-        (folder / "benchmark.json").write_text(tag)
-        (folder / "traces" / f"{tag}.json").write_text("{}")
-    assert cli._ours_only(out)
-    cli._publish_folder(staging, out)
-    assert (out / "benchmark.json").read_text() == "new"
-    assert [p.name for p in (out / "traces").iterdir()] == ["new.json"]
-    # Beside a user's own file the results go in file by file: traces/ is replaced too.
-    (out / "notes.txt").write_text("mine")
-    staging.mkdir()
-    (staging / "traces").mkdir()
-    (staging / "traces" / "newer.json").write_text("{}")
-    (staging / "benchmark.json").write_text("newer")
-    cli._publish_folder(staging, out)
-    assert (out / "notes.txt").read_text() == "mine"
-    assert [p.name for p in (out / "traces").iterdir()] == ["newer.json"]
+def test_an_earlier_runs_traces_are_set_aside_with_its_results(tmp_path):
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    (out / "benchmark.json").write_text("old")
+    (out / "traces" / "old.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")  # not a run's: stays where it is
+    assert cli._set_aside_previous(out) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "previous"]
+    assert (out / "previous" / "benchmark.json").read_text() == "old"
+    assert [p.name for p in (out / "previous" / "traces").iterdir()] == ["old.json"]
+    (out / "benchmark.json").write_text("newer")  # the next run: replaces that previous/
+    assert cli._set_aside_previous(out) == 1
+    assert sorted(p.name for p in (out / "previous").iterdir()) == ["benchmark.json"]
+    assert (out / "previous" / "benchmark.json").read_text() == "newer"
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    # A run killed before its first case left only a journal: the earlier results stay.
+    (out / "cases.jsonl").write_text('{"type": "run"}\n')
+    assert cli._set_aside_previous(out) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "previous"]
+    assert (out / "previous" / "benchmark.json").read_text() == "newer"
 
 
 def _ops(**times_ms):
