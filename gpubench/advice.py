@@ -23,6 +23,7 @@ here* when the machine cannot show it (CUDA-only effects on a CPU).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -1106,12 +1107,19 @@ def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommen
 def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,
                     recommendations: list[Recommendation] | None = None,
                     memory_reports: list[dict] | None = None,
-                    parity_reports: list[dict] | None = None) -> str:
+                    parity_reports: list[dict] | None = None,
+                    failures: list[dict] | None = None) -> str:
+    """The verdicts table and the recommendation; ``failures`` (``gpubench.journal``): a
+    claim whose case failed says *case failed* with the case's one-line reason, and the
+    failed cases are listed below."""
+    from gpubench.summary import failures_markdown
     from gpubench.tables import markdown_table
 
+    verdicts = [_with_failures(v, failures or []) for v in
+                advise(df, memory_reports, parity_reports)]
     rows = [{"model": v.model, "claim": v.claim, "measured": v.measured,
              "verdict": f"**{v.verdict}**", "why": v.why, "chart": f"[{v.chart}]({v.chart})"}
-            for v in advise(df, memory_reports, parity_reports)]
+            for v in verdicts]
     lines = [markdown_table(rows, columns=("model", "claim", "measured", "verdict", "why",
                                            "chart"))]
     recs = recommend(df, budget_bytes) if recommendations is None else recommendations
@@ -1126,4 +1134,21 @@ def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,
             lines.append(f"- {r.model}: `{r.case_id}`, {r.speedup:.2f}x the FP32 baseline "
                          f"(95% CI {r.low:.2f}-{r.high:.2f}, {basis}), training memory "
                          f"{r.peak_memory_bytes / 2**20:,.1f} MiB{note}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + failures_markdown(failures or [])
+
+
+FAILED = "case failed"
+"""The verdict of a claim whose case failed to run (instead of *inconclusive*)."""
+
+
+def _with_failures(v: Verdict, failures: list[dict]) -> Verdict:
+    """``v``, or where it says its case was not measured and that case failed, the failure."""
+    if not v.why.startswith("not measured"):
+        return v
+    hit = [f for f in failures if f.get("model") == v.model and f.get("case_id")
+           and re.search(rf"(?<![\w-]){re.escape(f['case_id'])}(?![\w-])", v.why)]
+    if not hit:
+        return v
+    why = "; ".join(f"{f['case_id']} failed: {f.get('reason') or 'failed'} ({f.get('log')})"
+                    for f in hit)
+    return Verdict(v.model, v.claim, "-", FAILED, why, v.chart)

@@ -431,8 +431,8 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
         parity = load_parity_reports([out / "parity.json"])
         state["stage"] = "writing the summary and charts"
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n"
-                      + advice_markdown(df, memory_reports=reports, parity_reports=parity)
-                      + failures_markdown(failures))
+                      + advice_markdown(df, memory_reports=reports, parity_reports=parity,
+                                        failures=failures))
     if not args.no_charts:
         from gpubench.report import write_report
 
@@ -526,8 +526,10 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
         print("gpubench: confirming the recommendation in alternating rounds ...", flush=True)
         recs = [confirm(r, df) for r in recommend(df, budget)]
+    from gpubench.journal import failures_beside
+
     text = advice_markdown(df, budget, recs, memory_reports(args, files),
-                           parity_reports(args, files))
+                           parity_reports(args, files), failures_beside(files))
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
     print(text)
     print(f"gpubench: verdicts written to {out / 'advice.md'}")

@@ -64,6 +64,7 @@ for heat or a power brake); the summary flags such cases.
 VERDICT_CLASSES = {
     "holds": "good",
     "does not hold": "bad",
+    "case failed": "bad",
     "inconclusive": "unsure",
     "not testable here": "na",
     "improvement": "good",
@@ -216,7 +217,8 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
         sections.append(Section("advice", "Advice: the common speed-up claims, on these "
                                 "measurements",
                                 advice_markdown(df, memory_reports=memory_reports,
-                                                parity_reports=parity_reports)))
+                                                parity_reports=parity_reports,
+                                                failures=failures)))
     if parity_reports:  # gpubench run --parity, or a gpubench parity folder's parity.json
         from gpubench.parity_report import parity_markdown
 

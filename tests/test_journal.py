@@ -323,6 +323,8 @@ def test_failed_cases_are_results_with_their_reason(tmp_path):
         text = (out / name).read_text()
         assert "| fails-amp-bf16 | fails-amp | RuntimeError: this model cannot run under " \
                "autocast | logs/fails-amp-bf16.log |" in text, name
+    assert "| **case failed** | fails-amp-bf16 failed: RuntimeError" in " ".join(
+        (out / "advice.md").read_text().split())  # the AMP claim says so, not "not measured"
     shown = subprocess.run([sys.executable, "-m", "gpubench", "summary",
                             str(out / "benchmark.json")], capture_output=True, text=True,
                            env=ENV, cwd=ROOT).stdout
