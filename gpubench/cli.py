@@ -193,18 +193,19 @@ def _set_aside_previous(out: Path) -> int:
     filesystem, whatever ``out`` is (a mount point, a symlink). Returns how many were moved."""
     import shutil
 
-    entries = [e for e in os.scandir(out) if _is_ours(e)]
-    if not entries:
-        return 0
     previous = out / PREVIOUS_DIR
     if previous.is_symlink() or (previous.exists() and not previous.is_dir()):
         raise ValueError(f"--out {out}: {previous} is not a folder; the earlier results "
                          "cannot be moved there (move it away, or use --resume)")
     if previous.is_dir() and not (out / "benchmark.json").exists():
-        # A run stopped before any case finished (its journal, failed cases' logs): no
-        # measurement to keep, and not worth the earlier results set aside before it.
-        for entry in entries:
-            (shutil.rmtree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
+        # A run killed before any case finished (its journal, failed cases' logs): no
+        # measurement to keep, and not worth the earlier results it set aside.
+        for entry in os.scandir(out):
+            if _is_ours(entry):
+                (shutil.rmtree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
+        _restore_previous(out)
+    entries = [e for e in os.scandir(out) if _is_ours(e)]
+    if not entries:
         return 0
     if previous.exists():  # the older generation: renamed to a hidden name, then removed
         doomed = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(PREVIOUS_DIR), suffix=".tmp",

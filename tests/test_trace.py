@@ -87,8 +87,10 @@ def test_an_earlier_runs_traces_are_set_aside_with_its_results(tmp_path):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
     # A run killed before its first case left only a journal: the earlier results stay.
     (out / "cases.jsonl").write_text('{"type": "run"}\n')
-    assert cli._set_aside_previous(out) == 0
+    (out / "logs").mkdir()
+    assert cli._set_aside_previous(out) == 1
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "previous"]
+    assert sorted(p.name for p in (out / "previous").iterdir()) == ["benchmark.json"]
     assert (out / "previous" / "benchmark.json").read_text() == "newer"
 
 
