@@ -353,6 +353,8 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
     code, signum = run_forwarding_signals(
         cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
                   LOCK_ENV: str(state["lock"].path)}, forward_as=signal.SIGTERM)
+    if resume and code == 5:  # every case had finished: nothing left to run
+        code = 0
     if code == 4:  # pytest's usage error (a --resume of another run): its one line is said
         if moved:
             _restore_previous(out)
