@@ -469,24 +469,32 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def result_files(paths) -> list[Path]:
+    """Result files as given; a results folder (``gpubench run --out``) stands for its
+    ``benchmark.json``."""
+    return [Path(p) / "benchmark.json" if Path(p).is_dir() and (Path(p) / "benchmark.json")
+            .is_file() else Path(p) for p in paths]
+
+
 def cmd_summary(args: argparse.Namespace) -> int:
     from gpubench.journal import failures_beside
     from gpubench.summary import failures_markdown
 
-    df = load_results(args.files)
+    files = result_files(args.files)
+    df = load_results(files)
     if args.csv:
         from gpubench.summary import summary_frame
 
         summary_frame(df).to_csv(sys.stdout, index=False)
     else:
-        print(summary_markdown(df) + failures_markdown(failures_beside(args.files)))
+        print(summary_markdown(df) + failures_markdown(failures_beside(files)))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from gpubench.report import write_report
 
-    written = write_report(args.files, check_output("-o/--out", args.out))
+    written = write_report(result_files(args.files), check_output("-o/--out", args.out))
     print("\n".join(str(p) for p in written))
     return 0
 
@@ -497,7 +505,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
     budget = parse_bytes(args.budget) if args.budget else None
     if args.results:
-        files, out = [Path(args.results)], Path(args.out or Path(args.results).parent)
+        files = result_files([args.results])
+        out = Path(args.out or files[0].parent)
         check_output("--out", out)
     else:
         if not args.model:
@@ -624,7 +633,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from gpubench.compare import write_github_json
 
     check_output("--github-json", args.github_json)
-    for path in write_github_json(load_results([args.file]), args.github_json):
+    for path in write_github_json(load_results(result_files([args.file])), args.github_json):
         print(path)
     return 0
 
@@ -709,12 +718,12 @@ def build_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=cmd_list)
 
     summ = sub.add_parser("summary", help="print the summary table of result files")
-    summ.add_argument("files", nargs="+")
+    summ.add_argument("files", nargs="+", help="benchmark JSON files, or results folders")
     summ.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
     summ.set_defaults(func=cmd_summary)
 
     rep = sub.add_parser("report", help="charts and a Markdown/HTML report from result files")
-    rep.add_argument("files", nargs="+")
+    rep.add_argument("files", nargs="+", help="benchmark JSON files, or results folders")
     rep.add_argument("-o", "--out", required=True, help="folder for charts and report")
     rep.set_defaults(func=cmd_report)
 

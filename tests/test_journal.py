@@ -162,9 +162,9 @@ def _finish(proc: subprocess.Popen) -> tuple[int, str, list[int]]:
 
 
 def _summary_cases(out: Path) -> list[str]:
-    """The cases ``gpubench summary <out>/benchmark.json`` shows."""
-    text = subprocess.run([sys.executable, "-m", "gpubench", "summary",
-                           str(out / "benchmark.json")], capture_output=True, text=True,
+    """The cases ``gpubench summary <out>`` (a results folder) shows."""
+    text = subprocess.run([sys.executable, "-m", "gpubench", "summary", str(out)],
+                          capture_output=True, text=True,
                           env=ENV, cwd=ROOT, check=True).stdout
     return [line.split("|")[1].strip() for line in text.splitlines()
             if line.startswith("| bert-")]
