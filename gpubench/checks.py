@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from gpubench.build import Case
+from gpubench.precision import ieee_fp32
 
 LOSS_RTOL = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 4e-2}
 """Relative tolerance of the first step's loss against the FP32 reference of the same weights and
@@ -194,8 +195,9 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
     cid = case.cfg.id
     fixed = case.fixed_batches()
     computes_loss = case.cfg.parallel != "pipeline" or case.strategy.is_last
-    reference = reference_loss(case, fixed) if computes_loss else None
-    grad_ref = _Reference(case, fixed) if case.reference_model is not None else None
+    with ieee_fp32():  # the reference is IEEE FP32 even inside a tf32 case's math mode
+        reference = reference_loss(case, fixed) if computes_loss else None
+        grad_ref = _Reference(case, fixed) if case.reference_model is not None else None
     hooks = [] if grad_ref is None else [
         case.optimizer.register_step_pre_hook(grad_ref.before_step),
         case.optimizer.register_step_post_hook(grad_ref.after_step),

@@ -68,6 +68,21 @@ class Precision:
             torch.backends.cudnn.benchmark = saved[2]
 
 
+@contextlib.contextmanager
+def ieee_fp32() -> Iterator[None]:
+    """IEEE float32 matmuls and convolutions (TF32 off for cuBLAS and cuDNN) inside, whatever
+    the case around it set: the training check's FP32 reference runs in it, so that a tf32
+    case is compared with FP32, not with itself."""
+    saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.allow_tf32 = saved[1]
+
+
 def cudnn_benchmark(device_type: str) -> bool:
     """Whether ``Precision.math_mode`` turns cuDNN benchmark mode on: for CUDA cases."""
     return device_type == "cuda"

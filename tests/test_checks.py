@@ -103,3 +103,25 @@ def test_reference_gradient_is_the_global_batch_gradient():
     case.close()
     whole.close()
 
+
+
+def test_the_reference_of_a_tf32_case_is_ieee_fp32(monkeypatch):
+    """The check runs inside the case's math mode (TF32 for a tf32 case); its FP32 reference
+    must not: a tf32 case compared with TF32 would never exercise the tf32 tolerances."""
+    import gpubench.checks as checks
+
+    seen = []
+    plain = checks._reference_objective
+
+    def recording(*args, **kwargs):
+        seen.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32))
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(checks, "_reference_objective", recording)
+    case = build(RunConfig(model="bert", profile="smoke", precision="tf32"))
+    with case.precision.math_mode():
+        assert torch.get_float32_matmul_precision() == "high"
+        check_case(case)
+        assert torch.get_float32_matmul_precision() == "high"  # the case's mode, restored
+    case.close()
+    assert seen and all(mode == ("highest", False) for mode in seen), seen
