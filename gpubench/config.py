@@ -290,9 +290,13 @@ class RunConfig:
     @property
     def in_workers(self) -> bool:
         """True when the case runs in worker processes of its own: one per rank
-        (``multiprocess``), or one for a case whose CUDA allocator must be configured before
-        CUDA starts (``expandable_segments``, see ``worker_env``)."""
-        return self.multiprocess or self.expandable_segments
+        (``multiprocess``), or one for a case whose CUDA caching allocator must be its own:
+        configured before CUDA starts (``expandable_segments``, see ``worker_env``), or emptied
+        every step (``empty_cache`` on CUDA: in the process of its paired baseline it would
+        free the baseline's cached blocks too, and the baseline, re-allocating its step,
+        would hide the case's own cost)."""
+        return (self.multiprocess or self.expandable_segments
+                or (self.empty_cache and self.device == "cuda"))
 
     def worker_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment variables the case's worker processes must have before they import

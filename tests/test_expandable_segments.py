@@ -121,3 +121,19 @@ def test_worker_started_for_the_case_has_the_setting(monkeypatch):
     with WorkerGroup(1, EnvProgram, timeout_s=60) as group:  # without: the default allocator
         assert group.call("alloc_conf") == [None]
     assert VAR not in os.environ
+
+
+def test_empty_cache_on_cuda_gets_an_allocator_of_its_own(monkeypatch):
+    """torch.cuda.empty_cache() frees every cached block of the process: beside its paired
+    baseline it would free the baseline's too. On CUDA the case runs in a process of its own
+    (and pairs with the baseline's worker); on the CPU, which has no cache, it stays here."""
+    made = []
+    Group, Here = _recorder(made), _recorder([])
+    monkeypatch.setattr(runner, "WorkerGroup", Group)
+    monkeypatch.setattr(runner, "InProcess", Here)
+    cfg = RunConfig(model="resnet18", device="cuda", empty_cache=True)
+    assert cfg.in_workers and not cfg.multiprocess
+    assert isinstance(runner.launcher(cfg, timeout_s=12), Group)
+    (args, kwargs), = made
+    assert args[0] == 1 and args[2] == (cfg,) and kwargs["env"] == {}
+    assert isinstance(runner.launcher(RunConfig(model="resnet18", empty_cache=True)), Here)
