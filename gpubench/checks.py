@@ -80,18 +80,20 @@ def reference_chunks(case: Case) -> int:
     return 1
 
 
+def _micro_objective(model, inputs, targets, chunks: int) -> torch.Tensor:
+    """Plain FP32 loss of ``model`` on one micro-batch, averaged over its chunks as the step
+    averages it (each chunk normalizes its own)."""
+    return torch.stack([
+        model(x, y).float()
+        for x, y in (zip(inputs.chunk(chunks), targets.chunk(chunks), strict=True)
+                     if chunks > 1 else [(inputs, targets)])
+    ]).mean()
+
+
 def _reference_objective(model, fixed: list, chunks: int) -> torch.Tensor:
     """Plain FP32 loss of ``model`` on ``fixed`` averaged as the step averages it: over
-    micro-batches, and over chunks within each micro-batch (each chunk normalizes its own)."""
-    per_micro = [
-        torch.stack([
-            model(x, y).float()
-            for x, y in (zip(inputs.chunk(chunks), targets.chunk(chunks), strict=True)
-                         if chunks > 1 else [(inputs, targets)])
-        ]).mean()
-        for inputs, targets in fixed
-    ]
-    return torch.stack(per_micro).mean()
+    micro-batches, and over chunks within each micro-batch."""
+    return torch.stack([_micro_objective(model, x, y, chunks) for x, y in fixed]).mean()
 
 
 def reference_loss(case: Case, fixed: list) -> float | None:
@@ -124,10 +126,17 @@ class _Reference:
             shared = {id(p) for p in case.reference_model.parameters()}
             self.params = [p for p in trained if id(p) in shared and p.requires_grad]
             ref_params = self.params
-        objective = _reference_objective(case.reference_model, fixed, reference_chunks(case))
-        grads = torch.autograd.grad(objective, ref_params, allow_unused=True)
-        self.grads = [torch.zeros_like(p) if g is None else g.detach().float()
-                      for p, g in zip(ref_params, grads, strict=True)]
+        # One micro-batch's graph at a time, its gradient summed (the mean over micro-batches
+        # as the step takes it): all k graphs at once would hold k micro-batches of FP32
+        # activations (about 90 GB for ResNet-50 accum4 at gpu-small's batch).
+        chunks = reference_chunks(case)
+        self.grads = [torch.zeros_like(p, dtype=torch.float32) for p in ref_params]
+        for inputs, targets in fixed:
+            term = _micro_objective(case.reference_model, inputs, targets, chunks) / len(fixed)
+            grads = torch.autograd.grad(term, ref_params, allow_unused=True)
+            for total, g in zip(self.grads, grads, strict=True):
+                if g is not None:
+                    total += g.detach().float()
         if case.cfg.parallel in ("ddp", "fsdp") and torch.distributed.is_initialized():
             flat = torch.cat([g.flatten() for g in self.grads])
             torch.distributed.all_reduce(flat)

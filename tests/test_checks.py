@@ -111,13 +111,13 @@ def test_the_reference_of_a_tf32_case_is_ieee_fp32(monkeypatch):
     import gpubench.checks as checks
 
     seen = []
-    plain = checks._reference_objective
+    plain = checks._micro_objective
 
     def recording(*args, **kwargs):
         seen.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32))
         return plain(*args, **kwargs)
 
-    monkeypatch.setattr(checks, "_reference_objective", recording)
+    monkeypatch.setattr(checks, "_micro_objective", recording)
     case = build(RunConfig(model="bert", profile="smoke", precision="tf32"))
     with case.precision.math_mode():
         assert torch.get_float32_matmul_precision() == "high"
@@ -125,3 +125,27 @@ def test_the_reference_of_a_tf32_case_is_ieee_fp32(monkeypatch):
         assert torch.get_float32_matmul_precision() == "high"  # the case's mode, restored
     case.close()
     assert seen and all(mode == ("highest", False) for mode in seen), seen
+
+
+def test_the_reference_gradient_holds_one_micro_batch_graph_at_a_time(monkeypatch):
+    """The FP32 reference of an accumulation case backpropagates each micro-batch before the
+    next one's forward: its peak holds one micro-batch's activations, not k."""
+    import gpubench.checks as checks
+
+    events = []
+    plain_micro, plain_grad = checks._micro_objective, torch.autograd.grad
+
+    def micro(*args, **kwargs):
+        events.append("forward")
+        return plain_micro(*args, **kwargs)
+
+    def grad(*args, **kwargs):
+        events.append("backward")
+        return plain_grad(*args, **kwargs)
+
+    monkeypatch.setattr(checks, "_micro_objective", micro)
+    monkeypatch.setattr(checks.torch.autograd, "grad", grad)
+    case = _case()  # accum_steps=4
+    checks._Reference(case, case.fixed_batches())
+    case.close()
+    assert events == ["forward", "backward"] * 4
