@@ -47,11 +47,22 @@ def _event_seconds(fn, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+@pytest.fixture
+def transfer_device(request) -> str:
+    """The suite's ``--gpubench-device``; run on its own (``pytest --noconftest
+    benchmarks/test_transfer.py``, as ``scripts/gpu_check.sh`` does, so that no workload is
+    built and validated first), CUDA where there is one."""
+    opts = getattr(request.config, "gpubench", None)
+    if opts is not None:
+        return opts.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @pytest.mark.parametrize("size_mb", SIZES_MB, ids=[f"{s}MB" for s in SIZES_MB])
 @pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
 @pytest.mark.parametrize("non_blocking", [False, True], ids=["sync", "nonblocking"])
-def test_host_to_device_copy(benchmark, options, pinned, non_blocking, size_mb):
-    if options.device != "cuda" or not torch.cuda.is_available():
+def test_host_to_device_copy(benchmark, transfer_device, pinned, non_blocking, size_mb):
+    if transfer_device != "cuda" or not torch.cuda.is_available():
         pytest.skip("host-to-device copies need a CUDA device")
     device = torch.device("cuda", torch.cuda.current_device())
     nbytes = size_mb * MB
@@ -117,7 +128,7 @@ def test_host_to_device_copy(benchmark, options, pinned, non_blocking, size_mb):
         kind="transfer",
         case_id=f"h2d-{size_mb}MB-{'pinned' if pinned else 'pageable'}-"
         f"{'nonblocking' if non_blocking else 'sync'}",
-        device=options.device,
+        device=transfer_device,
         bytes=nbytes,
         copies_per_round=copies,
         pin_memory=pinned,

@@ -1,39 +1,72 @@
 #!/usr/bin/env bash
-# The first GPU run of gpubench: a prioritized, time-boxed check (at most 7 minutes of device
-# time) that writes its partial results after every step, so that a run cut short keeps what
-# it measured.
+# The first GPU run of gpubench: one command of at most 9 minutes on one H200 (Python 3.12,
+# torch 2.11, torchvision 0.26, transformers 5.17, no network) that brings back the answer:
+# the matmul peaks, ResNet-50/BERT/GPT-2 throughput and MFU per precision, then the other
+# techniques, the loader, host-to-device copies and the claims pairs, highest value first.
 #
-#   scripts/gpu_check.sh OUT              on a CUDA machine
-#   scripts/gpu_check.sh --rehearse OUT   the same steps on the CPU: smoke profile, one or two
-#                                         cases per step, small budgets (tests/test_gpu_check.py)
+#   scripts/gpu_check.sh OUT              on the CUDA machine (about 510 s; give it 540)
+#   scripts/gpu_check.sh --rehearse OUT   the same steps on the CPU: smoke profile, one resnet18
+#                                         case per step (tests/test_gpu_check.py)
 #
-# Steps in priority order, each under `timeout` (TERM, then KILL a few seconds later), so that a
-# hung step cannot eat the budget; budgets in seconds on the GPU (420 in all):
-#   00 setup            80  python3 with gpubench's dependencies importable, else
-#                           pip install torch==2.14.1 torchvision==0.29.1 -e . (only -e . where
-#                           torch is installed already: it matches the machine's driver)
-#   01 driver           15  nvidia-smi, torch.cuda.init() (the torch wheel is built for CUDA 13,
-#                           which needs a recent driver: said plainly if it is too old), /dev/shm
-#   02 peaks            20  gpubench.flops.matmul_peak_flops per precision (bf16, fp16, tf32, fp32)
-#   03 core            115  gpu-small precision and layout cases, every model
-#   04 loader           55  gpu-small loader cases (generating, in parallel, the data they read)
-#   05 more             75  gpu-small optimizer, accumulation and memory cases
-#   06 parallel_claims  45  gpu-small parallel cases (those this machine's GPUs allow), then the
-#                           claims pairs (alternating rounds)
-#   07 transfer         15  the host-to-device copy benchmark (benchmarks/test_transfer.py)
-# then the summary (gpu_check.md, gpu_check.json: ResNet-50 AMP images/s, the best transformer
-# MFU against the measured bf16 peak, the best loader case's stall). Each gpubench step costs
-# its own start (workload checks, pytest, the paired-baseline worker: 15-20 s), hence few of them.
+# OUT receives three files, each replaced atomically after every step (a kill at any moment
+# leaves the last complete set): gpu_check.md (the summary, headline first), gpu_check.json
+# (the same as data) and gpu_check.tar.gz (everything the steps wrote: results JSON and
+# journals, logs, summaries, advice, status files; under 15 MiB). The steps write into a work
+# folder outside OUT ($GPU_CHECK_WORK, default a new ${TMPDIR:-/tmp}/gpu_check.XXXXXX), the
+# generated data into $GPUBENCH_DATA_DIR (default ${TMPDIR:-/tmp}/gpubench-data).
 #
-# After every step: OUT/NN-step.json (status, exit code, seconds, budget, what it wrote, cases
-# finished), OUT/NN-step.log (its output) and OUT/progress.md. A gpubench step writes OUT/<step>/
-# (JSON and summary; charts left out to save device time: `gpubench report OUT/core/benchmark.json
-# -o DIR` draws them anywhere); a step stopped by its budget keeps the cases that had finished in
-# OUT/<step>-interrupted/benchmark.json. Data is generated into $GPUBENCH_DATA_DIR (default
-# ${TMPDIR:-/tmp}/gpubench-data), never into OUT.
+# python3 is the machine's own, with its own packages: nothing is installed; gpubench is
+# imported from this checkout (PYTHONPATH). Each step is one python3 process under `timeout`
+# (SIGINT at its box less a grace, SIGKILL at the box): gpubench run stops its pytest child
+# in order, and every case that finished is on disk already (benchmark.json and the
+# cases.jsonl journal, rewritten after each case). Then every process still carrying the
+# step's marker (GPU_CHECK_STEP, inherited by all it started: pytest, rank and baseline
+# workers, DataLoader workers) is killed, so the next step starts on an idle GPU.
 #
-# Environment: GPU_CHECK_STEPS=core,loader runs only those steps; GPU_CHECK_BUDGET_<step>=S
-# overrides one budget; GPU_CHECK_TOTAL=S the whole budget.
+# Budgets on the H200, from the gpu-small shapes (ResNet-50 b256 at 224 px: 25 GFLOP per image,
+# 6.3 TFLOP per step; BERT-base b128 at 128 tokens: 8.7 TFLOP; GPT-2 124M b16 at 1024: 14 TFLOP)
+# and these step times: ResNet-50 fp32 0.22 s, tf32 0.11 s (Lambda's 2,260 img/s), bf16 0.085 s
+# (3,080 img/s), bf16 + channels_last 0.075 s; BERT fp32 0.22 s, bf16 0.035 s; GPT-2 fp32
+# 0.35 s, bf16 0.055 s. A case costs its build (1.5-2.5 s: the first of a model initialises it
+# on the CPU, later ones copy it; ResNet-50 also makes 1,024 random images, 1 s), its check
+# (3 steps + the FP32 reference's forward and backward: about 4.3 steps), cuDNN's autotuning
+# at each new convolution configuration (about 5 s per precision/layout/batch), 2 warm-up
+# steps and timed rounds (--max-time 2: 2 s, at least 6 steps, at most 20; --unpaired: no
+# baseline step per round). A gpubench run costs, besides its cases, about 10 s to start
+# (CLI, pytest, torch and transformers imports, each model validated once on the CPU, the
+# machine's peaks) and 6 s + 5 s per model after them (CUDA start in the CLI, its no_grad/del
+# measurement of each model, summary and advice).
+#
+#   step        budget  estimate  arithmetic
+#   00 setup       15        5    python3 -c imports, versions, selections (torch import 3 s)
+#   01 peaks       45       20    nvidia-smi 1 s, torch 3 s, CUDA init 3-10 s, 4 peaks 1-2 s each
+#   02 headline   145      100    8 cases: resnet50 fp32 12 + tf32 10 + bf16 8.5 + bf16-cl 12
+#                                 (two new cuDNN configurations: its FP32 reference is NHWC too);
+#                                 bert fp32 7 + bf16 3; gpt2 fp32 7.5 + bf16 3 = 63; run 10 + 21
+#   03 more       105       85    resnet50-fp32-accum4-mb64 11.5 (autotune at b64); gpt2 build
+#                                 2.5, adamw 5.5, adamw_fused 5.5, emptycache 5.5, expseg 14 (its
+#                                 own worker process: spawn, torch, CUDA, build), ckpt 7 (the
+#                                 recompute: 0.47 s steps), bf16-ckpt 3.5 = 55; run 10 + 16 + 3
+#   04 loader      85       70    4,096 JPEGs at 384 px in 16 processes 6-10 s; storage probe 2 s;
+#                                 3 resnet50 cases at 8 workers (5 ms per image, 0.16 s a batch:
+#                                 just under the 0.22 s step): loader probe (11 batches, 4 s),
+#                                 check, rounds: w8 16 (first: build, autotune), w8-pin-nb 9,
+#                                 w8-cold 11 (page cache dropped each epoch) = 36; run 10 + 11
+#   05 transfer    40       25    pytest without the suite's conftest (no model built): 8 cases of
+#                                 1 GB per round, pageable at ~10 GB/s 4.5 s each, pinned 1.2 s
+#   06 claims      65       50    bert pairs, 10 alternating rounds of two fp32 sides (0.23 s each):
+#                                 claim-cache-bert 11 (token file 1 s), claim-adamw-bert 11 = 22;
+#                                 run 10 + 11
+#   in all        500      355    + about 1 s of bookkeeping after each step and 5 s at the end
+#
+# Each step's box is its budget plus what the steps before it left unused (a fixed deadline:
+# the sum of the budgets so far), never past GPU_CHECK_TOTAL (525 s) less the final 10 s.
+# Environment: GPU_CHECK_STEPS=headline,transfer runs only those steps; GPU_CHECK_BUDGET_<step>=S
+# overrides one budget; GPU_CHECK_TOTAL=S the whole; GPU_CHECK_WORK=DIR the work folder;
+# GPU_CHECK_BANK=0 gives each step its own budget only (the tests' fixed boxes).
+#
+# Exit status: 0 when every step that ran finished or was stopped by its box with cases kept;
+# 1 when no step produced a case; 3 when cases were produced but a step failed; 2 usage.
 set -uo pipefail
 
 usage="usage: scripts/gpu_check.sh [--rehearse] OUT"
@@ -47,428 +80,169 @@ mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
-export OUT MODE ROOT
+WORK=${GPU_CHECK_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")}
+mkdir -p "$WORK" || exit 2
+WORK=$(cd "$WORK" && pwd)
+case "$WORK/" in "$OUT"/*) echo "gpu_check: the work folder must not lie in OUT" >&2; exit 2;; esac
+# COLUMNS: pytest's lines (a skip's or failure's reason) are cut at the terminal's width.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COLUMNS=240
 export GPUBENCH_DATA_DIR=${GPUBENCH_DATA_DIR:-${TMPDIR:-/tmp}/gpubench-data}
-export PYTHONUNBUFFERED=1
+export GPU_CHECK_RUN=${GPU_CHECK_RUN:-$$-$(date +%s)}
+TOOL=(python3 "$ROOT/scripts/gpu_check_tool.py")
+rm -f "$OUT/gpu_check.md" "$OUT/gpu_check.json" "$OUT/gpu_check.tar.gz"
 
-declare -A BUDGET
+STEPS=(setup peaks headline more loader transfer claims)
+declare -A BUDGET NUM
 if [[ $MODE == gpu ]]; then
-    BUDGET=([setup]=80 [driver]=15 [peaks]=20 [core]=115 [loader]=55 [more]=75
-            [parallel_claims]=45 [transfer]=15)
-    TOTAL=${GPU_CHECK_TOTAL:-420}
-    DEVICE=cuda
+    BUDGET=([setup]=15 [peaks]=45 [headline]=145 [more]=105 [loader]=85 [transfer]=40
+            [claims]=65)
+    TOTAL=${GPU_CHECK_TOTAL:-525}
+    PROFILE=gpu-small DEVICE=cuda
+    RUN_ARGS=(--rounds 20 --warmup 2 --max-time 2)
 else
-    # The rehearsal: the same steps and commands on the CPU, with the smoke profile's resnet18
-    # and a -k selection of one case per step; budgets for a slow 2-core CI machine.
-    BUDGET=([setup]=30 [driver]=30 [peaks]=60 [core]=120 [loader]=120 [more]=120
-            [parallel_claims]=150 [transfer]=60)
-    TOTAL=${GPU_CHECK_TOTAL:-1200}
-    DEVICE=cpu
+    # A slow 2-core CI machine: generous boxes, the same commands.
+    BUDGET=([setup]=60 [peaks]=60 [headline]=150 [more]=150 [loader]=150 [transfer]=90
+            [claims]=150)
+    TOTAL=${GPU_CHECK_TOTAL:-900}
+    PROFILE=smoke DEVICE=cpu
+    RUN_ARGS=(--rounds 3 --warmup 0 --max-time 0.5)
 fi
-export DEVICE
+FINAL_RESERVE=10
+for i in "${!STEPS[@]}"; do NUM[${STEPS[$i]}]=$(printf %02d "$i"); done
+selected() { [[ -z "${GPU_CHECK_STEPS:-}" || ",${GPU_CHECK_STEPS}," == *",$1,"* ]]; }
 START=$SECONDS
-STOP_REASON=""  # set when nothing further can run (no gpubench, no usable CUDA)
+DEADLINE=0        # the sum of the budgets of the selected steps so far
+STOP_REASON=""    # set when nothing further can run
+FAILED=0
 
-# gpubench run with the mode's profile and settings (the GPU's gpu-small on CUDA, the
-# rehearsal's smoke resnet18 on the CPU), plus "$@".
-gpubench_run() {
-    if [[ $MODE == gpu ]]; then
-        python3 -m gpubench run --profile gpu-small --device cuda --rounds 20 --warmup 3 \
-            --timeout 60 --no-charts "$@"
-    else
-        python3 -m gpubench run --profile smoke --device cpu --models resnet18 --rounds 3 \
-            --warmup 0 --timeout 60 --no-charts "$@"
-    fi
+publish() {  # publish [--final]: gpu_check.md, .json and .tar.gz into OUT
+    "${TOOL[@]}" publish "$WORK" "$OUT" "$MODE" --elapsed "$(( SECONDS - START ))" \
+        --total "$TOTAL" "$@" >>"$WORK/publish.log" 2>&1
 }
 
-selected() {
-    [[ -z "${GPU_CHECK_STEPS:-}" ]] && return 0
-    [[ ",${GPU_CHECK_STEPS}," == *",$1,"* ]]
+# The command of each step, in CMD (one python3 process: timeout signals it directly).
+step_command() {
+    local name=$1
+    case $name in
+        setup) CMD=("${TOOL[@]}" setup "$WORK" "$MODE") ;;
+        peaks) CMD=("${TOOL[@]}" peaks "$WORK" "$MODE") ;;
+        transfer)
+            mkdir -p "$WORK/transfer"
+            CMD=(python3 -m pytest benchmarks/test_transfer.py --noconftest -v
+                 -p no:cacheprovider --rootdir="$ROOT"
+                 --benchmark-json="$WORK/transfer/benchmark.json") ;;
+        *)
+            local models groups k args=()
+            models=$(<"$WORK/setup/$name.models") && groups=$(<"$WORK/setup/$name.groups") \
+                && k=$(<"$WORK/setup/$name.k") || return 1
+            [[ -n $models ]] && args+=(--models "$models")
+            [[ $name != loader ]] && args+=(--no-storage-probe)
+            local rounds=("${RUN_ARGS[@]}")
+            [[ $name == claims && $MODE == gpu ]] && rounds=(--rounds 10 --warmup 1 --max-time 2)
+            CMD=(python3 -m gpubench run --profile "$PROFILE" --device "$DEVICE" "${rounds[@]}"
+                 --timeout 60 --no-charts --unpaired --groups "$groups" "${args[@]}"
+                 -k "$k" --out "$WORK/$name") ;;
+    esac
 }
 
-# write_status TAG STATUS RC SECONDS BUDGET TIMEOUT NOTE [RESULT_DIR...]
-write_status() {
-    python3 - "$@" <<'PY'
-import json, os, sys, time
-tag, status, rc, seconds, budget, limit, note, *dirs = sys.argv[1:]
-out = os.environ["OUT"]
-record = {"step": tag, "status": status, "exit_code": None if rc == "" else int(rc),
-          "seconds": None if seconds == "" else int(seconds), "budget_s": int(budget),
-          "timeout_s": None if limit == "" else int(limit), "note": note or None,
-          "mode": os.environ["MODE"], "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                   time.gmtime())}
-results = {}
-for d in dirs:
-    for folder in (d, d + "-interrupted"):
-        path = os.path.join(out, folder, "benchmark.json")
-        if os.path.exists(path):
-            try:
-                benches = json.load(open(path)).get("benchmarks", [])
-                cases = [b.get("extra_info", {}).get("case_id") or b.get("name")
-                         for b in benches if b.get("extra_info")]
-            except (OSError, ValueError, AttributeError):
-                cases = None
-            results[os.path.relpath(path, out)] = {"cases": None if cases is None else len(cases),
-                                                   "case_ids": cases}
-    folder = os.path.join(out, d)
-    if os.path.isdir(folder):
-        for name in sorted(os.listdir(folder)):
-            if not name.endswith("benchmark.json"):
-                results.setdefault(os.path.join(d, name), {})
-record["outputs"] = results
-log = os.path.join(out, tag + ".log")
-if os.path.exists(log):
-    with open(log, errors="replace") as f:
-        record["log_tail"] = f.read()[-3000:].splitlines()[-25:]
-tmp = os.path.join(out, f".{tag}.json.tmp")
-with open(tmp, "w") as f:
-    json.dump(record, f, indent=1)
-os.replace(tmp, os.path.join(out, tag + ".json"))
-# progress.md: one line per step so far
-rows = []
-for name in sorted(os.listdir(out)):
-    if name[:2].isdigit() and name.endswith(".json"):
-        r = json.load(open(os.path.join(out, name)))
-        cases = sum((v.get("cases") or 0) for v in r.get("outputs", {}).values())
-        rows.append(f"| {r['step']} | {r['status']} | {r['seconds'] if r['seconds'] is not None else ''}"
-                    f" / {r['budget_s']} | {cases or ''} | {r.get('note') or ''} |")
-text = ("# gpu_check progress\n\n| step | status | seconds / budget | cases | note |\n"
-        "|---|---|---|---:|---|\n" + "\n".join(rows) + "\n")
-tmp = os.path.join(out, ".progress.md.tmp")
-with open(tmp, "w") as f:
-    f.write(text)
-os.replace(tmp, os.path.join(out, "progress.md"))
-PY
-}
-
-# run_step NUM NAME NOTE RESULT_DIRS FUNCTION: FUNCTION (exported) under the step's time box.
 run_step() {
-    local num=$1 name=$2 note=$3 dirs=$4 fn=$5
-    local tag="$num-$name"
+    local name=$1 note=$2
     selected "$name" || return 0
+    local num=${NUM[$name]} tag="${NUM[$name]}-$name"
     local override="GPU_CHECK_BUDGET_$name"
     local budget=${!override:-${BUDGET[$name]}}
-    if [[ -n $STOP_REASON && $name != driver ]]; then
-        write_status "$tag" skipped "" "" "$budget" "" "$STOP_REASON"
-        echo "gpu_check: step $tag: skipped ($STOP_REASON)"
+    DEADLINE=$(( DEADLINE + budget ))
+    local results=--results
+    [[ $name == setup || $name == peaks ]] && results=""
+    if [[ -n $STOP_REASON ]]; then
+        "${TOOL[@]}" status "$WORK" "$MODE" "$num" "$name" skipped "" "" "$budget" "" \
+            "$STOP_REASON"
+        echo "gpu_check: $tag skipped: $STOP_REASON"
+        publish
         return 0
     fi
-    local left=$(( TOTAL - (SECONDS - START) ))
-    local limit=$(( budget < left ? budget : left ))
-    if (( limit < 3 )); then
-        write_status "$tag" skipped "" "" "$budget" "" "no time left of the ${TOTAL} s budget"
+    local elapsed=$(( SECONDS - START ))
+    local box=$(( DEADLINE - elapsed ))
+    [[ ${GPU_CHECK_BANK:-1} == 0 ]] && box=$budget
+    local cap=$(( TOTAL - FINAL_RESERVE - elapsed ))
+    (( cap < box )) && box=$cap
+    if (( box < 3 )); then
+        "${TOOL[@]}" status "$WORK" "$MODE" "$num" "$name" skipped "" "" "$budget" "" \
+            "no time left of the $TOTAL s budget"
+        publish
         return 0
     fi
-    local grace=$(( limit / 4 ))
-    (( grace > 10 )) && grace=10
-    (( grace < 1 )) && grace=1
-    echo "gpu_check: step $tag (budget ${budget} s, time box ${limit} s) ..."
-    write_status "$tag" running "" "" "$budget" "$limit" "$note"
+    local grace=$(( box / 5 ))
+    (( grace > 15 )) && grace=15
+    (( grace < 2 )) && grace=2
+    if ! step_command "$name"; then
+        "${TOOL[@]}" status "$WORK" "$MODE" "$num" "$name" failed "" "" "$budget" "$box" \
+            "no selection (see 00-setup)"
+        FAILED=1
+        publish
+        return 0
+    fi
+    echo "gpu_check: $tag (budget $budget s, box $box s) ..."
+    "${TOOL[@]}" status "$WORK" "$MODE" "$num" "$name" running "" "" "$budget" "$box" "$note"
+    publish
     local t0=$SECONDS
-    # TERM first (gpubench run keeps its finished cases), KILL `grace` seconds later.
-    timeout --signal=TERM --kill-after="$grace" "$(( limit - grace ))" bash -c "$fn" \
-        >"$OUT/$tag.log" 2>&1
+    # While the step runs, OUT is refreshed every GPU_CHECK_REPUBLISH_S seconds too: a kill of
+    # the whole command keeps the cases this step has finished so far.
+    rm -f "$WORK/.stop-republish"
+    (
+        while true; do
+            for (( i = 0; i < ${GPU_CHECK_REPUBLISH_S:-20}; i++ )); do
+                sleep 1
+                [[ -e "$WORK/.stop-republish" ]] && exit 0
+            done
+            "${TOOL[@]}" status "$WORK" "$MODE" "$num" "$name" running "" \
+                "$(( SECONDS - t0 ))" "$budget" "$box" "$note" $results
+            publish
+        done
+    ) &
+    local republisher=$!
+    # SIGINT at box - grace (gpubench run and pytest stop in order), SIGKILL at the box.
+    GPU_CHECK_STEP="$GPU_CHECK_RUN:$tag" timeout --signal=INT --kill-after="$grace" \
+        "$(( box - grace ))" "${CMD[@]}" >"$WORK/$tag.log" 2>&1
     local rc=$?
+    local seconds=$(( SECONDS - t0 ))
+    touch "$WORK/.stop-republish"
+    wait "$republisher"
+    local leftovers
+    leftovers=$("${TOOL[@]}" reap "$GPU_CHECK_RUN:$tag")
     local status=ok
     if (( rc == 124 || rc == 137 )); then
         status="timed out"
     elif (( rc != 0 )); then
         status=failed
+        FAILED=1
     fi
-    # shellcheck disable=SC2086  # dirs is a list of words
-    write_status "$tag" "$status" "$rc" "$(( SECONDS - t0 ))" "$budget" "$limit" "$note" $dirs
-    echo "gpu_check: step $tag: $status (exit $rc, $(( SECONDS - t0 )) s)"
+    "${TOOL[@]}" status "$WORK" "$MODE" "$num" "$name" "$status" "$rc" "$seconds" "$budget" \
+        "$box" "$note" $results --leftovers "$leftovers"
+    echo "gpu_check: $tag: $status (exit $rc, $seconds s; leftovers $leftovers)"
+    publish
 }
 
-# Whether python3 can import these (without importing them: quick).
-have_modules() {
-    python3 - "$@" <<'PY'
-import importlib.util, sys
-missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]
-print("missing:", " ".join(missing) if missing else "nothing")
-sys.exit(1 if missing else 0)
-PY
-}
-
-step_setup() {
-    # gpubench imports from the checkout itself (the current folder); its dependencies must be
-    # installed.
-    local deps=(gpubench torch torchvision transformers pytest pytest_benchmark pandas seaborn
-                matplotlib scipy markdown)
-    if have_modules "${deps[@]}"; then
-        python3 -c "import torch; print('ready; torch', torch.__version__)"
-        return 0
-    fi
-    if [[ $MODE == rehearse ]]; then
-        echo "gpubench's dependencies are not importable by python3 (the rehearsal installs nothing)"
-        return 1
-    fi
-    if have_modules torch torchvision; then
-        # A torch already here was installed for this machine's driver: keep it (gpubench
-        # accepts torch >= 2.4) and install the rest.
-        echo "installing: pip install -e . (keeping the installed torch)"
-        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
-            -e . || return 1
-    else
-        echo "installing: pip install torch==2.14.1 torchvision==0.29.1 -e ."
-        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
-            torch==2.14.1 torchvision==0.29.1 -e . || return 1
-    fi
-    python3 -c "import torch, gpubench.cli; print('installed; torch', torch.__version__)"
-}
-
-step_driver() {
-    mkdir -p "$OUT/driver"
-    if command -v nvidia-smi >/dev/null; then
-        timeout 10 nvidia-smi >"$OUT/driver/nvidia-smi.txt" 2>&1
-        timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap \
-            --format=csv >"$OUT/driver/nvidia-smi-query.csv" 2>&1
-    else
-        echo "nvidia-smi: not found" >"$OUT/driver/nvidia-smi.txt"
-    fi
-    python3 - <<'PY'
-import json, os, re, shutil, sys
-
-out, mode = os.environ["OUT"], os.environ["MODE"]
-info = {"mode": mode, "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
-try:
-    import torch
-except Exception as err:  # noqa: BLE001
-    info.update(torch_import_error=repr(err), cuda_usable=False)
-    torch = None
-smi = open(os.path.join(out, "driver", "nvidia-smi.txt"), errors="replace").read()
-driver = re.search(r"Driver Version:\s*([0-9.]+)", smi)
-smi_cuda = re.search(r"CUDA Version:\s*([0-9.]+)", smi)
-info["nvidia_smi_driver"] = driver.group(1) if driver else None
-info["nvidia_smi_cuda"] = smi_cuda.group(1) if smi_cuda else None
-problems = []
-if torch is not None:
-    info.update(torch=torch.__version__, torch_cuda=torch.version.cuda,
-                cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
-                else None)
-    try:
-        version = torch._C._cuda_getDriverVersion()  # what the driver supports, no context
-        info["driver_cuda_api"] = f"{version // 1000}.{version % 1000 // 10}" if version else None
-    except Exception as err:  # noqa: BLE001
-        info["driver_cuda_api"] = None
-    try:
-        torch.cuda.init()
-        info["cuda_usable"] = True
-        info["devices"] = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            info["devices"].append({"name": p.name, "capability": f"{p.major}.{p.minor}",
-                                    "memory_gib": round(p.total_memory / 2**30, 1),
-                                    "multiprocessors": p.multi_processor_count})
-        info["bf16_supported"] = torch.cuda.is_bf16_supported()
-        a = torch.randn(1024, 1024, device="cuda")
-        info["matmul_ok"] = bool(torch.isfinite(a @ a).all().item())
-        torch.cuda.synchronize()
-    except Exception as err:  # noqa: BLE001
-        info["cuda_usable"] = False
-        message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
-        info["cuda_error"] = message
-        if "too old" in message or "insufficient" in message.lower():
-            info["driver_too_old"] = True
-            problems.append(
-                f"the NVIDIA driver is too old for this torch: torch {torch.__version__} is "
-                f"built for CUDA {torch.version.cuda}, the driver "
-                f"({info['nvidia_smi_driver'] or 'version unknown'}) supports CUDA "
-                f"{info.get('driver_cuda_api') or info['nvidia_smi_cuda'] or '?'}. CUDA 13 "
-                "needs an R580 or newer driver: update the driver, or install a torch wheel "
-                "built for the driver's CUDA version (download.pytorch.org/whl/cuXYZ).")
-        else:
-            problems.append(f"CUDA does not initialise: {message}")
-try:
-    shm = shutil.disk_usage("/dev/shm")
-    info["dev_shm_gib"] = round(shm.total / 2**30, 2)
-    info["dev_shm_free_gib"] = round(shm.free / 2**30, 2)
-    if shm.total < 2 * 2**30:
-        problems.append(f"/dev/shm holds only {shm.total / 2**20:.0f} MiB: DataLoader workers "
-                        "pass batches through it and fail ('bus error', 'No space left on "
-                        "device') when it is small (a container's default is 64 MiB); start "
-                        "the container with --shm-size=16g or --ipc=host")
-except OSError as err:
-    info["dev_shm_error"] = str(err)
-try:
-    with open("/proc/meminfo") as f:
-        info["host_memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-except (OSError, ValueError, IndexError):
-    pass
-info["problems"] = problems
-if mode == "rehearse":
-    info["note"] = "rehearsal on the CPU: CUDA is not expected to initialise here"
-with open(os.path.join(out, "driver", "driver.json"), "w") as f:
-    json.dump(info, f, indent=1)
-print(json.dumps(info, indent=1))
-for p in problems:
-    print("PROBLEM:", p)
-expected_cpu = mode == "rehearse"
-sys.exit(0 if info.get("cuda_usable") or expected_cpu else 3)
-PY
-}
-
-step_peaks() {
-    mkdir -p "$OUT/peaks"
-    python3 - <<'PY'
-import json, os, time
-
-from gpubench.flops import matmul_peak_flops
-from gpubench.precision import unsupported_reason
-
-out, device = os.environ["OUT"], os.environ["DEVICE"]
-target = f"{device}:0" if device == "cuda" else device
-result = {"device": target, "peak_tflops": {}, "seconds": {}, "skipped": {}}
-for precision in ("bf16", "fp16", "tf32", "fp32"):  # MFU's ceilings first
-    reason = unsupported_reason(precision, device)
-    if reason:
-        result["skipped"][precision] = reason
-    else:
-        start = time.perf_counter()
-        result["peak_tflops"][precision] = matmul_peak_flops(target, precision) / 1e12
-        result["seconds"][precision] = round(time.perf_counter() - start, 2)
-    tmp = os.path.join(out, "peaks", ".peaks.json.tmp")
-    with open(tmp, "w") as f:  # after every precision: partial results survive a time-out
-        json.dump(result, f, indent=1)
-    os.replace(tmp, os.path.join(out, "peaks", "peaks.json"))
-    print(precision, result["peak_tflops"].get(precision), result["skipped"].get(precision),
-          flush=True)
-PY
-}
-
-# gpubench run for one step: its groups and -k expression, the GPU's max-time; the rehearsal
-# narrows -k to one case per step (REHEARSE_K).
-gpubench_step() {
-    local name=$1 groups=$2 max_time=$3 k=$4 rehearse_k=$5
-    if [[ $MODE == rehearse ]]; then
-        k=$rehearse_k
-        max_time=0.5
-    fi
-    gpubench_run --groups "$groups" --max-time "$max_time" -k "$k" --out "$OUT/$name"
-}
-step_core() {
-    gpubench_step core precision,layout 2 test_step "test_step and not fp16 and not bf16 and not cl"
-}
-step_loader() {
-    gpubench_step loader loader 2 test_step "test_step and jpeg and not w2 and not cached"
-}
-step_more() {
-    gpubench_step more optimizer,accumulation,memory,recipe 1 test_step "test_step and zerofill"
-}
-step_parallel_claims() {
-    # The claims pairs do not depend on --groups; pytest runs them after the cases.
-    gpubench_step parallel_claims parallel 1 "test_step or test_claim" \
-        "(test_step and model2) or (test_claim and adamw)"
-}
-
-step_transfer() {
-    mkdir -p "$OUT/transfer"
-    local profile=gpu-small
-    [[ $MODE == rehearse ]] && profile=smoke
-    python3 -m pytest benchmarks/test_transfer.py -v -p no:cacheprovider -rs \
-        --rootdir="$ROOT" --benchmark-json="$OUT/transfer/benchmark.json" \
-        --gpubench-profile="$profile" --gpubench-device="$DEVICE"
-}
-
-summary() {
-    python3 - <<'PY'
-import glob, json, os
-
-out, mode = os.environ["OUT"], os.environ["MODE"]
-steps = []
-for path in sorted(glob.glob(os.path.join(out, "[0-9][0-9]-*.json"))):
-    with open(path) as f:
-        steps.append(json.load(f))
-records = []
-for path in sorted(glob.glob(os.path.join(out, "*", "benchmark.json"))):
-    try:
-        with open(path) as f:
-            benches = json.load(f).get("benchmarks", [])
-    except (OSError, ValueError):
-        continue
-    for b in benches:
-        info = dict(b.get("extra_info") or {})
-        if info:
-            info["_file"] = os.path.relpath(path, out)
-            records.append(info)
-def load(path):
-    try:
-        with open(os.path.join(out, path)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-peaks = load("peaks/peaks.json").get("peak_tflops", {})
-driver = load("driver/driver.json")
-steps_only = [r for r in records if r.get("kind", "step") == "step"]
-headline = {}
-image = [r for r in steps_only if r.get("model") in ("resnet50", "resnet18")
-         and r.get("parallel") == "single" and r.get("group") == "precision"]
-for r in image:
-    headline[f"{r['model']} {r['precision']} samples/s"] = r.get("samples_per_s")
-text_models = [r for r in steps_only if r.get("model") in ("bert", "gpt2")
-               and r.get("mfu") is not None]
-if text_models:
-    best = max(text_models, key=lambda r: r["mfu"])
-    headline["best transformer MFU"] = {
-        "case": best.get("case_id"), "mfu": best["mfu"], "tflops": best.get("tflops"),
-        "ceiling_tflops": best.get("peak_tflops"), "measured_bf16_peak_tflops": peaks.get("bf16"),
-        "tflops_over_bf16_peak": (best.get("tflops") / peaks["bf16"]) if peaks.get("bf16")
-        and best.get("tflops") else None}
-loader = [r for r in steps_only if r.get("group") == "loader"
-          and r.get("loader_stall_fraction") is not None and r.get("samples_per_s")]
-if loader:
-    best = max(loader, key=lambda r: r["samples_per_s"])
-    headline["best loader case"] = {"case": best.get("case_id"),
-                                    "samples_per_s": best["samples_per_s"],
-                                    "loader_stall_fraction": best["loader_stall_fraction"]}
-report = {"mode": mode, "driver": driver, "matmul_peak_tflops": peaks, "headline": headline,
-          "steps": [{k: s.get(k) for k in ("step", "status", "seconds", "budget_s", "note")}
-                    for s in steps],
-          "cases": len(records)}
-with open(os.path.join(out, "gpu_check.json"), "w") as f:
-    json.dump(report, f, indent=1)
-lines = [f"# gpubench gpu_check ({'rehearsal on the CPU' if mode == 'rehearse' else 'GPU'})",
-         "", "| step | status | seconds / budget | note |", "|---|---|---|---|"]
-for s in steps:
-    lines.append(f"| {s['step']} | {s['status']} | {s.get('seconds') or ''} / {s['budget_s']} "
-                 f"| {s.get('note') or ''} |")
-lines += ["", f"Device: {', '.join(d['name'] for d in driver.get('devices', [])) or 'none'}; "
-          f"torch {driver.get('torch')} (CUDA {driver.get('torch_cuda')}), driver "
-          f"{driver.get('nvidia_smi_driver')}; /dev/shm {driver.get('dev_shm_gib')} GiB."]
-for p in driver.get("problems", []):
-    lines.append(f"- PROBLEM: {p}")
-lines += ["", "Matmul peaks (TFLOP/s): " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()),
-          "", "Headline figures:", "", "```", json.dumps(headline, indent=1), "```",
-          "", f"{len(records)} records in {out}/*/benchmark.json"]
-with open(os.path.join(out, "gpu_check.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
-}
-
-export -f have_modules gpubench_run step_setup step_driver step_peaks gpubench_step step_core \
-    step_loader step_more step_parallel_claims step_transfer
-
-step_ok() {  # step_ok TAG: the step ran (or was not selected) and succeeded
-    [[ ! -f "$OUT/$1.json" ]] || grep -q '"status": "ok"' "$OUT/$1.json"
-}
-
-echo "gpu_check: $MODE run into $OUT (budget ${TOTAL} s); data in $GPUBENCH_DATA_DIR"
-run_step 00 setup "gpubench importable (installs it on the GPU machine if not)" "" step_setup
-step_ok 00-setup || STOP_REASON="gpubench is not importable: see 00-setup"
-run_step 01 driver "nvidia-smi, torch.cuda.init(), /dev/shm" "" step_driver
-if [[ -z $STOP_REASON ]] && ! step_ok 01-driver; then
-    STOP_REASON="CUDA is not usable here: see 01-driver and driver/driver.json"
+echo "gpu_check: $MODE run into $OUT (budget $TOTAL s); work in $WORK; data in $GPUBENCH_DATA_DIR"
+publish
+run_step setup "python3, its packages, gpubench from the checkout; the case selections"
+if [[ -f "$WORK/00-setup.json" ]] && ! grep -q '"status": "ok"' "$WORK/00-setup.json"; then
+    STOP_REASON="setup failed: see 00-setup.log"
 fi
-run_step 02 peaks "matmul peak per precision" "" step_peaks
-run_step 03 core "precision and layout cases" "core" step_core
-run_step 04 loader "loader cases (generates their data)" "loader" step_loader
-run_step 05 more "optimizer, accumulation, memory and recipe cases" "more" step_more
-run_step 06 parallel_claims "parallel cases this machine allows, claims pairs" \
-    "parallel_claims" step_parallel_claims
-run_step 07 transfer "host-to-device copies" "transfer" step_transfer
-summary >"$OUT/summary.log" 2>&1
+run_step peaks "nvidia-smi, CUDA initialisation, the matmul peak per precision"
+if [[ -z $STOP_REASON && $MODE == gpu && -f "$WORK/peaks/driver.json" ]] \
+        && grep -q '"cuda_usable": false' "$WORK/peaks/driver.json"; then
+    STOP_REASON="CUDA is not usable here: see 01-peaks.log"
+fi
+run_step headline "ResNet-50 fp32/tf32/bf16/bf16+channels_last, BERT and GPT-2 fp32/bf16"
+run_step more "accumulation, fused AdamW, empty_cache, expandable segments, checkpointing"
+run_step loader "JPEG loader at the knob workers (pinned, cold), its data generated first"
+run_step transfer "host-to-device copies, pageable/pinned, blocking/non_blocking"
+run_step claims "claims pairs in alternating rounds"
+publish --final
+code=$?
 cat "$OUT/gpu_check.md" 2>/dev/null
-echo "gpu_check: done in $(( SECONDS - START )) s; results in $OUT"
-# Exit 1 when a step failed or could not run; a step stopped by its time box is planned.
-[[ -z $STOP_REASON ]] && ! grep -l '"status": "failed"' "$OUT"/[0-9][0-9]-*.json >/dev/null
+echo "gpu_check: done in $(( SECONDS - START )) s; OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+(( code != 0 )) && { echo "gpu_check: no step produced a case" >&2; exit 1; }
+(( FAILED )) && exit 3
+exit 0
