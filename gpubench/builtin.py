@@ -465,6 +465,23 @@ def _hf_config_quiet(spec: str, source: str, overrides: dict, AutoConfig):  # no
                             f"(e.g. {', '.join(list(CONFIG_MAPPING)[:8])}, ...)") from None
 
 
+def _check_override_keys(spec: str, overrides: dict, config) -> None:
+    """A spec's override that names no field of the model type's config (``hidden_sise``) is
+    a one-line error naming the nearest field and the valid keys: transformers would keep it
+    as a stray attribute and build the default size."""
+    import difflib
+
+    known = set(type(config)().to_dict()) | set(getattr(type(config), "attribute_map", {}))
+    unknown = [k for k in overrides if k not in known]
+    if not unknown:
+        return
+    valid = sorted(k for k in known | {"micro_batch", "seq_len"} if not k.startswith("_"))
+    near = difflib.get_close_matches(unknown[0], valid, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise WorkloadError(f"workload {spec!r}: {config.model_type} has no config field "
+                        f"{unknown[0]!r}{hint}; valid keys: {', '.join(valid)}")
+
+
 def transformers_workload(spec: str, profile: str) -> Workload:
     """A transformers model from a model type or a local ``config.json``, random weights.
 
@@ -486,6 +503,7 @@ def transformers_workload(spec: str, profile: str) -> Workload:
         fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
     fields.update(overrides)
     config = _hf_config(spec, name, fields)
+    _check_override_keys(spec, overrides, config)
     for key, value in list(vars(config).items()):
         if isinstance(value, float) and ("dropout" in key or key.endswith("_pdrop")):
             setattr(config, key, 0.0)

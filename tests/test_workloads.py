@@ -155,6 +155,9 @@ def test_family_specs_build_and_train(spec):
     ("torchvision:not_a_model", "torchvision has no classification model"),
     ("transformers:not_a_type", "transformers has no model type"),
     ("no_such_module_xyz:factory", "cannot import module"),
+    ("transformers:llama?hidden_sise=64",  # a misspelt override ran the default size
+     r"llama has no config field 'hidden_sise' \(did you mean hidden_size\?\); valid keys: "
+     r".*\bhidden_size\b.*\bseq_len\b"),
 ])
 def test_bad_specs_fail_on_one_line(spec, message):
     with pytest.raises(WorkloadError, match=message) as err:
