@@ -49,7 +49,9 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
                     df["speedup_low"], df["speedup_high"], df["speedup_method"], df["speedup"],
                     df["run"], df["baseline_run"], strict=True)],
             "memory_ratio": df["memory_ratio"],
-            "mfu": df["mfu"],
+            "mfu": [_mfu_shown(m, ops) for m, ops in zip(
+                df["mfu"], df["uncounted_ops"] if "uncounted_ops" in df else [None] * len(df),
+                strict=True)],
             # Single-device cases scale perfectly by definition: show the figure only where
             # it says something.
             "scaling_efficiency": df["scaling_efficiency"].where(df["parallel"] != "single"),
@@ -57,6 +59,14 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return out.sort_values(["run", "model", "speedup"], ascending=[True, True, False])
+
+
+def _mfu_shown(mfu, uncounted) -> object:
+    """The MFU figure, or "n/a" naming the heavy ops the FLOP count missed (an LSTM's
+    ``aten.mkldnn_rnn_layer``): a count that leaves out the work makes any MFU wrong."""
+    if isinstance(uncounted, list | tuple) and uncounted:
+        return f"n/a ({', '.join(uncounted)} not counted)"
+    return mfu
 
 
 def _fmt(value: object, column: str) -> str:
@@ -69,7 +79,7 @@ def _fmt(value: object, column: str) -> str:
     if column == "harness_overhead":
         return f"{100 * value:+.2f}%"
     if column == "mfu":
-        return f"{100 * value:.1f}%"
+        return value if isinstance(value, str) else f"{100 * value:.1f}%"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
     return str(value)
