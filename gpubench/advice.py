@@ -104,7 +104,10 @@ def judge_memory(ratio: float, claimed: tuple[float, float]) -> str:
 def combine_parts(parts: dict[str, str]) -> str:
     """One verdict from the verdicts of a claim's parts (e.g. {"time": ..., "memory": ...}):
     holds if all hold; partly holds (naming them) if some do; does not hold if any part is
-    contradicted; smaller than claimed if the rest go the claimed way but not far enough."""
+    contradicted; smaller than claimed if the rest go the claimed way but not far enough;
+    inconclusive when a part is and no part holds or is contradicted: a claim of less time
+    *and* less memory is not "smaller than claimed" on the memory part alone while the time
+    part could not be decided (the row's why says what each part found)."""
     kinds = set(parts.values())
     if kinds == {"holds"}:
         return "holds"
@@ -112,6 +115,8 @@ def combine_parts(parts: dict[str, str]) -> str:
         return "partly holds (" + ", ".join(k for k, v in parts.items() if v == "holds") + ")"
     if "does not hold" in kinds:
         return "does not hold"
+    if "inconclusive" in kinds:
+        return "inconclusive"
     if "smaller than claimed" in kinds:
         return "smaller than claimed"
     return "inconclusive"

@@ -40,7 +40,13 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
             "step_memory_mib": df.get("step_memory_bytes", pd.Series(math.nan, index=df.index))
             .astype(float)
             / 2**20,
-            "speedup": df["speedup"],
+            # The baseline's row shows its measured ratio against its own copy (the run's
+            # noise floor) beside that ratio's interval, not 1.00x beside an interval that
+            # may exclude 1.
+            "speedup": df["speedup"].where(
+                ~((df["is_baseline"] == True) & (df["speedup_method"] == "paired")  # noqa: E712
+                  & df.get("speedup_paired", pd.Series(math.nan, index=df.index)).notna()),
+                df.get("speedup_paired", pd.Series(math.nan, index=df.index)).astype(float)),
             "speedup_ci": [
                 f"{lo:.2f}-{hi:.2f}" if method == "paired" and lo == lo else
                 (("separate runs" if run == base_run else f"separate runs (baseline: {base_run})")

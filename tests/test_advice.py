@@ -168,3 +168,28 @@ def test_claims_are_one_list_read_by_the_verdicts_and_the_pairs():
     judged = [v.claim for v in advise(pd.DataFrame([_row("bert-fp32", 1.0)]))]
     for claim in CLAIMS.values():  # a verdict's claim is the text, perhaps with a note after it
         assert any(j == claim.text or j.startswith(claim.text + " (") for j in judged), claim.key
+
+
+def test_a_claim_is_not_decided_by_one_part_while_another_is_inconclusive():
+    """"2.32x speed (95% CI 1.10-24.15, p=0.25)" with memory smaller than claimed read
+    "smaller than claimed": the time part could not be decided, so neither can the claim."""
+    from gpubench.advice import combine_parts
+
+    assert combine_parts({"time": "inconclusive", "memory": "smaller than claimed"}) \
+        == "inconclusive"
+    assert combine_parts({"time": "does not hold", "memory": "inconclusive"}) == "does not hold"
+    assert combine_parts({"time": "holds", "memory": "inconclusive"}) == "partly holds (time)"
+    assert combine_parts({"time": "smaller than claimed", "memory": "smaller than claimed"}) \
+        == "smaller than claimed"
+
+
+def test_the_baseline_row_shows_its_measured_ratio_beside_its_interval():
+    """The fp32 row printed 1.00x beside its interval 0.98-0.99 (its rounds against its own
+    copy): it shows the measured ratio, the run's noise floor."""
+    from gpubench.summary import summary_frame
+
+    base = _row("bert-fp32", 0.01, mfu=0.1, speedup_paired=0.985, speedup_paired_low=0.98,
+                speedup_paired_high=0.99)
+    frame = summary_frame(pd.DataFrame([base]))
+    row = frame.iloc[0]
+    assert row["speedup"] == 0.985 and row["speedup_ci"] == "0.98-0.99"
