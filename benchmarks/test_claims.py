@@ -30,6 +30,6 @@ def test_claim(benchmark, pair_id, options):
     benchmark.group = "claims"
     try:
         measure_pair(benchmark, pair, rounds=max(options.rounds, 10),
-                     warmup_rounds=max(options.warmup, 1))
+                     warmup_rounds=max(options.warmup, 1), timeout_s=options.timeout_s)
     except Unsupported as why:
         pytest.skip(str(why))

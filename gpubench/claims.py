@@ -202,18 +202,24 @@ def claim_pairs(model: str, profile: str, device: str) -> list[ClaimPair]:
     return pairs
 
 
-def measure_pair(benchmark, pair: ClaimPair, rounds: int, warmup_rounds: int) -> dict:
-    """Check both sides, then time them in alternating rounds; fill ``benchmark.extra_info``."""
+def measure_pair(benchmark, pair: ClaimPair, rounds: int, warmup_rounds: int,
+                 timeout_s: float | None = None) -> dict:
+    """Check both sides, then time them in alternating rounds; fill ``benchmark.extra_info``.
+    Each side's commands must finish within ``timeout_s`` (default: ``--timeout``'s)."""
     from gpubench.build import Unsupported, unsupported_reason
     from gpubench.measure import InProcess
+    from gpubench.workers import DEFAULT_TIMEOUT_S
 
+    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     for cfg in (pair.base, pair.new):
         reason = unsupported_reason(cfg)
         if reason:
             raise Unsupported(reason)
     # The same protocol as every case, in this process: prepare, check, count, then steps.
-    sides = [InProcess(pair.base), InProcess(pair.new)]
+    sides = []
     try:
+        for cfg in (pair.base, pair.new):
+            sides.append(InProcess(cfg, timeout_s=timeout_s))
         activation, global_batch = [], []
         for side in sides:
             side.call("prepare")
@@ -232,7 +238,7 @@ def measure_pair(benchmark, pair: ClaimPair, rounds: int, warmup_rounds: int) ->
         benchmark.pedantic(alternate, rounds=rounds, warmup_rounds=warmup_rounds)
     finally:
         for side in sides:
-            side.program.close()
+            side.close()
     info = {
         "kind": "claim",
         "claim": pair.claim,

@@ -44,6 +44,8 @@ from gpubench.memory import (
     state_breakdown,
 )
 from gpubench.telemetry import Sampler
+from gpubench.watchdog import time_limit
+from gpubench.workers import DEFAULT_TIMEOUT_S, WorkerTimeout
 
 LOADER_PROBE_BATCHES = 10
 """Batches the loader-only measurement reads after its first one."""
@@ -282,20 +284,94 @@ class CaseProgram:
         self.case.close()
 
 
-class InProcess:
-    """The launcher of a single-process case: the program runs in this process."""
+def stop_loader_workers() -> None:
+    """Stop the DataLoader workers of this process's live loader iterators at once (those of a
+    case that timed out, ``InProcess``): torch's own shutdown waits 5 s for each worker stuck
+    in the dataset before it terminates it. Each is terminated after its pids are taken out
+    of torch's SIGCHLD check (which would raise about them later, anywhere), then the
+    iterator's shutdown runs. Rank processes and other children are left alone."""
+    import gc
 
-    def __init__(self, cfg: RunConfig, data_dir: str | Path | None = None):
-        self.program = CaseProgram(0, 1, cfg, data_dir=data_dir)
+    from torch.utils.data import _utils
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    for it in [o for o in gc.get_objects() if isinstance(o, _MultiProcessingDataLoaderIter)]:
+        try:
+            if getattr(it, "_shutdown", True):
+                continue
+            if getattr(it, "_worker_pids_set", False):
+                _utils.signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+            for worker in getattr(it, "_workers", []):
+                if worker.is_alive():
+                    worker.terminate()
+            it._shutdown_workers()
+        except Exception:  # noqa: BLE001 - never hide the timeout behind a clean-up error
+            pass
+
+
+class CaseTimeout(WorkerTimeout):
+    """A command of an in-process case did not finish within the timeout (``InProcess``)."""
+
+
+PHASES = {
+    "build": "building the case (model, data, optimizer)",
+    "prepare": "preparing its data (the loader's first batches)",
+    "check": "the training check",
+    "count": "counting FLOPs",
+    "step": "a training step",
+    "read_peak": "reading its memory peaks",
+    "trace": "profiling steps",
+    "close": "closing the case (its loader workers)",
+}
+"""What each command of the protocol is doing, for the timeout's message."""
+
+
+class InProcess:
+    """The launcher of a single-process case: the program runs in this process. Like a rank's,
+    each of its commands (the build, data preparation, check, count, every step, the close)
+    must finish within ``timeout_s`` (``--timeout``; None: no limit), else the case fails with
+    ``CaseTimeout``, one line naming the case and what hung (``gpubench.watchdog``: a call that
+    cannot be interrupted ends the process instead)."""
+
+    def __init__(self, cfg: RunConfig, data_dir: str | Path | None = None,
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S):
+        self.cfg, self.timeout_s = cfg, timeout_s
+        self._id = cfg.id  # a computed property (~50 us): not in every step's limit
+        self.program = self._bounded("build", CaseProgram, 0, 1, cfg, data_dir=data_dir)
+
+    def _bounded(self, command: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` within the timeout; past it, the case's loader workers are
+        stopped too (their own shutdown would wait 5 s for each worker stuck in the data)."""
+        if not self.timeout_s:
+            return fn(*args, **kwargs)
+        what = PHASES.get(command, f"its {command!r} command")
+        try:
+            with time_limit(self.timeout_s,
+                            f"{self._id}: {what} did not finish within {self.timeout_s:g} s "
+                            "(hung?); --timeout sets the limit", error=CaseTimeout):
+                return fn(*args, **kwargs)
+        except CaseTimeout:
+            stop_loader_workers()
+            raise
 
     def call(self, command: str, *payload) -> list:
-        return [getattr(self.program, command)(*payload)]
+        return [self._bounded(command, getattr(self.program, command), *payload)]
+
+    def close(self) -> None:
+        self._bounded("close", self.program.close)
 
     def __enter__(self) -> InProcess:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.program.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the case failed already: that failure is the one to report
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 WINDOW_WARMUP_ROUNDS = 1
@@ -352,7 +428,7 @@ class PairedBaseline:
     def local(self) -> LocalBaseline:
         """A partner in this process (``LocalBaseline``), built and warmed up (one step; the
         timed window's warm-up round steps it again) now."""
-        return LocalBaseline(self.cfg, 1)
+        return LocalBaseline(self.cfg, 1, self.timeout_s)
 
     def handoff(self):
         """This baseline's worker process, for the next model's baseline (``spare``), or
@@ -373,10 +449,11 @@ class LocalBaseline:
     """The baseline built in this process beside an in-process case, for its timed rounds
     (``PairedBaseline``); ``close`` frees it."""
 
-    def __init__(self, cfg: RunConfig, warmup_rounds: int):
+    def __init__(self, cfg: RunConfig, warmup_rounds: int,
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S):
         self.cfg = cfg
         self.times: list[float] = []
-        self.partner = InProcess(cfg)
+        self.partner = InProcess(cfg, timeout_s=timeout_s)
         try:
             for _ in range(max(1, warmup_rounds)):
                 self.partner.call("step")
@@ -388,8 +465,9 @@ class LocalBaseline:
         self.times.append(self.partner.call("step")[0])
 
     def close(self) -> None:
-        self.partner.program.close()
-        self.partner = None
+        if self.partner is not None:
+            partner, self.partner = self.partner, None
+            partner.close()
 
 
 def combine(prepared: list[dict], checks: list[dict], counts: list[dict],

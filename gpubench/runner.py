@@ -90,7 +90,7 @@ def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S,
     (from ``ranks`` when given, see ``RankPool``); one worker process for a case whose CUDA
     allocator settings must be in place before CUDA starts (``expandable_segments``: the
     process is started with ``cfg.worker_env()``); this process otherwise (a context manager
-    whose ``call`` runs the measurement commands)."""
+    whose ``call`` runs the measurement commands, each within ``timeout_s`` too)."""
     if cfg.multiprocess:
         if ranks is not None:
             return ranks.lease(cfg, timeout_s)
@@ -100,7 +100,7 @@ def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S,
     if cfg.in_workers:  # one process, its own CUDA allocator; no collectives: gloo
         return WorkerGroup(1, CaseProgram, (cfg,), backend="gloo", timeout_s=timeout_s,
                            env=cfg.worker_env())
-    return InProcess(cfg)
+    return InProcess(cfg, timeout_s=timeout_s)
 
 
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,

@@ -1,0 +1,181 @@
+"""Nothing in this process hangs past its limit: an in-process case's build, data and steps end
+with a one-line ``CaseTimeout`` (``gpubench.watchdog``), and a call that cannot be interrupted
+ends the process instead."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from gpubench import Workload, watchdog
+from gpubench.config import LoaderConfig, RunConfig
+from gpubench.measure import CaseTimeout, InProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("block", [
+    lambda: threading.Event().wait(),
+    lambda: time.sleep(60),
+    lambda: queue.Queue().get(),
+    lambda: [None for _ in iter(int, 1)],  # a Python loop that never ends
+], ids=["event", "sleep", "queue", "loop"])
+def test_a_blocked_call_ends_at_its_limit(block):
+    start = time.monotonic()
+    with pytest.raises(watchdog.Hung, match="x did not finish"):
+        with watchdog.time_limit(0.3, "x did not finish within 0.3 s"):
+            block()
+    assert time.monotonic() - start < 2
+    time.sleep(0.4)  # no alarm is left behind
+
+
+def test_a_limit_leaves_fast_work_and_other_alarms_alone():
+    with watchdog.time_limit(5, "x"):
+        pass
+    fired = []
+    import signal
+
+    previous = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.4)
+        with watchdog.time_limit(5, "x"):
+            time.sleep(0.1)
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # still pending, not lost
+        time.sleep(0.6)
+        assert fired == [1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _in_child(code: str) -> subprocess.CompletedProcess:
+    prelude = ("import ctypes, signal, sys, threading, time\n"
+               "from gpubench import watchdog\nwatchdog.FAULT_MARGIN_S = 0.5\n")
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+
+
+def test_a_call_that_swallows_the_timeout_ends_the_process():
+    start = time.monotonic()
+    proc = _in_child(
+        "with watchdog.time_limit(0.3, 'x: a training step did not finish within 0.3 s',"
+        " grace_s=0.3):\n"
+        "    while True:\n"
+        "        try:\n"
+        "            time.sleep(60)\n"
+        "        except Exception:\n"
+        "            pass\n")
+    assert proc.returncode == watchdog.EXIT_HUNG, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("gpubench: x: a training step did not finish within 0.3 s; it "
+                            "could not be interrupted")
+    assert 'File "<string>", line 7 in <module>' in proc.stderr  # the main thread's stack
+    assert time.monotonic() - start < 15
+
+
+def test_a_call_blocked_holding_the_gil_ends_the_process():
+    """C code that ignores the signal and never releases the GIL: only faulthandler's own
+    thread can run, and it ends the process."""
+    start = time.monotonic()
+    proc = _in_child(
+        "with watchdog.time_limit(0.3, 'x', grace_s=0.3):\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
+        "    ctypes.PyDLL(None).sleep(60)\n")  # PyDLL: the GIL stays held
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("Timeout ("), proc.stderr
+    assert time.monotonic() - start < 15
+
+
+def _net():
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _batch(n, g):
+    return torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
+
+
+def blocking_batch():
+    """make_batch blocks for more samples than the validation's two."""
+    def make_batch(n, g):
+        if n > 2:
+            threading.Event().wait()
+        return _batch(n, g)
+
+    return Workload(name="wdbatch", build_model=_net, make_batch=make_batch, micro_batch=4,
+                    loss_fn=nn.functional.cross_entropy)
+
+
+class Stuck(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(60)
+
+
+def blocking_dataset():
+    return Workload(name="wddata", build_model=_net, make_batch=_batch, micro_batch=4,
+                    loss_fn=nn.functional.cross_entropy, dataset=lambda request: Stuck())
+
+
+def plain():
+    return Workload(name="wdplain", build_model=_net, make_batch=_batch, micro_batch=4,
+                    loss_fn=nn.functional.cross_entropy)
+
+
+SPEC = f"{Path(__file__).resolve()}:"
+
+
+def test_a_build_whose_make_batch_blocks_fails_the_case_in_time():
+    start = time.monotonic()
+    with pytest.raises(CaseTimeout, match=r"^wdbatch-fp32: building the case \(model, data, "
+                       r"optimizer\) did not finish within 1 s \(hung\?\)"):
+        InProcess(RunConfig(model=SPEC + "blocking_batch", profile="smoke"), timeout_s=1)
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_batches_that_never_come_fail_the_case_in_time(workers):
+    cfg = RunConfig(model=SPEC + "blocking_dataset", profile="smoke",
+                    loader=LoaderConfig(dataset="files", num_workers=workers))
+    start = time.monotonic()
+    with pytest.raises(CaseTimeout, match="preparing its data .* within 1 s"):
+        with InProcess(cfg, timeout_s=1) as case:
+            case.call("prepare")
+    assert time.monotonic() - start < 3  # the stuck worker did not cost torch's 5 s join
+    assert not [c for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_step_that_hangs_fails_the_case_in_time(monkeypatch):
+    with InProcess(RunConfig(model=SPEC + "plain", profile="smoke"), timeout_s=1) as case:
+        case.call("step")
+        monkeypatch.setattr(case.program.case, "synced_step", lambda: time.sleep(60))
+        start = time.monotonic()
+        with pytest.raises(CaseTimeout, match="wdplain-fp32: a training step did not finish"):
+            case.call("step")
+        assert time.monotonic() - start < 3
+
+
+def test_gpubench_case_reports_the_hang_on_one_line(tmp_path, capsys):
+    from gpubench import cli
+
+    code = cli.main(["case", "--model", SPEC + "blocking_batch", "--profile", "smoke",
+                     "--timeout", "1", "-o", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.splitlines() == [
+        "gpubench case: wdbatch-fp32 failed: wdbatch-fp32: building the case (model, data, "
+        "optimizer) did not finish within 1 s (hung?); --timeout sets the limit"]
+    assert not (tmp_path / "out.json").exists()
+    assert os.getpid()  # this process is fine
