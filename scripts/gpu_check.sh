@@ -39,25 +39,26 @@
 #
 #   step        budget  estimate  arithmetic
 #   00 setup       15        5    python3 -c imports, versions, selections (torch import 3 s)
-#   01 peaks       45       20    nvidia-smi 1 s, torch 3 s, CUDA init 3-10 s, 4 peaks 1-2 s each
+#   01 peaks       40       20    nvidia-smi 1 s, torch 3 s, CUDA init 3-10 s, 4 peaks 1-2 s each
 #   02 headline   145      100    8 cases: resnet50 fp32 12 + tf32 10 + bf16 8.5 + bf16-cl 12
 #                                 (two new cuDNN configurations: its FP32 reference is NHWC too);
 #                                 bert fp32 7 + bf16 3; gpt2 fp32 7.5 + bf16 3 = 63; run 10 + 21
-#   03 more       105       85    resnet50-fp32-accum4-mb64 11.5 (autotune at b64); gpt2 build
-#                                 2.5, adamw 5.5, adamw_fused 5.5, emptycache 5.5, expseg 14 (its
-#                                 own worker process: spawn, torch, CUDA, build), ckpt 7 (the
-#                                 recompute: 0.47 s steps), bf16-ckpt 3.5 = 55; run 10 + 16 + 3
+#   03 more       115       93    resnet50-fp32-accum4-mb64 11.5 (autotune at b64); gpt2 build
+#                                 2.5, adamw 5.5, adamw_fused 5.5, emptycache 14 and expseg 14
+#                                 (each in a worker process of its own: spawn, torch, CUDA, its
+#                                 own build), ckpt 7 (the recompute: 0.47 s steps), bf16-ckpt 3.5
+#                                 = 63.5; run 10 + 16 + 3
 #   04 loader      85       70    4,096 JPEGs at 384 px in 16 processes 6-10 s; storage probe 2 s;
 #                                 3 resnet50 cases at 8 workers (5 ms per image, 0.16 s a batch:
 #                                 just under the 0.22 s step): loader probe (11 batches, 4 s),
 #                                 check, rounds: w8 16 (first: build, autotune), w8-pin-nb 9,
 #                                 w8-cold 11 (page cache dropped each epoch) = 36; run 10 + 11
-#   05 transfer    40       25    pytest without the suite's conftest (no model built): 8 cases of
+#   05 transfer    35       25    pytest without the suite's conftest (no model built): 8 cases of
 #                                 1 GB per round, pageable at ~10 GB/s 4.5 s each, pinned 1.2 s
 #   06 claims      65       50    bert pairs, 10 alternating rounds of two fp32 sides (0.23 s each):
 #                                 claim-cache-bert 11 (token file 1 s), claim-adamw-bert 11 = 22;
 #                                 run 10 + 11
-#   in all        500      355    + about 1 s of bookkeeping after each step and 5 s at the end
+#   in all        500      363    + about 1 s of bookkeeping after each step and 5 s at the end
 #
 # Each step's box is its budget plus what the steps before it left unused (a fixed deadline:
 # the sum of the budgets so far), never past GPU_CHECK_TOTAL (525 s) less the final 10 s.
@@ -94,7 +95,7 @@ rm -f "$OUT/gpu_check.md" "$OUT/gpu_check.json" "$OUT/gpu_check.tar.gz"
 STEPS=(setup peaks headline more loader transfer claims)
 declare -A BUDGET NUM
 if [[ $MODE == gpu ]]; then
-    BUDGET=([setup]=15 [peaks]=45 [headline]=145 [more]=105 [loader]=85 [transfer]=40
+    BUDGET=([setup]=15 [peaks]=40 [headline]=145 [more]=115 [loader]=85 [transfer]=35
             [claims]=65)
     TOTAL=${GPU_CHECK_TOTAL:-525}
     PROFILE=gpu-small DEVICE=cuda

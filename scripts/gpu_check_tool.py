@@ -130,12 +130,13 @@ def cmd_setup(args) -> int:
                "scipy": "scipy", "seaborn": "seaborn", "matplotlib": "matplotlib",
                "markdown": "markdown", "psutil": "psutil", "tqdm": "tqdm",
                "tabulate": "tabulate", "pynvml": "nvidia-ml-py"}
+    # Not needed by the check's steps: charts and report (--no-charts), NVML telemetry.
+    optional = {"seaborn", "matplotlib", "markdown", "pynvml", "tqdm", "psutil"}
     info = {"python": sys.version.split()[0], "executable": sys.executable, "versions": {},
-            "missing": [], "mode": args.mode}
+            "missing": [], "optional_missing": [], "mode": args.mode}
     for module, dist in modules.items():
         if importlib.util.find_spec(module) is None:
-            if module != "pynvml":  # optional: the energy and clock telemetry
-                info["missing"].append(module)
+            info["optional_missing" if module in optional else "missing"].append(module)
             continue
         try:
             info["versions"][dist] = md.version(dist)
@@ -471,6 +472,10 @@ def _fmt(value, spec: str = ",.0f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def _times(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def _ratio(a, b):
     return a / b if a and b else None
 
@@ -612,8 +617,8 @@ def summary_markdown(data: dict, mode: str, elapsed: float | None, total: int | 
                          f"{_fmt(r['images_per_s'])} | {_fmt(r['step_ms'], '.1f')} | "
                          f"{_fmt(r['mfu'], '.1%')} | {r['published'] or '-'} |")
         for amp, s in h["amp_speedup"].items():
-            lines.append(f"\nAMP speedup of {amp}: {_fmt(s['over_fp32'], '.2f')}x over fp32, "
-                         f"{_fmt(s['over_tf32'], '.2f')}x over tf32.")
+            lines.append(f"\nAMP speedup of {amp}: {_times(s['over_fp32'])} over fp32, "
+                         f"{_times(s['over_tf32'])} over tf32.")
     else:
         lines.append("No image-model headline case finished.")
     lines.append("")
@@ -627,7 +632,7 @@ def summary_markdown(data: dict, mode: str, elapsed: float | None, total: int | 
                 f"| {t['model']} {t['shape']} | {_fmt(t.get('samples_per_s'), ',.1f')} | "
                 f"{_fmt(t.get('tokens_per_s'))} | {_fmt(t.get('tflops'), '.1f')} | "
                 f"{_fmt(t.get('mfu_vs_bf16_peak'), '.1%')} | {_fmt(t.get('mfu_record'), '.1%')}"
-                f" | {_fmt(t.get('bf16_over_fp32'), '.2f')}x | {_fmt(t.get('fp32_mfu'), '.1%')} |")
+                f" | {_times(t.get('bf16_over_fp32'))} | {_fmt(t.get('fp32_mfu'), '.1%')} |")
     else:
         lines.append("No transformer headline case finished.")
     missing = not_reached(data)
