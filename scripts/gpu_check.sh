@@ -35,7 +35,9 @@
 # baseline step per round). A gpubench run costs, besides its cases, about 10 s to start
 # (CLI, pytest, torch and transformers imports, each model validated once on the CPU, the
 # machine's peaks) and 6 s + 5 s per model after them (CUDA start in the CLI, its no_grad/del
-# measurement of each model, summary and advice).
+# measurement of each model, summary and advice). --timeout 90: one command of a case (its
+# build, which generates the loader's data, its check, its rounds) taking longer fails the case
+# as hung, and the next case runs.
 #
 #   step        budget  estimate  arithmetic
 #   00 setup       15        5    python3 -c imports, versions, selections (torch import 3 s)
@@ -141,7 +143,7 @@ step_command() {
             local rounds=("${RUN_ARGS[@]}")
             [[ $name == claims && $MODE == gpu ]] && rounds=(--rounds 10 --warmup 1 --max-time 2)
             CMD=(python3 -m gpubench run --profile "$PROFILE" --device "$DEVICE" "${rounds[@]}"
-                 --timeout 60 --no-charts --unpaired --groups "$groups" "${args[@]}"
+                 --timeout 90 --no-charts --unpaired --groups "$groups" "${args[@]}"
                  -k "$k" --out "$WORK/$name") ;;
     esac
 }
