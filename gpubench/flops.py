@@ -1,7 +1,8 @@
 """FLOPs of a step (counted, not estimated) and the device's measured matmul peak per precision.
 
 FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add, forward,
-backward and recompute), with formulas added for ops it has none for but that do heavy work in
+backward and recompute: *hardware* FLOPs; *model* FLOPs leave the recomputation out, see
+``FlopCount.model_total``), with formulas added for ops it has none for but that do heavy work in
 the built-in workloads: the CPU attention kernel
 ``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward, counted as torch counts
 the GPU attention kernels (``sdpa_flop_count``, ``sdpa_backward_flop_count``: the full score
@@ -102,6 +103,73 @@ class FlopCount:
     by_op: dict[str, int] = field(default_factory=dict)
     uncounted_ops: list[str] = field(default_factory=list)
     no_formula_ops: list[str] = field(default_factory=list)
+    recomputed: int = 0
+    """FLOPs of recomputation inside ``total``: the forward of checkpointed blocks run again
+    in backward (``torch.utils.checkpoint``), and the fused attention backward's recompute of
+    its score matrix (one of its five matmuls)."""
+
+    @property
+    def model_total(self) -> int:
+        """Model FLOPs: what the model needs (``total`` without recomputation, attention in
+        full), the convention of published MFU figures (PaLM's appendix B; nanoGPT's
+        6N + 12LHQT per token)."""
+        return self.total - self.recomputed
+
+
+ATTENTION_BACKWARD_RECOMPUTE = 1 / 5
+"""Share of a fused attention backward's counted FLOPs that recompute the scores (QK^T): torch's
+``sdpa_backward_flop_count`` adds that matmul to the four of the gradients (dV, dP, dQ, dK), all
+of one size when queries and values have the same head size."""
+
+
+def _attention_recompute(by_op: dict[str, int]) -> int:
+    return int(sum(n for op, n in by_op.items() if op.endswith("attention_backward")
+                   or op.endswith("attention_for_cpu_backward"))
+               * ATTENTION_BACKWARD_RECOMPUTE)
+
+
+class _Recomputation:
+    """FLOPs that ``counter`` counts while ``torch.utils.checkpoint`` recomputes a forward in
+    backward: its non-reentrant recomputation runs inside a ``_recomputation_hook`` context,
+    whose entry and exit are wrapped while the count runs (where this torch has it;
+    ``supported`` says so)."""
+
+    def __init__(self, counter: FlopCounterMode):
+        import torch.utils.checkpoint as ckpt
+
+        self.counter, self.flops, self._depth, self._start = counter, 0, 0, 0
+        self._hook = getattr(ckpt, "_recomputation_hook", None)
+        self.supported = self._hook is not None and hasattr(self._hook, "__enter__")
+        self._saved = None
+
+    def __enter__(self):
+        if not self.supported:
+            return self
+        hook, tracker = self._hook, self
+        enter, leave = hook.__enter__, hook.__exit__
+        self._saved = (enter, leave)
+
+        def entered(h):
+            if tracker._depth == 0:
+                tracker._start = tracker.counter.get_total_flops()
+            tracker._depth += 1
+            return enter(h)
+
+        def left(h, *exc):
+            try:
+                return leave(h, *exc)
+            finally:
+                tracker._depth -= 1
+                if tracker._depth == 0:
+                    tracker.flops += tracker.counter.get_total_flops() - tracker._start
+
+        hook.__enter__, hook.__exit__ = entered, left
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            self._hook.__enter__, self._hook.__exit__ = self._saved
+            self._saved = None
 
 
 class _Counter(FlopCounterMode):
@@ -129,16 +197,20 @@ class counting_flops:
 
     def __enter__(self) -> counting_flops:
         self._counter.__enter__()
+        self._recomputation = _Recomputation(self._counter).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         counter = self._counter
+        self._recomputation.__exit__(*exc)
         counter.__exit__(*exc)
         by_op = {str(op): int(n)
                  for op, n in counter.get_flop_counts().get("Global", {}).items()}
         no_formula = sorted(counter.no_formula)
+        recomputed = self._recomputation.flops + _attention_recompute(by_op)
         self.result = FlopCount(int(counter.get_total_flops()), by_op,
-                                [op for op in no_formula if is_heavy_op(op)], no_formula)
+                                [op for op in no_formula if is_heavy_op(op)], no_formula,
+                                int(recomputed))
 
 
 def count_flops_detailed(fn: Callable[[], object],

@@ -192,6 +192,7 @@ class CaseProgram:
         with SavedActivations(model or self.case.model) as saved, counting_flops() as counted:
             yield
         self._counted = {"flops": counted.result.total,
+                         "model_flops": counted.result.model_total,
                          "uncounted_ops": counted.result.uncounted_ops,
                          "activation_bytes": saved.per_micro_batch_bytes}
 
@@ -493,7 +494,9 @@ def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
         "param_bytes": memories[top_rank]["param_bytes"],
         "grad_bytes": memories[top_rank]["grad_bytes"],
         "optimizer_state_bytes": memories[top_rank]["optimizer_state_bytes"],
-        "flops_per_step": sum(flops),
+        "flops_per_step": sum(flops),  # hardware FLOPs, as before they had a name
+        "hardware_flops_per_step": sum(flops),
+        "model_flops_per_step": sum(c.get("model_flops", c["flops"]) for c in counts),
         "uncounted_ops": sorted({op for c in counts for op in c["uncounted_ops"]}),
         "activation_bytes": max(c["activation_bytes"] for c in counts),
         # taken from the previous case, whose count this one's equals (``count_key``)

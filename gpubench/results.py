@@ -47,7 +47,8 @@ _COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
            "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
 _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
           "activation_bytes", "activation_bytes_base", "activation_bytes_new",
-          "step_memory_bytes", "peak_reserved_bytes", "flops_per_step", "num_workers",
+          "step_memory_bytes", "peak_reserved_bytes", "flops_per_step",
+          "model_flops_per_step", "hardware_flops_per_step", "num_workers",
           # CUDA allocator health over the memory window (gpubench.memory.allocator_health)
           "alloc_retries", "alloc_ooms", "peak_active_bytes",
           "check_skipped_steps", "cache_items", "dataset_size", "dynamo_recompiles",
@@ -56,7 +57,8 @@ _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_byt
           "bytes", "copies_per_round", "matmuls_per_round")
 _POSITIVE = ("step_time_s", "samples_per_s", "speedup_paired", "speedup_paired_low",
              "speedup_paired_high", "baseline_step_time_s")
-_NON_NEGATIVE = ("tflops", "mfu", "peak_tflops", "allreduce_time_s", "comm_time_s",
+_NON_NEGATIVE = ("tflops", "mfu", "hfu", "hardware_tflops", "peak_tflops", "allreduce_time_s",
+                 "comm_time_s",
                  "fragmentation", "comm_fraction", "loader_samples_per_s",
                  "loader_stall_fraction", "loader_wait_s", "epoch_restart_s",
                  "time_to_first_batch_s", "cold_resident_fraction", "cold_evict_s",
