@@ -37,6 +37,11 @@ READING_GUIDE = """\
   the exact sum of parameters, gradients, optimizer state and the activations autograd saves
   for one micro-batch, per device or rank. The CPU process high-water mark (the summary's
   *peak mem* column) is mostly the Python/PyTorch runtime and is not charted.
+- **MFU** is model FLOPs per second over the measured matmul peak of the case's precision.
+  Model FLOPs follow the convention of published MFU figures (PaLM, appendix B; torchtitan;
+  nanoGPT): what the model needs, no recomputation, attention in full, so a checkpointed case
+  has its plain case's. Where the kernels did more (checkpointing's re-run forward, the fused
+  attention backward's recompute), the summary adds the **HFU** (hardware FLOPs) beside it.
 - The **Pareto** chart joins the configurations that no other beats on both throughput and
   training memory.
 - Throughput and memory axes start at 0; bar colours are technique groups."""
