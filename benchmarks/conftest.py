@@ -283,3 +283,12 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     probe = on_disk and not config.getoption("--gpubench-no-storage-probe")
     machine_info["gpubench"] = describe_machine(config.gpubench.device,
                                                 storage_dir=default_data_dir() if probe else None)
+
+
+def pytest_unconfigure(config):
+    """A thread a workload left running (non-daemon) cannot keep the finished run alive: it is
+    named in one warning and the process exits with pytest's status (``gpubench.signals``)."""
+    from gpubench.signals import exit_despite_stray_threads
+
+    session = config.pluginmanager.get_plugin("session")
+    exit_despite_stray_threads(int(getattr(session, "exitstatus", 1) or 0))

@@ -11,10 +11,11 @@ writes the record as pytest-benchmark JSON (load, chart and compare it like any 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
-from gpubench.argtypes import non_negative_int, positive_int
+from gpubench.argtypes import non_negative_int, positive, positive_int
 from gpubench.config import (
     DEVICES,
     OPTIMIZER_IMPLS,
@@ -26,6 +27,15 @@ from gpubench.config import (
 )
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+DEFAULT_TIMEOUT_S = 300.0
+"""``--timeout``'s default, that of ``gpubench run`` (``gpubench.workers``, not imported here:
+the command line's --help stays fast)."""
+
+STUCK_GRACE_S = 5.0
+"""Seconds (at most ``--timeout`` again) past ``--timeout`` before a rank stuck joining (in C
+code, where torch's own timeout does not reach: a store that never answers) is ended with the
+reason."""
 
 
 def add_dist_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,6 +58,10 @@ def add_dist_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default="gpipe", choices=SCHEDULES)
     p.add_argument("--rounds", type=positive_int, default=10)
     p.add_argument("--warmup", type=non_negative_int, default=2)
+    p.add_argument("--timeout", type=positive, default=DEFAULT_TIMEOUT_S,
+                   help="seconds a rank waits for the others: to join the rendezvous "
+                   "(MASTER_ADDR:MASTER_PORT) and the process group, and in each command's "
+                   f"collectives (default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--out", required=True, help="pytest-benchmark JSON written by rank 0")
 
 
@@ -126,14 +140,12 @@ def dist_main(args: argparse.Namespace) -> int:
     if reason:
         print(f"gpubench dist: {' '.join(reason.split())}", file=sys.stderr)
         return 2
-    if device == "cuda":
-        # This rank's device before the process group: NCCL binds its communicator to it
-        # (device_id), and nothing of this rank lands on GPU 0.
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend_for(device),
-                                device_id=torch.device("cuda", local_rank))
-    else:
-        dist.init_process_group(backend_for(device))
+    try:
+        join_process_group(backend_for(device), rank, world, args.timeout,
+                           local_rank if device == "cuda" else None)
+    except RendezvousError as err:
+        print(f"gpubench dist: {err}", file=sys.stderr)
+        return 1
     try:
         group = LocalRanks(CaseProgram(rank, world, cfg, local_rank, local_world))
         bench = StandaloneBenchmark(f"torchrun[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
@@ -148,3 +160,102 @@ def dist_main(args: argparse.Namespace) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+class RendezvousError(RuntimeError):
+    """A rank could not join its job; the message is one line naming the address."""
+
+
+def _rendezvous_address() -> str:
+    return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+
+
+def _probe(timeout_s: float) -> str:
+    """Why the rendezvous address did not answer, as far as a plain connection tells."""
+    import socket
+
+    host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    try:
+        with socket.create_connection((host, int(port)), timeout=min(2.0, timeout_s)):
+            return ("something there accepted the connection but never answered as the job's "
+                    "store (another service on MASTER_PORT?)")
+    except (OSError, ValueError) as err:
+        why = getattr(err, "strerror", None) or str(err)
+        return (f"nothing listens there ({why}): is rank 0 running, and are MASTER_ADDR and "
+                "MASTER_PORT (torchrun's --rdzv-endpoint / --master-port) right?")
+
+
+@contextlib.contextmanager
+def _held_stderr():
+    """torch's C++ log lines held back (c10d logs every connection retry with a C++ stack):
+    the failure is reported in one line instead. ``GPUBENCH_DEBUG=1`` shows them."""
+    if os.environ.get("GPUBENCH_DEBUG"):
+        yield
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+def join_process_group(backend: str, rank: int, world: int, timeout_s: float,
+                       cuda_rank: int | None = None) -> None:
+    """``init_process_group`` of a torchrun rank, with every wait bounded by ``timeout_s``:
+    the rendezvous (torch's ``env://``: a ``TCPStore`` at MASTER_ADDR:MASTER_PORT, hosted by
+    rank 0 or torchrun's agent) first, then the process group on it, whose collectives get the
+    same timeout. Any failure is a one-line ``RendezvousError`` naming the address. torch's
+    store timeout bounds the connection attempts (nobody listening), not a reply that never
+    comes (a port owned by another service: the store's validation waits on its socket in C
+    code, out of reach of any exception): past ``timeout_s`` plus ``STUCK_GRACE_S`` this
+    process is ended with the reason (exit status 1). ``cuda_rank``: this rank's GPU, set
+    first (NCCL binds its communicator to it, and nothing of this rank lands on GPU 0).
+    torch's C++ log lines are held back meanwhile (``_held_stderr``)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from gpubench.watchdog import exit_after
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    where = _rendezvous_address()
+    give_up_s = timeout_s + min(STUCK_GRACE_S, timeout_s)
+
+    def stuck(stage: str) -> str:
+        return (f"gpubench dist: rank {rank} could not {stage} at {where} within "
+                f"{timeout_s:g} s: {_probe(timeout_s)}")
+
+    with exit_after(give_up_s, lambda: stuck("join the rendezvous"), code=1), _held_stderr():
+        try:
+            store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        except (RuntimeError, ValueError, OSError) as err:  # DistNetworkError, DistStoreError
+            last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            if "timed out" in last.lower() or "timeout" in last.lower():
+                raise RendezvousError(stuck("join the rendezvous")[len("gpubench dist: "):]
+                                      ) from None
+            raise RendezvousError(f"rank {rank} could not join the rendezvous at {where}: "
+                                  f"{last}") from None
+    store.set_timeout(timeout)
+    kwargs = {}
+    if cuda_rank is not None:
+        torch.cuda.set_device(cuda_rank)
+        kwargs["device_id"] = torch.device("cuda", cuda_rank)
+    with exit_after(give_up_s, lambda: stuck("form the process group with the other ranks"),
+                    code=1), _held_stderr():
+        try:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                    timeout=timeout, **kwargs)
+        except (RuntimeError, ValueError, OSError) as err:
+            last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            raise RendezvousError(f"rank {rank} joined the rendezvous at {where} but the "
+                                  f"process group did not form within {timeout_s:g} s: "
+                                  f"{last}") from None

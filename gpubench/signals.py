@@ -8,6 +8,8 @@ spawned, so that it follows its parent's death even while it is still importing 
   polls ``os.getppid()`` (other systems, and a second line of defence).
 - ``run_forwarding_signals`` runs a command in its own process group, forwards SIGINT and
   SIGTERM to it, waits for it and kills whatever is left of its group.
+- ``exit_despite_stray_threads`` keeps a thread the run left behind (a workload's non-daemon
+  thread) from holding the process alive once the run is over.
 - ``gpubench.pytest_signals`` is the pytest side of ``gpubench run``.
 """
 
@@ -160,3 +162,58 @@ def _wait_unreaped(pid: int, interrupted, grace_s: float, kill_group) -> None:
             if time.monotonic() > deadline:
                 kill_group()
         time.sleep(0.05)
+
+
+STRAY_GRACE_S = 2.0
+"""Seconds the interpreter's own shutdown may spend joining threads before the stray ones are
+named and the process ends anyway."""
+
+
+def stray_threads() -> list[threading.Thread]:
+    """The non-daemon threads running besides the main thread and the caller: each one keeps
+    the interpreter from exiting until it ends."""
+    skip = (threading.main_thread(), threading.current_thread())
+    return [t for t in threading.enumerate()
+            if t.is_alive() and not t.daemon and t not in skip]
+
+
+def exit_despite_stray_threads(exit_code: int, *, grace_s: float = STRAY_GRACE_S,
+                               what: str = "the run") -> None:
+    """Call when ``what`` is over (pytest's ``pytest_unconfigure``): if non-daemon threads are
+    still running, a daemon thread waits until the interpreter shuts down (the main thread is
+    done), gives them ``grace_s`` to end (a thread pool joined at exit ends there), then names
+    the ones left in one warning line on stderr and ends the process with ``exit_code``
+    (skipping the rest of the interpreter's shutdown, which would wait for them forever).
+    Without such threads it does nothing."""
+    if not stray_threads():
+        return
+    main = threading.main_thread()
+
+    def guard() -> None:
+        while main.is_alive():  # the interpreter's shutdown marks the main thread done
+            time.sleep(0.05)
+        deadline = time.monotonic() + grace_s
+        while stray_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = stray_threads()
+        if not left:
+            return
+        counts: dict[str, int] = {}
+        for t in left:
+            counts[t.name] = counts.get(t.name, 0) + 1
+        names = ", ".join(repr(n) + (f" (x{k})" if k > 1 else "") for n, k in counts.items())
+        message = (f"gpubench: warning: {what} is over but {len(left)} non-daemon thread(s) "
+                   f"it started still run: {names} (a workload's thread?); exiting without "
+                   "waiting for them\n")
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        try:
+            os.write(2, message.encode(errors="replace"))
+        except OSError:
+            pass
+        os._exit(exit_code)
+
+    threading.Thread(target=guard, name="gpubench-exit-guard", daemon=True).start()

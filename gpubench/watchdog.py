@@ -197,3 +197,28 @@ def time_limit(seconds: float | None, message: str, *, error: type[BaseException
         if _fault_until and _fault_until - now < FAULT_MARGIN_S:
             with _lock:  # the unbounded code that follows gets its margin too
                 _ensure_fault_timer(FAULT_MARGIN_S, now)
+
+
+@contextlib.contextmanager
+def exit_after(seconds: float, message, *, code: int = EXIT_HUNG):
+    """End this process with ``code`` if the block is still running ``seconds`` from now,
+    after writing ``message()`` (one line, computed then) to stderr: for a call blocked in C
+    code that no exception can reach (a socket read inside a library), in any thread."""
+    done = threading.Event()
+    keep_stderr()
+
+    def watch() -> None:
+        if done.wait(seconds):
+            return
+        try:
+            text = message()
+        except Exception as err:  # noqa: BLE001 - the process ends either way
+            text = f"gpubench: stopped after {seconds:g} s ({type(err).__name__}: {err})"
+        _write(text.rstrip("\n") + "\n")
+        os._exit(code)
+
+    threading.Thread(target=watch, name="gpubench-exit-after", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
