@@ -154,6 +154,12 @@ def _ensure_fault_timer(span: float, now: float) -> None:
         _fault_until = now + 2 * span
 
 
+def is_time_limit(err: BaseException) -> bool:
+    """Whether ``err`` is the stop of a ``time_limit`` (which code that turns other errors into
+    its own must let through)."""
+    return getattr(err, "gpubench_time_limit", False) is True
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float | None, message: str, *, error: type[BaseException] = Hung,
                grace_s: float | None = None):
@@ -173,7 +179,9 @@ def time_limit(seconds: float | None, message: str, *, error: type[BaseException
 
     def on_alarm(signum, frame):
         if not limit.done:
-            raise error(message)
+            stop = error(message)
+            stop.gpubench_time_limit = True  # what ``is_time_limit`` looks for
+            raise stop
 
     previous = _set_handler(signal.SIGALRM, on_alarm)
     _active, earlier = limit, 0.0

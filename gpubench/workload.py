@@ -39,9 +39,30 @@ from torch.utils.data import Dataset
 
 ENTRY_POINT_GROUP = "gpubench.workloads"
 
+VALIDATE_TIMEOUT_S = 300.0
+"""Seconds the validation of a workload (and its probe build) may take before it fails as hung
+(a ``make_batch`` or ``build_model`` that blocks), like ``--timeout``'s default."""
+
 
 class WorkloadError(ValueError):
     """A workload spec that cannot be resolved, or a workload that breaks the contract."""
+
+
+def _user_call(workload: Workload, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a function the workload gave; whatever it raises becomes a one-line
+    ``WorkloadError`` naming the workload and ``what`` (a time limit's stop passes through)."""
+    from gpubench.watchdog import is_time_limit
+
+    try:
+        return fn(*args)
+    except WorkloadError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's code: report it on one line
+        if is_time_limit(err):
+            raise
+        text = " ".join(str(err).split())
+        raise WorkloadError(f"workload {workload.spec or workload.name}: {what} raised "
+                            f"{type(err).__name__}{': ' + text if text else ''}") from err
 
 
 @dataclass(frozen=True)
@@ -135,15 +156,23 @@ class Workload:
                             f"{', '.join(self.dataset_names) or 'none'}")
 
     def sample_batch(self, batch_size: int, seed: int = 0) -> tuple[Any, Any]:
-        return self.make_batch(batch_size, torch.Generator().manual_seed(seed))
+        return _user_call(self, f"make_batch({batch_size}, generator)", self.make_batch,
+                          batch_size, torch.Generator().manual_seed(seed))
 
     @functools.cached_property
     def facts(self) -> WorkloadFacts:
-        """What one probe build tells (cached): input layout, BatchNorm, parameter count."""
-        inputs, _ = self.sample_batch(2)
+        """What one probe build tells (cached): input layout, BatchNorm, parameter count, the
+        blocks the default checkpointing would wrap. A ``build_model`` or ``make_batch`` that
+        raises is a one-line ``WorkloadError``; one that blocks, after ``VALIDATE_TIMEOUT_S``."""
+        from gpubench.watchdog import time_limit
+
+        with time_limit(VALIDATE_TIMEOUT_S, f"workload {self.spec or self.name}: its probe "
+                        f"build (build_model, make_batch) did not finish within "
+                        f"{VALIDATE_TIMEOUT_S:g} s (hung?)", error=WorkloadError):
+            inputs, _ = self.sample_batch(2)
+            torch.manual_seed(0)
+            model = _user_call(self, "build_model()", self.build_model)
         leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
-        torch.manual_seed(0)
-        model = self.build_model()
         return WorkloadFacts(
             single_tensor_input=isinstance(inputs, torch.Tensor),
             input_dims=leaves[0].dim() if leaves else 0,
@@ -228,8 +257,9 @@ def checkpoint_blocks(model: nn.Module) -> None:
 
 
 def build_train_module(workload: Workload, checkpointing: bool = False) -> TrainModule:
-    """The workload's model (seed the RNG first), dropout off, optionally checkpointed."""
-    net = workload.build_model()
+    """The workload's model (seed the RNG first), dropout off, optionally checkpointed. A
+    ``build_model`` that raises is a one-line ``WorkloadError``."""
+    net = _user_call(workload, "build_model()", workload.build_model)
     if not isinstance(net, nn.Module):
         raise WorkloadError(f"workload {workload.name}: build_model() must return an nn.Module; "
                             f"got {type(net).__name__}")
@@ -412,17 +442,18 @@ def resolve(spec: str, profile: str) -> Workload:
     return workload
 
 
-def validate(workload: Workload) -> None:
+def validate(workload: Workload, timeout_s: float | None = VALIDATE_TIMEOUT_S) -> None:
     """One real forward and backward at batch 2 on the CPU: the loss must be a finite scalar
-    tensor that depends on the parameters; otherwise a one-line ``WorkloadError``."""
-    torch.manual_seed(0)
-    module = build_train_module(workload)
-    inputs, targets = workload.sample_batch(max(2, workload.min_batch))
-    try:
-        loss = module(inputs, targets)
-    except Exception as err:  # noqa: BLE001
-        raise WorkloadError(f"workload {workload.spec or workload.name}: forward on a batch "
-                            f"from make_batch raised {type(err).__name__}: {err}") from None
+    tensor that depends on the parameters; otherwise a one-line ``WorkloadError``, also when
+    ``build_model``, ``make_batch`` or the forward raises, or when it all takes more than
+    ``timeout_s`` (something blocks)."""
+    from gpubench.watchdog import time_limit
+
+    name = workload.spec or workload.name
+    with time_limit(timeout_s, f"workload {name}: checking it (build_model, make_batch, one "
+                    f"forward) did not finish within {timeout_s or 0:g} s (hung?)",
+                    error=WorkloadError):
+        loss = _validation_loss(workload, name)
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         what = type(loss).__name__ if not isinstance(loss, torch.Tensor) else \
             f"a tensor of shape {list(loss.shape)}"
@@ -434,3 +465,18 @@ def validate(workload: Workload) -> None:
     if not loss.requires_grad:
         raise WorkloadError(f"workload {workload.spec or workload.name}: the loss does not "
                             "depend on any parameter (no gradient)")
+
+
+def _validation_loss(workload: Workload, name: str) -> Any:
+    torch.manual_seed(0)
+    module = build_train_module(workload)
+    inputs, targets = workload.sample_batch(max(2, workload.min_batch))
+    try:
+        return module(inputs, targets)
+    except Exception as err:  # noqa: BLE001
+        from gpubench.watchdog import is_time_limit
+
+        if is_time_limit(err):
+            raise
+        raise WorkloadError(f"workload {name}: forward on a batch from make_batch raised "
+                            f"{type(err).__name__}: {err}") from None

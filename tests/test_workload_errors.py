@@ -1,0 +1,76 @@
+"""A workload whose own code fails or blocks is the documented one-line error and exit 2, before
+any case runs: ``build_model`` or ``make_batch`` raising, or blocking past the limit."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from gpubench import Workload, WorkloadError, cli
+from gpubench.workload import resolve, validate
+
+SPEC = f"{Path(__file__).resolve()}:"
+
+
+def _batch(n, g):
+    return torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
+
+
+def raising_build():
+    def build():
+        raise RuntimeError("cannot allocate\nthe embedding table")
+
+    return Workload(name="badbuild", build_model=build, make_batch=_batch, micro_batch=4,
+                    loss_fn=nn.functional.cross_entropy)
+
+
+def raising_batch():
+    def make_batch(n, g):
+        raise KeyError("images")
+
+    return Workload(name="badbatch", build_model=lambda: nn.Linear(4, 2),
+                    make_batch=make_batch, micro_batch=4, loss_fn=nn.functional.cross_entropy)
+
+
+def blocking_build():
+    def build():
+        threading.Event().wait()
+
+    return Workload(name="stuckbuild", build_model=build, make_batch=_batch, micro_batch=4,
+                    loss_fn=nn.functional.cross_entropy)
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("raising_build", "build_model() raised RuntimeError: cannot allocate the embedding table"),
+    ("raising_batch", "make_batch(2, generator) raised KeyError: 'images'"),
+])
+def test_a_workload_that_raises_is_one_line(factory, message):
+    with pytest.raises(WorkloadError) as err:
+        validate(resolve(SPEC + factory, "smoke"))
+    assert str(err.value) == f"workload {SPEC + factory}: {message}"
+
+
+def test_a_workload_that_blocks_fails_its_check_in_time():
+    start = time.monotonic()
+    with pytest.raises(WorkloadError, match=r"blocking_build: checking it \(build_model, "
+                       r"make_batch, one forward\) did not finish within 1 s \(hung\?\)$"):
+        validate(resolve(SPEC + "blocking_build", "smoke"), timeout_s=1)
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("command", [
+    ["list"], ["run", "--no-charts"], ["case", "-o", "{out}/one.json"], ["advise"]])
+def test_a_build_model_that_raises_exits_2_on_one_line(command, tmp_path, capsys):
+    args = [a.replace("{out}", str(tmp_path)) for a in command]
+    extra = ["--out", str(tmp_path / "out")] if command[0] in ("run", "advise") else []
+    code = cli.main([*args, "--profile", "smoke", "--model", SPEC + "raising_build", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [f"gpubench: workload {SPEC}raising_build: build_model() raised "
+                   "RuntimeError: cannot allocate the embedding table"]
+    assert list(tmp_path.iterdir()) == []
