@@ -114,6 +114,10 @@ def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | N
             return "pipeline stages take one input tensor; this workload's inputs are not one"
         if cfg.resolved_micro_batch % cfg.chunks:
             return f"micro_batch {cfg.resolved_micro_batch} does not split into {cfg.chunks} chunks"
+    if cfg.checkpointing and cfg.workload.checkpointing is None and not cfg.workload.facts.blocks:
+        from gpubench.workload import NO_BLOCKS
+
+        return f"activation checkpointing of {cfg.name}: {NO_BLOCKS}"
     if cfg.parallelism.splits_model:
         reason = _stage_error(cfg.model, cfg.profile, cfg.world_size)
         if reason:

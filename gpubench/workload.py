@@ -173,12 +173,14 @@ class Workload:
             torch.manual_seed(0)
             model = _user_call(self, "build_model()", self.build_model)
         leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
+        blocks = _block_list(model)
         return WorkloadFacts(
             single_tensor_input=isinstance(inputs, torch.Tensor),
             input_dims=leaves[0].dim() if leaves else 0,
             batch_norm=any(isinstance(m, nn.modules.batchnorm._BatchNorm)
                            for m in model.modules()),
             parameters=sum(p.numel() for p in model.parameters()),
+            blocks=len(blocks) if blocks is not None else 0,
         )
 
     @property
@@ -205,6 +207,8 @@ class WorkloadFacts:
     input_dims: int
     batch_norm: bool
     parameters: int
+    blocks: int = 0
+    """Blocks the default checkpointing wraps (``checkpoint_blocks``); 0: it finds none."""
 
 
 def call_model(model: nn.Module, inputs: Any, *extra: Any) -> Any:
@@ -243,15 +247,24 @@ class Checkpointed(nn.Module):
         return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
 
 
+def _block_list(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
+    """The model's longest ``nn.ModuleList`` or ``nn.Sequential`` of more than one module (its
+    repeated layers), or None."""
+    containers = [m for m in model.modules()
+                  if isinstance(m, nn.ModuleList | nn.Sequential) and len(m) > 1]
+    return max(containers, key=len) if containers else None
+
+
+NO_BLOCKS = ("no nn.ModuleList/nn.Sequential of blocks to checkpoint; give the Workload a "
+             "checkpointing function")
+
+
 def checkpoint_blocks(model: nn.Module) -> None:
     """Activation checkpointing of every block of the model's longest ``nn.ModuleList`` or
     ``nn.Sequential`` (its repeated layers), in place."""
-    containers = [m for m in model.modules()
-                  if isinstance(m, nn.ModuleList | nn.Sequential) and len(m) > 1]
-    if not containers:
-        raise WorkloadError("no nn.ModuleList/nn.Sequential of blocks to checkpoint; give the "
-                            "Workload a checkpointing function")
-    longest = max(containers, key=len)
+    longest = _block_list(model)
+    if longest is None:
+        raise WorkloadError(NO_BLOCKS)
     for i, block in enumerate(list(longest)):
         longest[i] = Checkpointed(block)
 

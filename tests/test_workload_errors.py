@@ -74,3 +74,32 @@ def test_a_build_model_that_raises_exits_2_on_one_line(command, tmp_path, capsys
     assert err == [f"gpubench: workload {SPEC}raising_build: build_model() raised "
                    "RuntimeError: cannot allocate the embedding table"]
     assert list(tmp_path.iterdir()) == []
+
+
+LSTM = str(Path(__file__).resolve().parent / "data" / "lstm_workload.py") + ":workload"
+
+
+def test_list_says_beforehand_that_checkpointing_finds_no_blocks(capsys):
+    assert cli.main(["list", "--profile", "smoke", "--model", LSTM, "--groups", "memory"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert rows["lstm-fp32-ckpt"].endswith(
+        "skips here: activation checkpointing of lstm: no nn.ModuleList/nn.Sequential of "
+        "blocks to checkpoint; give the Workload a checkpointing function")
+    assert "skips" not in rows["lstm-fp32-zerofill"]
+
+
+def test_checkpointing_runs_where_blocks_or_a_function_exist():
+    from gpubench.cases import profile_cases
+
+    kws = str(Path(__file__).resolve().parent / "kws_workload.py") + ":workload"
+    own = SPEC + "own_checkpointing"
+    for spec in (kws, own):
+        ckpt = [c for c in profile_cases("smoke", "cpu", (spec,), ("memory",))
+                if c.cfg.checkpointing]
+        assert ckpt and all(c.skip_reason() is None for c in ckpt), spec
+
+
+def own_checkpointing():
+    return Workload(name="ownckpt", build_model=lambda: nn.Linear(4, 2), make_batch=_batch,
+                    micro_batch=4, loss_fn=nn.functional.cross_entropy,
+                    checkpointing=lambda model: None)
