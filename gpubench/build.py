@@ -15,7 +15,15 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gpubench.config import ALLOC_CONF_VARS, GENERATED_DATASETS, RunConfig
-from gpubench.data import Batch, Placement, WaitTimer, build_loader, endless, seed_worker
+from gpubench.data import (
+    Batch,
+    Placement,
+    WaitTimer,
+    build_loader,
+    endless,
+    seed_worker,
+    shared_memory_reason,
+)
 from gpubench.datasets import CachedDataset, default_data_dir
 from gpubench.parallel import (
     FSDP,
@@ -100,6 +108,9 @@ def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | N
     if cfg.expandable_segments and cfg.device != "cuda":
         return ("expandable_segments configures the CUDA caching allocator; the CPU allocator "
                 "has no segments")
+    reason = shared_memory_reason(cfg)
+    if reason:
+        return reason
     if cfg.loader.cold and eviction_unsupported_reason():
         return eviction_unsupported_reason()
     try:

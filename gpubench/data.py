@@ -57,6 +57,59 @@ def build_loader(
     )
 
 
+DEFAULT_PREFETCH_FACTOR = 2
+"""Batches each DataLoader worker loads ahead when ``prefetch_factor`` is not given (torch's)."""
+
+
+def shared_memory_need(cfg) -> int:
+    """Bytes of shared memory (``/dev/shm``) the loader of ``cfg`` (a ``RunConfig``) holds at
+    once: each worker process sends its batches through it, so every rank's workers x their
+    prefetched batches, plus the batch each rank's step is using, of ``micro_batch`` samples of
+    the workload's size (its ``make_batch``'s; the workload's own dataset yields the same
+    tensors). 0 without workers. E.g. 32 workers of 256 images of 224 px: 65 x 154 MB, 10 GB."""
+    loader = cfg.loader
+    if not loader.num_workers:
+        return 0
+    in_flight = loader.num_workers * (loader.prefetch_factor or DEFAULT_PREFETCH_FACTOR) + 1
+    batch = cfg.resolved_micro_batch * cfg.workload.facts.sample_bytes
+    return cfg.parallelism.processes * in_flight * batch
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def shared_memory_reason(cfg, free_bytes: int | None = None) -> str | None:
+    """Why the loader of ``cfg`` would run out of shared memory here (``shared_memory_need``
+    against what ``/dev/shm`` has free, or ``free_bytes``), or None. Docker gives a container
+    64 MiB of it unless told otherwise; the workers would die of it in the case's first
+    batches with a DataLoader traceback."""
+    need = shared_memory_need(cfg)
+    if not need:
+        return None
+    if free_bytes is None:
+        from gpubench.machine import SHARED_MEMORY, shared_memory_free_bytes
+
+        free_bytes, where = shared_memory_free_bytes(), SHARED_MEMORY
+    else:
+        where = "/dev/shm"
+    if free_bytes is None or need <= free_bytes:
+        return None
+    loader = cfg.loader
+    ranks = cfg.parallelism.processes
+    per_batch = cfg.resolved_micro_batch * cfg.workload.facts.sample_bytes
+    prefetch = loader.prefetch_factor or DEFAULT_PREFETCH_FACTOR
+    suggest = max(1, -(-2 * need // 2**30))  # GiB, twice the need, rounded up
+    return (f"its loader needs about {_size(need)} of shared memory "
+            f"({f'{ranks} ranks x ' if ranks > 1 else ''}({loader.num_workers} workers x "
+            f"{prefetch} prefetched batches + 1) x {_size(per_batch)} a batch) and {where} has "
+            f"{_size(free_bytes)} free (Docker's default is 64 MiB: run the container with "
+            f"--shm-size={suggest}g or --ipc=host)")
+
+
 def worker_context() -> str | None:
     """How DataLoader workers start: forked on Linux, as in a training script started by
     ``python`` or ``torchrun`` there (elsewhere the platform's default). Stated rather than

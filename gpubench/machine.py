@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import sys
 
 import torch
 
@@ -34,6 +35,23 @@ def cpu_model() -> str:
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+SHARED_MEMORY = "/dev/shm"
+"""Where DataLoader workers put the batches they send (Linux: torch shares tensors between
+processes through ``shm_open`` files there; Docker gives it 64 MiB unless ``--shm-size``)."""
+
+
+def shared_memory_free_bytes(path: str = SHARED_MEMORY) -> int | None:
+    """Free bytes of the shared-memory filesystem, or None where there is none (macOS,
+    Windows: tensors are shared otherwise there)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def measured_peaks_tflops(device: str) -> dict[str, float | None]:

@@ -169,11 +169,14 @@ class Workload:
         with time_limit(VALIDATE_TIMEOUT_S, f"workload {self.spec or self.name}: its probe "
                         f"build (build_model, make_batch) did not finish within "
                         f"{VALIDATE_TIMEOUT_S:g} s (hung?)", error=WorkloadError):
-            inputs, _ = self.sample_batch(2)
+            inputs, targets = self.sample_batch(2)
             torch.manual_seed(0)
             model = _user_call(self, "build_model()", self.build_model)
         leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
         blocks = _block_list(model)
+        sample_bytes = sum(t.element_size() * t.nelement()
+                           for t in (*tree_flatten(inputs)[0], *tree_flatten(targets)[0])
+                           if isinstance(t, torch.Tensor)) // 2
         return WorkloadFacts(
             single_tensor_input=isinstance(inputs, torch.Tensor),
             input_dims=leaves[0].dim() if leaves else 0,
@@ -181,6 +184,7 @@ class Workload:
                            for m in model.modules()),
             parameters=sum(p.numel() for p in model.parameters()),
             blocks=len(blocks) if blocks is not None else 0,
+            sample_bytes=sample_bytes,
         )
 
     @property
@@ -209,6 +213,8 @@ class WorkloadFacts:
     parameters: int
     blocks: int = 0
     """Blocks the default checkpointing wraps (``checkpoint_blocks``); 0: it finds none."""
+    sample_bytes: int = 0
+    """Bytes of one sample's tensors from ``make_batch`` (inputs and targets)."""
 
 
 def call_model(model: nn.Module, inputs: Any, *extra: Any) -> Any:
