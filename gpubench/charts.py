@@ -334,6 +334,11 @@ def plot_accumulation(df: pd.DataFrame) -> plt.Figure:
     df = df[picked & (df["precision"] == "fp32") & (df["parallel"] == "single")]
     if df["accum_steps"].nunique() < 2:
         raise CannotPlot("no gradient-accumulation cases (need at least two values of k)")
+    # k is read against each model's baseline batch: a run without it has no k = 1 point.
+    based = df[df["is_baseline"] == True][["run", "model"]].drop_duplicates()  # noqa: E712
+    df = df.merge(based, on=["run", "model"])
+    if df["accum_steps"].nunique() < 2:
+        raise CannotPlot("no FP32 baseline record beside the gradient-accumulation cases")
     mem, label = memory_measure(df)
     df = df.assign(mem_mib=mem.astype(float) / MIB)
     base = df[df["is_baseline"] == True].groupby(["run", "model"])  # noqa: E712

@@ -151,6 +151,29 @@ def runs_markdown(df: pd.DataFrame) -> str:
     return markdown_table(rows, [*["left"] * 6, "right"])
 
 
+def baseline_notes(df: pd.DataFrame) -> str:
+    """A line for each model whose FP32 baseline record is in none of the files (of its
+    profile and device): what the report cannot then show. Empty when every model has one."""
+    steps = df[df["kind"].isna() | (df["kind"] == "step")] if "kind" in df else df
+    if "model" not in steps or steps.empty:
+        return ""
+    steps = steps[steps["model"].notna()]
+    based = steps["is_baseline"].fillna(False).astype(bool) if "is_baseline" in steps \
+        else pd.Series(False, index=steps.index)
+    keys = [k for k in ("model", "profile", "device") if k in steps]
+    lines = []
+    for key, g in steps.groupby(keys, sort=False, dropna=False):
+        if based[g.index].any():
+            continue
+        model = key[0] if isinstance(key, tuple) else key
+        files = ", ".join(dict.fromkeys(Path(str(f)).name for f in g.get("file", g["run"])))
+        lines.append(f"- no fp32 baseline record of model {model} in {files}: its cases are "
+                     "shown with the speedups of their paired baseline rounds where they have "
+                     "them; the charts and ratios that need the baseline's own figures leave "
+                     "it out (load a file with its baseline too)")
+    return "\n" + "\n".join(lines) + "\n" if lines else ""
+
+
 TELEMETRY_COLUMNS = {
     "telemetry_cpu_util": "CPU util (%)",
     "telemetry_cpu_freq_mhz": "CPU clock (MHz)",
@@ -207,7 +230,7 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
                     memory_reports: list[dict] | None = None,
                     parity_reports: list[dict] | None = None,
                     failures: list[dict] | None = None) -> list[Section]:
-    sections = [Section("runs", "Runs", runs_markdown(df) + "\n")]
+    sections = [Section("runs", "Runs", runs_markdown(df) + "\n" + baseline_notes(df))]
     if failures:  # gpubench.journal: cases that failed are results too
         from gpubench.summary import failures_markdown
 
