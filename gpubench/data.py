@@ -182,7 +182,7 @@ def measure_loader(loader: DataLoader, batches: int,
     del it
     return {
         "time_to_first_batch_s": first - start,
-        "loader_samples_per_s": n * loader.batch_size / elapsed if n else float("nan"),
+        "loader_samples_per_s": n * loader.batch_size / elapsed if n else None,  # one batch
         "epoch_restart_s": restart_s,
     }
 

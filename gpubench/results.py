@@ -514,7 +514,9 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     Where the case was timed with a paired baseline round before each of its rounds
     (``speedup_paired``), that drift-robust figure is the speedup, with its bootstrap interval
     in ``speedup_low`` / ``speedup_high`` and ``speedup_method`` "paired"; otherwise it is the
-    ratio of separately measured medians ("separate", no interval).
+    ratio of separately measured medians ("separate", no interval). A case paired with the
+    baseline's worker process has that figure scaled by ``speedup_offset``, the baseline case's
+    step time over the worker's (see the code), so that it agrees with the samples/s ratio.
     ``memory_ratio`` compares ``training_memory_bytes`` (see ``training_memory``)."""
     df = df.copy()
     df["training_memory_bytes"] = training_memory(df)
@@ -529,6 +531,20 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     separate = (df["samples_per_s"] / df["base_samples_per_s"]).astype(float)
     paired = (df["speedup_paired"].astype(float) if "speedup_paired" in df
               else pd.Series(float("nan"), index=df.index))
+    # A case paired with the baseline's worker process (multi-process cases, and those with
+    # an allocator of their own) gets that process's baseline steps, which run at their own
+    # speed: a fresh process differs from the in-process baseline case it stands for by
+    # several percent for its whole life. The pairing cancels the drift between the rounds;
+    # the offset between the two baselines (the baseline case's median step over the worker's
+    # median step during the case's rounds) turns the ratio into the one a user computes from
+    # samples/s, interval and all.
+    worker = (df["paired_partner"].eq("worker process").fillna(False).astype(bool)
+              if "paired_partner" in df else pd.Series(False, index=df.index))
+    own_base = (df["baseline_step_time_s"].astype(float) if "baseline_step_time_s" in df
+                else pd.Series(float("nan"), index=df.index))
+    offset = (df["base_step_time_s"].astype(float) / own_base).where(worker)
+    df["speedup_offset"] = offset
+    paired = paired * offset.fillna(1.0)
     df["speedup"] = paired.where(paired.notna(), separate)
     # The baseline is 1.0x by definition; its paired interval (against its own copy in the
     # baseline worker) stays, as the noise floor of the run.
@@ -537,7 +553,8 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     for side in ("low", "high"):
         col = f"speedup_paired_{side}"
         df[f"speedup_{side}"] = (df[col].astype(float) if col in df
-                                 else pd.Series(float("nan"), index=df.index))
+                                 else pd.Series(float("nan"), index=df.index)
+                                 ) * offset.fillna(1.0)
     df["memory_ratio"] = df["training_memory_bytes"] / df["base_training_memory_bytes"]
     return with_plausibility(with_scaling(df))
 

@@ -14,7 +14,7 @@ from gpubench import cli
 from gpubench.config import RunConfig
 from gpubench.machine import cpu_model
 from gpubench.results import load_results, with_baseline_ratios
-from gpubench.runner import run_case
+from gpubench.runner import paired_speedup, run_case
 from gpubench.standalone import StandaloneBenchmark
 from gpubench.summary import summary_frame
 
@@ -151,3 +151,46 @@ def test_mfu_is_not_applicable_where_the_count_misses_the_work(tmp_path, capsys)
     assert cli.main(["summary", str(path)]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if "lstm-fp32" in line)
     assert f"n/a ({', '.join(missed)} not counted)" in line and "0.0%" not in line
+
+
+def test_a_case_paired_with_the_worker_baseline_agrees_with_its_samples_per_s(
+        baseline_record, tmp_path):
+    """A DDP case's paired baseline ran in a worker process at 13.7 ms a step while the
+    baseline case measured 17.8 ms: the paired ratio alone (0.96x) contradicted the samples/s
+    ratio (1.24x). The offset between the two baselines is applied: they agree."""
+    base = copy.deepcopy(baseline_record)
+    base["extra_info"].update(step_time_s=0.0178,
+                              samples_per_s=base["extra_info"]["global_batch"] / 0.0178)
+    ddp = _ddp_copy(baseline_record)
+    info = ddp["extra_info"]
+    rng = __import__("random").Random(0)
+    worker = [0.0137 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(20)]
+    # The case's step takes as long as the worker's baseline step, at twice the batch.
+    case = [w * (1 + rng.uniform(-0.02, 0.02)) for w in worker]
+    import statistics
+
+    info.update(step_time_s=statistics.median(case), paired_partner="worker process",
+                paired_baseline_rounds_s=worker,
+                **paired_speedup(
+                    RunConfig(model="bert", profile="smoke", device="cpu", parallel="ddp",
+                              world_size=2), case, worker))
+    info["samples_per_s"] = info["global_batch"] / info["step_time_s"]
+    path = _write(tmp_path / "r.json", base, cpu_model())
+    data = json.loads(path.read_text())
+    data["benchmarks"].append(ddp)
+    path.write_text(json.dumps(data))
+    df = with_baseline_ratios(load_results([path]))
+    row = df[df["parallel"] == "ddp"].iloc[0]
+    by_samples = row["samples_per_s"] / row["base_samples_per_s"]
+    assert info["speedup_paired"] == pytest.approx(2.0, rel=0.02)  # against the worker
+    assert row["speedup_offset"] == pytest.approx(0.0178 / 0.0137, rel=0.02)
+    assert row["speedup"] == pytest.approx(by_samples, rel=0.01)
+    assert row["speedup_low"] <= by_samples <= row["speedup_high"]
+    # A case paired in this process keeps its ratio as measured.
+    assert pd_isna(df[df["is_baseline"] == True]["speedup_offset"].iloc[0])  # noqa: E712
+
+
+def pd_isna(value) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value))
