@@ -187,8 +187,9 @@ def _probe(timeout_s: float) -> str:
 
 @contextlib.contextmanager
 def _held_stderr():
-    """torch's C++ log lines held back (c10d logs every connection retry with a C++ stack):
-    the failure is reported in one line instead. ``GPUBENCH_DEBUG=1`` shows them."""
+    """What this process writes to stderr meanwhile is held back (c10d logs every connection
+    retry with a C++ stack): written out after all if the block succeeds, dropped if it fails
+    (its failure is reported in one line instead). ``GPUBENCH_DEBUG=1`` shows it as it comes."""
     if os.environ.get("GPUBENCH_DEBUG"):
         yield
         return
@@ -202,7 +203,12 @@ def _held_stderr():
             try:
                 yield
             finally:
+                sys.stderr.flush()
                 os.dup2(saved, 2)
+            held.seek(0)  # reached only when the block succeeded
+            text = held.read()
+            if text:
+                os.write(2, text)
     finally:
         os.close(saved)
 
