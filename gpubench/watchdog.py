@@ -6,8 +6,10 @@ Python handler runs only between the main thread's bytecodes, so a call blocked 
 retries after the signal (a C++ condition variable, a library's socket read) or that spins while
 holding the GIL never returns to it. ``time_limit`` therefore stops in three stages:
 
-1. at the limit, SIGALRM (``setitimer``) runs a handler in the main thread that raises ``error``
-   with one line naming what hung and the limit. A sleep, a lock, ``Event.wait``, a queue, a
+1. at the limit, SIGALRM (``setitimer``; again from the watchdog thread to the main thread a
+   moment later, should the process have handed the first to another thread, or the block
+   swallowed the exception) runs a handler in the main thread that raises ``error`` with one
+   line naming what hung and the limit. A sleep, a lock, ``Event.wait``, a queue, a
    socket read in Python, a Python loop, a DataLoader waiting for its workers: all end here,
    the case fails with that line and the run goes on;
 2. ``grace_s`` later, if the main thread is still inside the block (it could not be interrupted,
@@ -62,11 +64,11 @@ class Hung(TimeoutError):
 
 
 class _Limit:
-    __slots__ = ("deadline", "done", "grace_s", "message")
+    __slots__ = ("deadline", "done", "grace_s", "kicked", "message")
 
     def __init__(self, deadline: float, message: str, grace_s: float):
         self.deadline, self.message, self.grace_s = deadline, message, grace_s
-        self.done = False
+        self.done = self.kicked = False
 
 
 _lock = threading.Lock()
@@ -131,6 +133,13 @@ def _watch() -> None:
         limit, now = _active, time.monotonic()
         if limit is not None and not limit.done and now > limit.deadline + limit.grace_s:
             _hard_stop(limit)
+        if limit is not None and not limit.done and not limit.kicked \
+                and now > limit.deadline + POLL_S:
+            # The timer's SIGALRM went to the process, which may hand it to another thread:
+            # this one goes to the main thread, whose blocked call it interrupts.
+            limit.kicked = True
+            with contextlib.suppress(Exception):
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
         if _fault_until and _active is None and now - _last_end > IDLE_CANCEL_S:
             with _lock:
                 if _active is None and _fault_until:  # no limit began meanwhile
@@ -178,7 +187,8 @@ def time_limit(seconds: float | None, message: str, *, error: type[BaseException
     limit = _Limit(start + seconds, message, grace)
 
     def on_alarm(signum, frame):
-        if not limit.done:
+        # A late signal (the watchdog's, meant for a limit that ended) finds a later deadline.
+        if not limit.done and time.monotonic() >= limit.deadline - 0.01:
             stop = error(message)
             stop.gpubench_time_limit = True  # what ``is_time_limit`` looks for
             raise stop

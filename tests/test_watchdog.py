@@ -40,6 +40,20 @@ def test_a_blocked_call_ends_at_its_limit(block):
     time.sleep(0.4)  # no alarm is left behind
 
 
+def test_a_swallowed_stop_comes_again_before_the_process_is_ended():
+    """The watchdog thread signals the main thread once more (also where the process handed
+    the timer's signal to another thread)."""
+    start = time.monotonic()
+    with pytest.raises(watchdog.Hung):
+        with watchdog.time_limit(0.3, "x", grace_s=30):
+            try:
+                time.sleep(60)
+            except watchdog.Hung:
+                pass
+            time.sleep(60)
+    assert time.monotonic() - start < 3
+
+
 def test_a_limit_leaves_fast_work_and_other_alarms_alone():
     with watchdog.time_limit(5, "x"):
         pass
