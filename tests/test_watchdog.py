@@ -25,6 +25,22 @@ from gpubench.measure import CaseTimeout, InProcess
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _fail_instead_of_hanging(request):
+    """Should the watchdog break, these tests would hang: the test process is ended with a
+    line naming the test instead (by a thread of its own, not the watchdog under test)."""
+    done = threading.Event()
+
+    def guard():
+        if not done.wait(60):
+            os.write(2, f"\n{request.node.nodeid} hung: the time limit did not stop it\n".encode())
+            os._exit(1)
+
+    threading.Thread(target=guard, daemon=True).start()
+    yield
+    done.set()
+
+
 @pytest.mark.parametrize("block", [
     lambda: threading.Event().wait(),
     lambda: time.sleep(60),

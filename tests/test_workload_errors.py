@@ -3,6 +3,7 @@ any case runs: ``build_model`` or ``make_batch`` raising, or blocking past the l
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -56,10 +57,19 @@ def test_a_workload_that_raises_is_one_line(factory, message):
 
 
 def test_a_workload_that_blocks_fails_its_check_in_time():
+    done = threading.Event()  # a broken limit would hang here: end the test process instead
+
+    def guard():
+        if not done.wait(60):
+            os.write(2, b"\ntest_a_workload_that_blocks_fails_its_check_in_time hung\n")
+            os._exit(1)
+
+    threading.Thread(target=guard, daemon=True).start()
     start = time.monotonic()
     with pytest.raises(WorkloadError, match=r"blocking_build: checking it \(build_model, "
                        r"make_batch, one forward\) did not finish within 1 s \(hung\?\)$"):
         validate(resolve(SPEC + "blocking_build", "smoke"), timeout_s=1)
+    done.set()
     assert time.monotonic() - start < 5
 
 
