@@ -62,8 +62,9 @@ def pytest_addoption(parser):
                     help="time cases without a paired baseline round before each round (faster; "
                     "speedups then compare cases measured minutes apart)")
     group.addoption("--gpubench-timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                    help="seconds a multi-process case's rank may take per command before the "
-                    f"case fails as hung (default {DEFAULT_TIMEOUT_S:g})")
+                    help="seconds each command of a case (build, data, check, steps; in this "
+                    "process or in a rank) may take before the case fails as hung (default "
+                    f"{DEFAULT_TIMEOUT_S:g})")
     group.addoption("--gpubench-no-storage-probe", action="store_true",
                     help="skip the read-throughput probe of the data folder's disk (run once "
                     "when the cases read on-disk data; about a second)")

@@ -367,6 +367,10 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         raise Interrupted(signum)
     failures = (f"; {failed} failed (one line each in summary.md, tracebacks in "
                 f"{logs_dir(json_path)}/)" if failed else "")
+    if code == 124:  # gpubench.watchdog ended it: a call no exception could reach hung
+        print(f"gpubench: an in-process case hung past --timeout in code no exception reaches "
+              f"(its stacks are above); {kept} finished case(s) kept in {json_path} (the same "
+              "command with --resume runs the rest)", file=sys.stderr, flush=True)
     if code < 0:
         why = " (out of memory?)" if -code == signal.SIGKILL else ""
         print(f"gpubench: the benchmark process was killed by {signal_name(-code)}{why}; "
@@ -392,7 +396,7 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
     print(f"gpubench: {kept} finished case(s) in {json_path}{failures}"
           + ("" if wrote else "; summary and charts not written"),
           file=sys.stderr if failed or code else sys.stdout)
-    if code < 0:
+    if code < 0 or code == 124:
         return 1
     if code == 2:  # pytest stopped the session early (a result it could not write)
         print("gpubench: the run stopped before its last case (pytest exit code 2)",
@@ -685,8 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "to 4 times --rounds (default: cpu 0.6, other profiles 0; 0 when --rounds "
                      "is given)")
     run.add_argument("--timeout", type=positive, default=None,
-                     help="seconds a multi-process rank may take per command before the case "
-                     "fails as hung (default 300)")
+                     help="seconds each command of a case (its build, data, check, steps; in "
+                     "this process or in a rank) may take before the case fails as hung "
+                     "(default 300)")
     run.add_argument("--threads", type=non_negative_int, default=0,
                      help="torch.set_num_threads (default, or 0: torch's choice)")
     run.add_argument("--unpaired", action="store_true",
@@ -767,7 +772,8 @@ def build_parser() -> argparse.ArgumentParser:
     case.add_argument("--max-time", type=non_negative, default=None,
                       help="seconds of timed rounds; slower steps run fewer rounds, at least 6")
     case.add_argument("--timeout", type=positive, default=300.0,
-                      help="seconds a multi-process rank may take per command (default 300)")
+                      help="seconds each command of the case (build, data, check, steps; in "
+                      "this process or in a rank) may take before it fails as hung (default 300)")
     case.add_argument("--data-dir", help="folder for generated on-disk datasets "
                       "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
     case.add_argument("-o", "--out", required=True, help="pytest-benchmark JSON file to write")
@@ -816,14 +822,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:
-        return args.func(args)
+        code = args.func(args)
     except ValueError as err:  # bad input: results files, workload specs, configurations
         if os.environ.get("GPUBENCH_DEBUG"):
             raise
         print(f"gpubench: {err}", file=sys.stderr)
-        return 2
+        code = 2
     finally:
         warnings.formatwarning = previous
+    if argv is None:  # the command line, not a caller of main(): a workload's stray thread
+        from gpubench.signals import exit_despite_stray_threads  # does not keep it alive
+
+        exit_despite_stray_threads(code, what="gpubench")
+    return code
 
 
 if __name__ == "__main__":

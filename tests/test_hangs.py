@@ -123,3 +123,17 @@ def test_dist_rank_names_a_rendezvous_nobody_listens_on(tmp_path):
                                f"127.0.0.1:{port} within 2 s:")
     assert "nothing listens there" in lines[0]
     assert took < 40
+
+
+def test_the_gpubench_command_is_not_kept_alive_by_a_workloads_thread():
+    """The command validates each workload (a build and a step) in its own process: a thread
+    that build leaves running is named in one warning and the command exits with its status."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "gpubench", "list", "--profile", "smoke",
+                           "--model", f"{Path(__file__).resolve()}:stray_thread",
+                           "--groups", "precision"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 0, proc.stderr
+    assert "stray-fp32" in proc.stdout
+    assert [line for line in proc.stderr.splitlines() if "user-poller" in line], proc.stderr
