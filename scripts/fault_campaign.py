@@ -1,19 +1,32 @@
 #!/usr/bin/env python3
-"""Fault campaign of issue #15: bad input, signals, output paths, malformed result files, the CI
-gate, leftovers, configuration types, messages and the network, against the installed
-``gpubench`` command and the Python API.
+"""Fault campaign of gpubench: bad input, signals, results that survive kills and full disks,
+output paths, malformed result files, the CI gate, leftovers, configuration types, messages and
+the network, against the installed ``gpubench`` command and the Python API.
 
     . .venv/bin/activate && python scripts/fault_campaign.py [--out results/fault_campaign.txt]
-        [--skip-slow] [--configs N] [--files N] [--seed S]
+        [--skip-slow] [--configs N] [--files N] [--seed S] [--only PART,...]
 
 Every scenario has an explicit pass criterion (exit status in the expected set, exactly one
-stderr line naming the bad value where the issue asks for a one-line error, no "Traceback", no
+stderr line naming the bad value where a one-line error is promised, no "Traceback", no
 process left in the command's session, no socket listening outside 127.0.0.0/8 and ::1 during a
-DDP case, previous results untouched, no hidden temporary left). The generated part builds
-``RunConfig``/``LoaderConfig`` with random field values of every type (only ``ValueError`` may
-be raised; accepted values must have the declared types) and reads randomly damaged result files
-through ``gpubench.results`` (only ``ResultsError`` may be raised; an accepted file must
-summarize). Everything is written under temporary folders; the summary goes to ``--out``.
+DDP case, the earlier results whole (in ``<out>/previous/`` once a new run has set them aside,
+else in place), no hidden temporary left (the run lock ``.benchmark.json.lock`` excepted: it
+may outlive a SIGKILL)).
+
+"Results survive" runs real ``gpubench run`` sessions of a few bert smoke cases and stops them
+after N cases are in ``<out>/cases.jsonl``: SIGKILL of the pytest child, of ``gpubench run`` or
+of both, Ctrl-C as a terminal sends it (SIGINT to the process group) once and twice followed by
+``--resume``, SIGTERM while the charts are drawn, ``--out`` on a tmpfs mount point or through a
+symlink, a tmpfs that fills during the cases, during the charts and under ``gpubench report -o``,
+failing cases, two runs into one folder, and plain ``pytest --benchmark-json`` killed; what
+finished must be in ``<out>/benchmark.json`` and shown by ``gpubench summary``. The tmpfs
+scenarios need ``mount`` (root); where it fails they are skipped with a note.
+
+The generated part builds ``RunConfig``/``LoaderConfig`` with random field values of every
+type (only ``ValueError`` may be raised; accepted values must have the declared types) and reads
+randomly damaged result files through ``gpubench.results`` (only ``ResultsError`` may be raised;
+an accepted file must summarize). Everything is written under temporary folders; the summary
+goes to ``--out``.
 
 The result-file matrix (every damaged file through summary, report, compare as NEW and as BASE,
 export and advise) runs in child Python processes that call ``gpubench.cli.main(argv)`` exactly
@@ -33,6 +46,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -169,6 +183,167 @@ def hidden_entries(folder: Path, allowed: set[str] = frozenset()) -> list[str]:
             if name.startswith(".") and name not in allowed:
                 found.append(os.path.relpath(os.path.join(dirpath, name), folder))
     return found
+
+
+LOCK_NAMES = frozenset({".benchmark.json.lock"})
+"""The run lock in ``--out``: it exists while a run holds the folder and may remain after a
+SIGKILL of ``gpubench run`` (empty, or holding a pid); not a temporary."""
+
+KEPT = re.compile(r"(\d+) finished case\(s\)")
+
+
+def earlier_results_whole(out: Path, before: dict[str, bytes]) -> list[str]:
+    """The earlier run's files byte for byte: in ``<out>/previous/`` when a run set them aside,
+    else in ``<out>`` itself (and then nothing else there but the lock)."""
+    previous = out / "previous"
+    if previous.is_dir():
+        after, where = snapshot(previous), "out/previous"
+    else:
+        after = {k: v for k, v in snapshot(out).items() if k not in LOCK_NAMES}
+        where = "out"
+    if after == before:
+        return []
+    changed = sorted(set(after) ^ set(before)) or sorted(k for k in before
+                                                         if after.get(k) != before[k])
+    return [f"earlier results not whole in {where}: {changed[:6]}"]
+
+
+def result_records(json_path: Path) -> tuple[list[dict] | None, str]:
+    """The records of a pytest-benchmark file, or None and why not."""
+    try:
+        data = json.loads(json_path.read_text())
+    except FileNotFoundError:
+        return None, f"{json_path.name} missing"
+    except (OSError, ValueError) as err:
+        return None, f"{json_path.name} not valid JSON: {str(err)[:80]}"
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list) \
+            or "machine_info" not in data:
+        return None, f"{json_path.name} is not a pytest-benchmark file"
+    bad = [b.get("name") for b in data["benchmarks"]
+           if not isinstance(b, dict) or not (b.get("stats") or {}).get("data")]
+    if bad:
+        return None, f"{json_path.name}: records without rounds: {bad[:3]}"
+    return data["benchmarks"], ""
+
+
+def kept_as_said(out: Path, err: str, at_least: int = 0) -> list[str]:
+    """What the run's stderr says was kept ("N finished case(s)") is in ``<out>/benchmark.json``
+    (exactly N records), and at least ``at_least`` cases were kept (a line that says the run
+    was stopped after its results were written names no count: the file must hold them)."""
+    said = [int(n) for n in KEPT.findall(err)]
+    if not said and not at_least:
+        return []
+    records, why = result_records(out / "benchmark.json")
+    if records is None:
+        return [f"says {said[-1] if said else 'the results were'} kept, but {why}"]
+    problems = []
+    if said and len(records) != said[-1]:
+        problems.append(f"says {said[-1]} kept, benchmark.json holds {len(records)}")
+    if not said and "after the results were written" not in err:
+        problems.append("stderr does not say how many cases were kept")
+    if len(records) < at_least:
+        problems.append(f"{len(records)} case(s) kept, expected >= {at_least}")
+    return problems
+
+
+def journal_of(json_path: Path) -> Path:
+    """The journal beside a result file (as ``gpubench.journal.journal_path``)."""
+    return json_path.with_name("cases.jsonl" if json_path.name == "benchmark.json"
+                               else f"{json_path.stem}.cases.jsonl")
+
+
+def journal_entries(path: Path) -> list[dict]:
+    """The parsed lines of a journal (a line cut short by a kill is skipped, as gpubench
+    does)."""
+    entries = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return entries
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
+
+
+def journal_cases(path: Path) -> list[dict]:
+    return [e for e in journal_entries(path) if e.get("type") == "case"]
+
+
+def journal_passed(path: Path) -> dict[str, dict]:
+    """nodeid -> record of the cases a journal lists as passed (the last outcome counts)."""
+    passed: dict[str, dict] = {}
+    for e in journal_cases(path):
+        passed.pop(e.get("nodeid"), None)
+        if e.get("outcome") == "passed" and isinstance(e.get("record"), dict):
+            passed[e["nodeid"]] = e["record"]
+    return passed
+
+
+def pytest_child(sid: int, leader: int) -> int | None:
+    """The pytest process of ``gpubench run`` (session ``sid``, itself ``leader``)."""
+    for pid in session_processes(sid):
+        if pid == leader:
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pytest" in cmdline:
+            return pid
+    return None
+
+
+class Started:
+    """A command started in a session of its own, stdout and stderr to files (no pipe to keep
+    reading while waiting for it)."""
+
+    def __init__(self, argv: list[str], folder: Path, env: dict, tag: str = "cmd"):
+        self.argv = argv
+        self.stdout = folder / f"{tag}.stdout"
+        self.stderr = folder / f"{tag}.stderr"
+        self.start = time.monotonic()
+        with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=ROOT,
+                                         start_new_session=True, stdin=subprocess.DEVNULL)
+        self.pid = self.proc.pid
+
+    def err_text(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+    def wait_for(self, ready: Callable[[], bool], timeout: float = 240) -> str | None:
+        """Poll ``ready`` every 50 ms; why it never became true, or None."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.proc.poll() is not None:
+                return (f"ended (exit {self.proc.returncode}) before it was ready: "
+                        f"{self.err_text()[-300:]!r}")
+            if time.monotonic() > deadline:
+                return f"not ready after {timeout:.0f} s"
+            time.sleep(0.05)
+        return None
+
+    def wait_cases(self, journal: Path, n: int, timeout: float = 240) -> str | None:
+        why = self.wait_for(lambda: len(journal_cases(journal)) >= n, timeout)
+        return None if why is None else f"{n} case lines in {journal.name}: {why}"
+
+    def finish(self, timeout: float = 120) -> Proc:
+        """Wait for it to exit; count what is left in its session for up to 10 s."""
+        problems = ""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            problems = f"\n[campaign: did not exit within {timeout:.0f} s]"
+        left = wait_session_gone(self.pid, 10)
+        kill_session(self.pid)
+        self.proc.kill()
+        rc = self.proc.wait() if not problems else -999
+        return Proc(self.argv, rc, self.stdout.read_text(errors="replace"),
+                    self.err_text() + problems, left, time.monotonic() - self.start)
 
 
 # -- result files ------------------------------------------------------------------------------
@@ -403,6 +578,9 @@ class Campaign:
         self.outcomes: list[Outcome] = []
         self.generated: dict[str, list] = {}
         self.counter = 0
+        self.mounts: list[Path] = []
+        self.notes: list[str] = []
+        self.before_charts: dict[Path, int] | None = None
 
     def tmp(self, tag: str) -> Path:
         self.counter += 1
@@ -931,16 +1109,23 @@ class Campaign:
 
     # -- signals, leftovers, sockets, messages: real runs ---------------------------------------
 
-    def _previous(self, folder: Path) -> tuple[Path, dict]:
-        out = folder / "results"
-        out.mkdir()
+    def _previous(self, folder: Path, name: str = "results") -> tuple[Path, dict]:
+        """An earlier run's results in ``folder/name`` and their snapshot."""
+        out = folder / name
+        out.mkdir(exist_ok=True)
         (out / "benchmark.json").write_text(json.dumps(base_results()))
         (out / "speedup.png").write_bytes(b"old chart")
         return out, snapshot(out)
 
     def _signalled_run(self, name: str, sig: int, trigger: str, after_s: float, extra: list,
                        *, sockets: bool = False, charts: bool = False,
-                       finished_ok: bool = False, next_run: bool = False) -> None:
+                       keeps_cases: bool = False, next_run: bool = False) -> None:
+        """``gpubench run`` into a folder holding an earlier run, ``sig`` sent ``after_s``
+        after ``trigger`` appears on its stdout. Pass: the exit status of the signal, one
+        stderr line naming it (not for SIGKILL), the earlier results whole (in ``previous/``
+        when the run set them aside, else in place), the finished cases the line names in
+        ``<out>/benchmark.json`` (``keeps_cases``: at least one), no process or hidden
+        temporary left (the lock excepted)."""
         folder = self.tmp("sig")
         out, before = self._previous(folder)
         env = {**ENV, "GPUBENCH_DATA_DIR": str(folder / "data")}
@@ -983,19 +1168,14 @@ class Campaign:
         names = [f"gpubench: interrupted ({signal.Signals(sig).name})"] if one_line else []
         problems += check(p, (128 + sig if one_line else -signal.SIGKILL,),
                           one_line=one_line, names=names)
-        after = snapshot(out)
-        published = "after the results were written" in p.err  # the signal came too late
-        if after != before and not (finished_ok and published
-                                    and {"benchmark.json", "summary.md"} <= set(after)):
-            problems.append("previous results changed: "
-                            f"{sorted(set(after) ^ set(before)) or 'contents'}")
-        if next_run:  # what SIGKILL left (a staging folder) goes when the next run starts
+        problems += earlier_results_whole(out, before)
+        problems += kept_as_said(out, p.err, at_least=1 if keeps_cases else 0)
+        if next_run:  # what SIGKILL left goes when the next run starts; the earlier run stays
             nxt = run_cmd(["run", "--profile", "smoke", "--models", "bert", "-k", "nosuchcase",
                            "--no-charts", "--out", str(out)], env=env)
             problems += [f"next run: {x}" for x in check(nxt, (1, 5))]
-            if snapshot(out) != before:
-                problems.append("next run changed the previous results")
-        hidden = hidden_entries(folder)
+            problems += [f"after the next run: {x}" for x in earlier_results_whole(out, before)]
+        hidden = hidden_entries(folder, LOCK_NAMES)
         if hidden:
             problems.append(f"hidden temporaries left: {hidden[:4]}")
         self.record("signals", name, problems, p.seconds)
@@ -1017,14 +1197,762 @@ class Campaign:
         self._signalled_run("SIGINT to gpubench run mid-DDP-case", signal.SIGINT, *ddp,
                             sockets=True)
         self._signalled_run("SIGTERM to gpubench run mid-DDP-case", signal.SIGTERM, *ddp)
-        self._signalled_run("SIGKILL to gpubench run mid-DDP-case: no orphans, its staging "
-                            "folder removed when the next run starts", signal.SIGKILL, *ddp,
+        self._signalled_run("SIGKILL to gpubench run mid-DDP-case: no orphans; after the next "
+                            "run the earlier results are whole", signal.SIGKILL, *ddp,
                             next_run=True)
         one_case = ["-k", "zerofill", "--rounds", "6", "--warmup", "0"]
-        self._signalled_run("SIGTERM as pytest finishes (its clean-up)", signal.SIGTERM,
-                            "passed, ", 0.0, one_case)
-        self._signalled_run("SIGTERM while summary and charts are written", signal.SIGTERM,
-                            "passed, ", 1.5, one_case, charts=True, finished_ok=True)
+        self._signalled_run("SIGTERM as pytest finishes (its clean-up): the case kept",
+                            signal.SIGTERM, "passed, ", 0.0, one_case, keeps_cases=True)
+        self._signalled_run("SIGTERM while summary and charts are written: the case kept in "
+                            "out/benchmark.json", signal.SIGTERM, "passed, ", 1.5, one_case,
+                            charts=True, keeps_cases=True)
+
+    # -- results survive: real runs -----------------------------------------------------------
+
+    SURVIVE = ["--profile", "smoke", "--models", "bert", "--groups",
+               "precision,accumulation,optimizer,memory", "--no-charts"]
+    """Seven in-process bert step cases (a second or two each), then the claims and harness
+    checks (12 cases on this machine): long enough to stop in the middle."""
+    SEVEN_STEP_CASES = {"bert-fp32", "bert-fp16", "bert-bf16", "bert-fp32-accum2-mb2",
+                        "bert-fp32-adamw_fused", "bert-fp32-zerofill", "bert-fp32-ckpt"}
+    ONE_CASE = ["--profile", "smoke", "--models", "bert", "-k", "bert-fp32-zerofill",
+                "--no-charts"]
+    FAILING = f"{ROOT / 'tests' / 'data' / 'failing_workload.py'}:workload"
+    DERIVED = {"benchmark.json", "cases.jsonl", "summary.md", "memory.json", "advice.md"}
+    """What ``gpubench run`` writes before the charts."""
+
+    def _env(self) -> dict:
+        return {**ENV, "GPUBENCH_DATA_DIR": str(self.work / "survive-data")}
+
+    def mount_tmpfs(self, where: Path, size: str) -> str | None:
+        """Mount a tmpfs of ``size`` on ``where`` (unmounted when the campaign ends); why it
+        could not be mounted, or None."""
+        where.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                   str(where)], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return str(err)
+        if done.returncode != 0:
+            return done.stderr.strip() or f"mount exited {done.returncode}"
+        self.mounts.append(where)
+        return None
+
+    def unmount_all(self) -> None:
+        for where in reversed(self.mounts):
+            subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+        self.mounts.clear()
+
+    def skip(self, category: str, name: str, why: str) -> None:
+        self.notes.append(f"[{category}] {name}: skipped: {why}")
+        print(f"  skip [{category}] {name}: {why}", flush=True)
+
+    def summary_shows_journal(self, json_path: Path) -> list[str]:
+        """``json_path`` is valid pytest-benchmark JSON holding every case the journal beside
+        it lists as passed (at most one more: the file is written before the journal line),
+        and ``gpubench summary json_path`` shows each of them (the claims, which it does not
+        tabulate, in the file only)."""
+        passed = journal_passed(journal_of(json_path))
+        records, why = result_records(json_path)
+        if records is None:
+            return [why]
+        problems = []
+        if not passed:
+            problems.append(f"{journal_of(json_path).name} lists no passed case")
+        in_file = {r.get("fullname") for r in records}
+        missing = [n.split("::")[-1] for n, r in passed.items()
+                   if r.get("fullname") not in in_file]
+        if missing:
+            problems.append(f"journal's cases not in {json_path.name}: {missing[:3]}")
+        if len(records) > len(passed) + 1:
+            problems.append(f"{json_path.name} holds {len(records)} records, the journal "
+                            f"{len(passed)}")
+        p = run_cmd(["summary", str(json_path)], env=self._env())
+        problems += [f"gpubench summary: {x}" for x in check(p, (0,))]
+        hidden = [cid for r in passed.values()
+                  if (cid := (r.get("extra_info") or {}).get("case_id"))
+                  and (r.get("extra_info") or {}).get("kind") != "claim"
+                  and f"| {cid} " not in p.out]
+        if hidden:
+            problems.append(f"gpubench summary does not show {hidden[:4]}")
+        return problems
+
+    def _sigkill_after_two(self, victim: str) -> None:
+        folder = self.tmp("kill")
+        out, before = self._previous(folder)
+        run = Started([*GPUBENCH, "run", *self.SURVIVE, "--out", str(out)], folder, self._env())
+        problems = []
+        why = run.wait_cases(out / "cases.jsonl", 2)
+        child = None if why else pytest_child(run.pid, run.pid)
+        if why:
+            problems.append(why)
+        elif child is None:
+            problems.append("no pytest child found")
+        else:
+            if victim in ("child", "both"):
+                os.kill(child, signal.SIGKILL)
+            if victim in ("parent", "both"):
+                os.kill(run.pid, signal.SIGKILL)
+        p = run.finish()
+        if victim == "child":  # the parent lives on: one line, then the summary of what finished
+            records = result_records(out / "benchmark.json")[0] or []
+            line = (f"gpubench: the benchmark process was killed by SIGKILL (out of memory?); "
+                    f"{len(records)} finished case(s) kept in {out / 'benchmark.json'}")
+            problems += check(p, (1,), names=[line])
+            if not (out / "summary.md").is_file():
+                problems.append("no summary.md of the finished cases")
+        else:
+            problems += check(p, (-signal.SIGKILL,))
+        problems += self.summary_shows_journal(out / "benchmark.json")
+        if len(journal_passed(out / "cases.jsonl")) < 2:
+            problems.append("fewer than 2 cases kept")
+        hidden = hidden_entries(out, LOCK_NAMES)
+        if hidden:
+            problems.append(f"hidden files left: {hidden[:4]}")
+        problems += earlier_results_whole(out, before)
+        what = {"child": "the pytest child", "parent": "gpubench run",
+                "both": "gpubench run and its pytest child"}[victim]
+        self.record("results survive", f"SIGKILL of {what} after 2 cases: gpubench summary "
+                    "shows every journaled case, no process or hidden file left", problems,
+                    p.seconds)
+
+    def _ctrl_c(self, presses: int) -> None:
+        folder = self.tmp("ctrlc")
+        out, before = self._previous(folder)
+        argv = ["run", *self.SURVIVE, "--out", str(out)]
+        run = Started([*GPUBENCH, *argv], folder, self._env())
+        problems = []
+        why = run.wait_cases(out / "cases.jsonl", 2)
+        if why:
+            problems.append(why)
+        else:
+            for _ in range(presses):  # a terminal's Ctrl-C: SIGINT to the foreground group
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.pid, signal.SIGINT)
+                time.sleep(0.3)
+        p = run.finish()
+        records = result_records(out / "benchmark.json")[0] or []
+        line = (f"gpubench: interrupted (SIGINT) while running the cases; {len(records)} "
+                f"finished case(s) kept in {out}/benchmark.json (the same command with "
+                "--resume runs the rest)")
+        problems += check(p, (130,), one_line=True, names=[line])
+        if len(records) < 2:
+            problems.append(f"{len(records)} case(s) kept, expected >= 2")
+        problems += self.summary_shows_journal(out / "benchmark.json")
+        problems += earlier_results_whole(out, before)
+        hidden = hidden_entries(out, LOCK_NAMES)
+        if hidden:
+            problems.append(f"hidden files left: {hidden[:4]}")
+        kept = journal_passed(out / "cases.jsonl")
+        self.record("results survive", f"Ctrl-C {'twice' if presses == 2 else 'once'} "
+                    "(SIGINT to the process group) after 2 cases: exit 130, one line naming "
+                    "the kept cases", problems, p.seconds)
+        # --resume with the same options: only the rest is measured
+        r = run_cmd([*argv, "--resume"], env=self._env(), timeout=400)
+        problems = check(r, (0,))
+        if f"resuming: {len(kept)} finished case(s)" not in r.out:
+            problems.append(f"does not say it resumes {len(kept)} finished case(s)")
+        cases = journal_cases(out / "cases.jsonl")
+        nodeids = [e.get("nodeid") for e in cases]
+        twice = sorted({n.split("::")[-1] for n in nodeids if nodeids.count(n) > 1})
+        if twice:
+            problems.append(f"measured twice: {twice[:4]}")
+        failed = [e.get("nodeid", "?").split("::")[-1] for e in cases
+                  if e.get("outcome") != "passed"]
+        if failed:
+            problems.append(f"failed: {failed[:4]}")
+        after = journal_passed(out / "cases.jsonl")
+        if not set(kept) <= set(after):
+            problems.append("cases kept before the resume are gone")
+        ids = {(r.get("extra_info") or {}).get("case_id") for r in after.values()}
+        if not self.SEVEN_STEP_CASES <= ids:
+            problems.append(f"missing after the resume: {sorted(self.SEVEN_STEP_CASES - ids)}")
+        problems += self.summary_shows_journal(out / "benchmark.json")
+        times = "twice" if presses == 2 else "once"
+        self.record("results survive", f"--resume after Ctrl-C {times}: exit 0, measures only "
+                    "the rest (no case twice)", problems, r.seconds)
+
+    def _sigterm_in_charts(self) -> None:
+        folder = self.tmp("charts")
+        out, before = self._previous(folder)
+        argv = [*GPUBENCH, "run", "--profile", "smoke", "--models", "bert", "--groups",
+                "precision", "--out", str(out)]
+        run = Started(argv, folder, self._env())
+        problems = []
+        why = run.wait_for(lambda: (out / "advice.md").exists(), 300)  # charts come next
+        if why:
+            problems.append(f"advice.md: {why}")
+        else:
+            sizes = {p.relative_to(out): p.stat().st_size for p in out.rglob("*")
+                     if p.is_file()}
+            os.kill(run.pid, signal.SIGTERM)
+            self.before_charts = sizes
+        p = run.finish()
+        records = result_records(out / "benchmark.json")[0] or []
+        line = (f"gpubench: interrupted (SIGTERM) while writing the summary and charts; the "
+                f"{len(records)} finished case(s) are in {out}/benchmark.json")
+        problems += check(p, (143,), one_line=True, names=[line])
+        problems += kept_as_said(out, p.err, at_least=1)
+        problems += self.summary_shows_journal(out / "benchmark.json")
+        partial = sorted(q.name for q in out.iterdir() if q.name not in self.DERIVED
+                         and q.suffix in (".png", ".svg", ".md", ".html"))
+        if partial:
+            problems.append(f"charts or report written by the interrupted phase: {partial[:4]}")
+        hidden = hidden_entries(out, LOCK_NAMES)
+        if hidden:
+            problems.append(f"hidden files left: {hidden[:4]}")
+        problems += earlier_results_whole(out, before)
+        self.record("results survive", "SIGTERM while the charts are drawn: the finished "
+                    "cases stay in out/benchmark.json, one line, no chart half-written",
+                    problems, p.seconds)
+
+    def _other_filesystem(self, symlink: bool) -> None:
+        folder = self.tmp("tmpfs")
+        disk = folder / "disk"
+        name = (f"--out {'a symlink to a tmpfs' if symlink else 'a tmpfs mount point'}: "
+                "exit 0, results there, the earlier run in previous/")
+        why = self.mount_tmpfs(disk, "64m")
+        if why:
+            self.skip("results survive", name, f"cannot mount a tmpfs: {why}")
+            return
+        out = folder / "link" if symlink else disk
+        if symlink:
+            out.symlink_to(disk)
+        _, before = self._previous(disk, ".")
+        p = run_cmd(["run", *self.ONE_CASE, "--out", str(out)], env=self._env(), timeout=300)
+        problems = check(p, (0,))
+        records, why = result_records(disk / "benchmark.json")
+        if records is None or len(records) != 1:
+            problems.append(why or f"{len(records)} records, expected 1")
+        if not (disk / "summary.md").is_file():
+            problems.append("no summary.md")
+        problems += earlier_results_whole(disk, before)
+        if out.is_symlink() != symlink:
+            problems.append("the symlink was replaced" if symlink else "became a symlink")
+        hidden = hidden_entries(disk, LOCK_NAMES)
+        if hidden:
+            problems.append(f"hidden files left: {hidden[:4]}")
+        self.record("results survive", name, problems, p.seconds)
+
+    def _full_during_cases(self) -> None:
+        folder = self.tmp("full")
+        out = folder / "small"
+        name = ("a full tmpfs (48k) during the cases: exit 1, first line 'cannot write <file>: "
+                "No space left on device', benchmark.json valid with the cases written before")
+        why = self.mount_tmpfs(out, "48k")
+        if why:
+            self.skip("results survive", name, f"cannot mount a tmpfs: {why}")
+            return
+        p = run_cmd(["run", *self.SURVIVE, "--out", str(out)], env=self._env(), timeout=300)
+        problems = check(p, (1,))
+        lines = stderr_lines(p.err)
+        first = lines[0] if lines else ""
+        if not (first.startswith(f"gpubench: cannot write {out}/")
+                and ": No space left on device; " in first):
+            problems.append(f"first stderr line: {first[:160]!r}")
+        records, why = result_records(out / "benchmark.json")
+        if records is None:
+            problems.append(why)
+        else:
+            said = {int(n) for n in KEPT.findall(p.err)}
+            if said != {len(records)}:
+                problems.append(f"stderr says {sorted(said)} kept, the file holds "
+                                f"{len(records)}")
+            if not 1 <= len(records) < 12:
+                problems.append(f"{len(records)} records (expected some, not all)")
+        stray = [q for q in lines if not q.startswith("gpubench: ")]
+        if stray:
+            problems.append(f"{len(stray)} stderr lines not gpubench's: {stray[0][:100]!r}")
+        hidden = hidden_entries(out, LOCK_NAMES)
+        if hidden:
+            problems.append(f"hidden files left: {hidden[:4]}")
+        self.record("results survive", name, problems, p.seconds)
+
+    def _full_during_charts(self) -> None:
+        name = ("a tmpfs that fills while the charts are drawn: exit 1, one line, the cases "
+                "kept, no chart half-written")
+        sizes = getattr(self, "before_charts", None)
+        if sizes:  # what the same run wrote before its charts, in 4 KiB pages, + a rewrite
+            pages = sum(-(-s // 4096) for s in sizes.values())
+            bench = -(-sizes.get(Path("benchmark.json"), 60_000) // 4096)
+            kib = 4 * (pages + bench) + 96
+        else:
+            kib = 400
+        tried = []
+        for _attempt in range(3):
+            folder = self.tmp("fullcharts")
+            out = folder / "disk"
+            why = self.mount_tmpfs(out, f"{kib}k")
+            if why:
+                self.skip("results survive", name, f"cannot mount a tmpfs: {why}")
+                return
+            _, before = self._previous(out, ".")
+            p = run_cmd(["run", "--profile", "smoke", "--models", "bert", "--groups",
+                         "precision", "--out", str(out)], env=self._env(), timeout=400)
+            named = re.search(r"cannot write (\S+?): ", p.err)
+            file = Path(named.group(1)) if named else None
+            if p.rc == 0:
+                tried.append(f"{kib}k: everything fit")
+                kib = max(64, kib * 2 // 3)
+                continue
+            if file is not None and file.name in self.DERIVED:
+                tried.append(f"{kib}k: full before the charts ({file.name})")
+                kib += 128
+                continue
+            break
+        else:
+            self.record("results survive", name, [f"did not hit the charts phase: "
+                                                   f"{'; '.join(tried)}"])
+            return
+        problems = check(p, (1,), one_line=True, names=["No space left on device"])
+        if file is None or file.suffix not in (".png", ".svg", ".md", ".html"):
+            problems.append(f"the line names no chart or report file: {p.err.strip()[:160]!r}")
+        problems += kept_as_said(out, p.err, at_least=1)
+        problems += self.summary_shows_journal(out / "benchmark.json")
+        partial = sorted(q.name for q in out.iterdir() if q.name not in self.DERIVED
+                         and q.suffix in (".png", ".svg", ".md", ".html"))
+        if partial:
+            problems.append(f"charts or report half-written: {partial[:4]}")
+        hidden = hidden_entries(out, LOCK_NAMES)
+        if hidden:
+            problems.append(f"hidden files left: {hidden[:4]}")
+        problems += earlier_results_whole(out, before)
+        if tried and problems:
+            problems.append(f"sizes tried before: {'; '.join(tried)}")
+        self.record("results survive", f"{name} ({kib}k)", problems, p.seconds)
+
+    def _report_full(self) -> None:
+        folder = self.tmp("reportfull")
+        out = folder / "disk"
+        name = ("gpubench report FILE -o a full tmpfs: non-zero, one line, nothing new in the "
+                "folder")
+        why = self.mount_tmpfs(out, "48k")
+        if why:
+            self.skip("results survive", name, f"cannot mount a tmpfs: {why}")
+            return
+        src = folder / "r.json"
+        src.write_text(json.dumps(base_results()))
+        (out / "keep.txt").write_text("an earlier file\n")
+        before = snapshot(out)
+        p = run_cmd(["report", str(src), "-o", str(out)], env=self._env())
+        problems = check(p, set(range(1, 126)), one_line=True,
+                         names=["No space left on device"])
+        after = snapshot(out)
+        if after != before:
+            problems.append(f"the -o folder changed: {sorted(set(after) ^ set(before))[:4]}")
+        self.record("results survive", name, problems, p.seconds)
+
+    def _all_failing(self) -> None:
+        folder = self.tmp("allfail")
+        out, before = self._previous(folder)
+        p = run_cmd(["run", "--profile", "smoke", "--model", self.FAILING, "--groups",
+                     "precision", "-k", "fp16 or bf16", "--no-charts", "--out", str(out)],
+                    env=self._env(), timeout=300)
+        problems = check(p, set(range(1, 126)))
+        lines = stderr_lines(p.err)
+        if not lines or len(lines) > 2 or any(not q.startswith("gpubench: ") for q in lines):
+            problems.append(f"{len(lines)} stderr lines, expected one or two of gpubench's")
+        elif "failed" not in lines[-1]:
+            problems.append(f"last line does not say the cases failed: {lines[-1][:120]!r}")
+        for bad in ("internal error", "benchmarks: empty", "not a "):
+            if bad in p.err:
+                problems.append(f"says {bad!r}")
+        failed = [e for e in journal_cases(out / "cases.jsonl") if e.get("outcome") == "failed"]
+        ids = sorted(e.get("case_id", "?") for e in failed)
+        if ids != ["fails-amp-bf16", "fails-amp-fp16"]:
+            problems.append(f"failures in cases.jsonl: {ids}")
+        for e in failed:
+            if "RuntimeError" not in str(e.get("reason")):
+                problems.append(f"reason {str(e.get('reason'))[:80]!r}")
+            if not (out / str(e.get("log"))).is_file():
+                problems.append(f"no log {e.get('log')}")
+        problems += earlier_results_whole(out, before)
+        self.record("results survive", "every selected case failing: one line ending, exit "
+                    "non-zero, the failures in cases.jsonl", problems, p.seconds)
+
+    def _failing_among_passing(self) -> None:
+        folder = self.tmp("somefail")
+        out = folder / "out"
+        p = run_cmd(["run", "--profile", "smoke", "--model", self.FAILING, "--groups",
+                     "precision", "--no-charts", "--out", str(out)], env=self._env(),
+                    timeout=300)
+        problems = check(p, (1,))  # check: no traceback on stdout or stderr
+        stray = [q for q in stderr_lines(p.err) if not q.startswith("gpubench: ")]
+        if stray:
+            problems.append(f"{len(stray)} stderr lines not gpubench's: {stray[0][:100]!r}")
+        if "cannot run under autocast" in p.out.split("### Failed cases")[0]:
+            problems.append("the failure's message on the terminal outside the summary table")
+        summary = (out / "summary.md").read_text() if (out / "summary.md").is_file() else ""
+        table = summary.split("### Failed cases", 1)[-1] if "### Failed cases" in summary else ""
+        if not table:
+            problems.append("summary.md has no '### Failed cases' table")
+        for case in ("fails-amp-fp16", "fails-amp-bf16"):
+            if f"| {case} |" not in table:
+                problems.append(f"{case} not in the failed cases table")
+            log = out / "logs" / f"{case}.log"
+            text = log.read_text(errors="replace") if log.is_file() else ""
+            if "raise RuntimeError" not in text or "failing_workload.py" not in text:
+                problems.append(f"logs/{case}.log holds no traceback")
+        advice = (out / "advice.md").read_text() if (out / "advice.md").is_file() else ""
+        if "**case failed**" not in advice:
+            problems.append("advice.md does not say **case failed**")
+        records = result_records(out / "benchmark.json")[0] or []
+        if not any((r.get("extra_info") or {}).get("case_id") == "fails-amp-fp32"
+                   for r in records):
+            problems.append("the passing fp32 case is not in benchmark.json")
+        self.record("results survive", "a failing case among passing ones: no traceback on "
+                    "the terminal, summary.md's failed cases, logs/<case>.log, advice 'case "
+                    "failed'", problems, p.seconds)
+
+    def _two_runs_at_once(self) -> None:
+        folder = self.tmp("twice")
+        out, before = self._previous(folder)
+        argv = ["run", *self.ONE_CASE, "--out", str(out)]
+        first = Started([*GPUBENCH, *argv], folder, self._env(), "first")
+        lock = out / ".benchmark.json.lock"
+
+        def holds() -> bool:
+            with contextlib.suppress(OSError):
+                return lock.read_text().strip() == str(first.pid)
+            return False
+
+        problems = []
+        why = first.wait_for(holds, 120)
+        second = None
+        if why:
+            problems.append(f"the first run's lock: {why}")
+        else:
+            second = run_cmd(argv, env=self._env())
+            problems += [f"second: {x}" for x in check(second, (2,), one_line=True,
+                                                       names=[f"pid {first.pid}", str(out)])]
+            if first.proc.poll() is not None:
+                problems.append("the first had ended before the second was refused")
+        p = first.finish(300)
+        problems += [f"first: {x}" for x in check(p, (0,))]
+        records, why = result_records(out / "benchmark.json")
+        if records is None or len(records) != 1:
+            problems.append(f"first: {why or f'{len(records)} records, expected 1'}")
+        problems += earlier_results_whole(out, before)
+        if lock.exists():
+            problems.append("lock left after both ended")
+        self.record("results survive", "two runs into the same --out at once: the second "
+                    "refused in one line naming the pid (exit 2), the first finishes",
+                    problems, p.seconds + (second.seconds if second else 0))
+
+    def _plain_pytest_killed(self) -> None:
+        folder = self.tmp("plain")
+        json_path = folder / "ci.json"
+        cmd = [sys.executable, "-m", "pytest", "benchmarks/", "-q", "-p", "no:cacheprovider",
+               "--gpubench-profile=smoke", "--gpubench-models=bert", "-k",
+               "bert-fp32-zerofill or bert-bf16 or bert-fp16 or bert-fp32-ckpt",
+               f"--benchmark-json={json_path}"]
+        run = Started(cmd, folder, self._env())
+        journal = journal_of(json_path)
+        problems = []
+        why = run.wait_cases(journal, 1)
+        if why:
+            problems.append(why)
+        else:
+            os.kill(run.pid, signal.SIGKILL)
+        p = run.finish()
+        problems += check(p, (-signal.SIGKILL,))
+        records, why = result_records(json_path)
+        if records is None:
+            problems.append(why)
+        elif not 1 <= len(records) < 4:
+            problems.append(f"{len(records)} records in ci.json, expected 1 to 3")
+        problems += self.summary_shows_journal(json_path)
+        hidden = hidden_entries(folder, {".ci.json.lock"})
+        if hidden:
+            problems.append(f"hidden files left: {hidden[:4]}")
+        self.record("results survive", "plain pytest --benchmark-json=F SIGKILLed after its "
+                    "first case: F valid pytest-benchmark JSON with the finished cases",
+                    problems, p.seconds)
+
+    def results_survive(self) -> None:
+        print("results survive (real runs; slow)", flush=True)
+        for victim in ("child", "parent", "both"):
+            self._sigkill_after_two(victim)
+        for presses in (1, 2):
+            self._ctrl_c(presses)
+        self._sigterm_in_charts()
+        self._full_during_charts()  # sized from what the run above wrote before its charts
+        for symlink in (False, True):
+            self._other_filesystem(symlink)
+        self._full_during_cases()
+        self._report_full()
+        self._all_failing()
+        self._failing_among_passing()
+        self._two_runs_at_once()
+        self._plain_pytest_killed()
+
+    # -- workload faults, hangs and the rendezvous: real runs ----------------------------------
+
+    WORKLOADS = '''"""Workloads of the fault campaign: a stray thread, a build or a batch that
+raises, and images big enough that two loader workers need more shared memory than a small
+/dev/shm."""
+
+import threading
+import time
+
+import torch
+from torch import nn
+
+from gpubench import Workload
+
+
+def _batch(n, g):
+    return torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
+
+
+def stray_thread(profile="smoke"):
+    """build_model leaves a non-daemon thread running (a user's poller)."""
+    def build():
+        threading.Thread(target=time.sleep, args=(600,), name="user-poller").start()
+        return nn.Linear(4, 2)
+
+    return Workload(name="stray", build_model=build, make_batch=_batch, micro_batch=4,
+                    loss_fn=nn.functional.cross_entropy)
+
+
+def raising_build(profile="smoke"):
+    def build():
+        raise RuntimeError("cannot allocate\\nthe embedding table")
+
+    return Workload(name="badbuild", build_model=build, make_batch=_batch, micro_batch=4,
+                    loss_fn=nn.functional.cross_entropy)
+
+
+def raising_batch(profile="smoke"):
+    def make_batch(n, g):
+        raise KeyError("images")
+
+    return Workload(name="badbatch", build_model=lambda: nn.Linear(4, 2),
+                    make_batch=make_batch, micro_batch=4, loss_fn=nn.functional.cross_entropy)
+
+
+def blocking_batch(profile="smoke"):
+    """make_batch blocks for more samples than the validation's two."""
+    def make_batch(n, g):
+        if n > 2:
+            threading.Event().wait()
+        return _batch(n, g)
+
+    return Workload(name="blockbatch", build_model=lambda: nn.Linear(4, 2),
+                    make_batch=make_batch, micro_batch=4, loss_fn=nn.functional.cross_entropy)
+
+
+def shm_images(profile="smoke"):
+    """3 x 64 x 64 float32 images, 256 a batch: 12.6 MB a batch, (2 x 2 + 1) batches for two
+    workers."""
+    return Workload(name="shmimg", build_model=lambda: nn.Sequential(
+                        nn.Flatten(1), nn.Linear(3 * 64 * 64, 2)),
+                    make_batch=lambda n, g: (torch.randn(n, 3, 64, 64, generator=g),
+                                             torch.randint(0, 2, (n,), generator=g)),
+                    micro_batch=256, loss_fn=nn.functional.cross_entropy)
+'''
+
+    def _workloads(self) -> str:
+        """The campaign's workload file (written once); specs are ``<file>:<factory>``."""
+        path = self.work / "campaign_workloads.py"
+        if not path.exists():
+            path.write_text(self.WORKLOADS)
+        return str(path)
+
+    def workload_faults(self) -> None:
+        print("workload faults, hangs, rendezvous (real runs)", flush=True)
+        cat = "workload faults and hangs"
+        spec = self._workloads() + ":"
+        env = self._env()
+        # a workload's stray non-daemon thread does not keep the run alive
+        folder = self.tmp("stray")
+        run = Started([*GPUBENCH, "run", "--profile", "smoke", "--model", spec + "stray_thread",
+                       "-k", "stray-fp32-zerofill", "--no-charts", "--out", str(folder / "out")],
+                      folder, env)
+        stuck = []
+        if run.wait_for(lambda: False, 120) == "not ready after 120 s":  # still running
+            for pid in session_processes(run.pid):  # who is alive, and its threads
+                with contextlib.suppress(OSError):
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    what = "pytest" if b"pytest" in argv else (
+                        "gpubench run" if pid == run.pid else argv[0].decode()[-30:])
+                    threads = len(list(Path(f"/proc/{pid}/task").iterdir()))
+                    stuck.append(f"{what} pid {pid} ({threads} threads)")
+        p = run.finish(5)
+        problems = check(p, (0,)) if not stuck else []
+        if stuck:
+            done = ("after writing its results" if (folder / "out" / "summary.md").is_file()
+                    else "results not written")
+            problems.append(f"still running after 120 s ({done}): {'; '.join(stuck)}")
+        warned = [q for q in stderr_lines(p.err) if "non-daemon" in q and "'user-poller'" in q]
+        if not warned:
+            problems.append("no warning naming the 'user-poller' thread")
+        self.record(cat, "gpubench run of a workload whose build_model leaves a non-daemon "
+                    "thread: exits 0 within 120 s, the thread named in a warning", problems,
+                    p.seconds)
+        p = run_cmd(["benchmarks/test_training_step.py", "-q", "-p", "no:cacheprovider",
+                     "--gpubench-profile=smoke", f"--gpubench-models={spec}stray_thread",
+                     "-k", "stray-fp32-zerofill", "--benchmark-disable"],
+                    prefix=[sys.executable, "-m", "pytest"], env=env, timeout=150)
+        problems = check(p, (0,))
+        warned = [q for q in stderr_lines(p.err) if "non-daemon" in q]
+        if len(warned) != 1 or "'user-poller'" not in warned[0]:
+            problems.append(f"{len(warned)} warnings naming a non-daemon thread")
+        if "1 passed" not in p.out:
+            problems.append("pytest does not say '1 passed'")
+        if p.seconds > 60:
+            problems.append(f"took {p.seconds:.0f} s")
+        self.record(cat, "plain pytest of that workload: ends with pytest's status within 60 s, "
+                    "one warning naming the thread", problems, p.seconds)
+        # an in-process case whose make_batch blocks: bounded by --timeout
+        folder = self.tmp("block")
+        p = run_cmd(["case", "--model", spec + "blocking_batch", "--profile", "smoke",
+                     "--timeout", "2", "-o", str(folder / "one.json")], env=env, timeout=120)
+        problems = check(p, (1,), one_line=True, names=[
+            "blockbatch-fp32: building the case (model, data, optimizer) did not finish within "
+            "2 s (hung?)", "--timeout"])
+        if (folder / "one.json").exists():
+            problems.append("one.json written")
+        if p.seconds > 40:
+            problems.append(f"took {p.seconds:.0f} s")
+        self.record(cat, "gpubench case of a workload whose make_batch blocks, --timeout 2: "
+                    "one line naming the case and phase, exit 1, in time", problems, p.seconds)
+        out = folder / "out"
+        p = run_cmd(["run", "--profile", "smoke", "--model", spec + "blocking_batch", "-k",
+                     "blockbatch-fp32-zerofill", "--timeout", "2", "--no-charts", "--out",
+                     str(out)], env=env, timeout=180)
+        problems = check(p, set(range(1, 126)))
+        failed = [e for e in journal_cases(out / "cases.jsonl") if e.get("outcome") == "failed"]
+        if len(failed) != 1 or "did not finish within 2 s" not in str(failed[0].get("reason")):
+            problems.append(f"cases.jsonl failures: "
+                            f"{[str(e.get('reason'))[:100] for e in failed]}")
+        stray = [q for q in stderr_lines(p.err) if not q.startswith("gpubench: ")]
+        if stray:
+            problems.append(f"{len(stray)} stderr lines not gpubench's: {stray[0][:100]!r}")
+        if p.seconds > 90:
+            problems.append(f"took {p.seconds:.0f} s")
+        self.record(cat, "gpubench run of that case, --timeout 2: the case fails as hung (its "
+                    "reason in cases.jsonl), the run ends in time", problems, p.seconds)
+        # gpubench report on a file without a model's FP32 baseline
+        folder = self.tmp("nobase")
+        try:
+            data = json.loads((ROOT / "results" / "cpu" / "benchmark.json").read_text())
+        except (OSError, ValueError) as err:
+            data = None
+            self.skip(cat, "gpubench report without a baseline", f"results/cpu: {err}")
+        if data is not None:
+            data["benchmarks"] = [b for b in data["benchmarks"]
+                                  if b["extra_info"].get("model") == "resnet18"
+                                  and b["extra_info"].get("group") == "accumulation"
+                                  and not b["extra_info"].get("is_baseline")]
+            src = folder / "partial.json"
+            src.write_text(json.dumps(data))
+            p = run_cmd(["report", str(src), "-o", str(folder / "report")], env=env)
+            problems = check(p, (0,))
+            if p.err.strip():
+                problems.append(f"stderr: {p.err.strip()[:160]!r}")
+            md = folder / "report" / "report.md"
+            text = md.read_text() if md.is_file() else ""
+            if "no fp32 baseline record of model resnet18 in partial.json" not in text:
+                problems.append("report.md does not name the missing baseline")
+            if "- accumulation: not drawn: no FP32 baseline record" not in text:
+                problems.append("report.md does not say why the accumulation chart is missing")
+            if not (folder / "report" / "report.html").is_file():
+                problems.append("no report.html")
+            self.record(cat, "gpubench report of resnet18's accumulation records without their "
+                        "FP32 baseline: exit 0, says what is missing", problems, p.seconds)
+        # a non-zero rank whose rendezvous cannot be reached
+        import socket
+
+        for what, listening, words in (("another service there", True,
+                                        "accepted the connection but never answered"),
+                                       ("nobody listening", False, "nothing listens there")):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                if listening:
+                    sock.listen()
+                port = sock.getsockname()[1]
+                denv = {**env, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port)}
+                p = run_cmd(["dist", "--model", "resnet18", "--profile", "smoke", "--device",
+                             "cpu", "--timeout", "2", "--out", str(self.tmp("dist") / "o.json")],
+                            env=denv, timeout=90)
+            problems = check(p, (1,), one_line=True,
+                             names=[f"gpubench dist: rank 1 could not join the rendezvous at "
+                                    f"127.0.0.1:{port} within 2 s:", words])
+            if p.seconds > 40:
+                problems.append(f"took {p.seconds:.0f} s")
+            self.record(cat, f"gpubench dist rank 1, MASTER_PORT {what}: one line naming the "
+                        "address within --timeout, exit 1", problems, p.seconds)
+        # a workload's own code raising: the documented one-line error, exit 2, nothing run
+        for factory, message in (
+                ("raising_build", "build_model() raised RuntimeError: cannot allocate the "
+                                  "embedding table"),
+                ("raising_batch", "make_batch(2, generator) raised KeyError: 'images'")):
+            line = f"gpubench: workload {spec}{factory}: {message}"
+            for command in (["run", "--no-charts"], ["list"], ["case"]):
+                folder = self.tmp("wlerr")
+                extra = {"run": ["--out", str(folder / "out")],
+                         "case": ["-o", str(folder / "one.json")]}.get(command[0], [])
+                p = run_cmd([*command, "--profile", "smoke", "--model", spec + factory, *extra],
+                            env=env, timeout=120)
+                problems = check(p, (2,), one_line=True, names=[line])
+                if list(folder.iterdir()):
+                    problems.append(f"wrote {[q.name for q in folder.iterdir()]}")
+                self.record(cat, f"gpubench {command[0]} of a workload whose "
+                            f"{factory.split('_')[1]} raises: one line, exit 2, nothing written",
+                            problems, p.seconds)
+        # checkpointing a model with no blocks: gpubench list says so; the case skips
+        lstm = str(ROOT / "tests" / "data" / "lstm_workload.py") + ":workload"
+        p = run_cmd(["list", "--profile", "smoke", "--model", lstm, "--groups", "memory"],
+                    env=env)
+        problems = check(p, (0,))
+        rows = {q.split()[0]: q for q in p.out.splitlines() if q.strip()}
+        if "skips here: activation checkpointing of lstm: no nn.ModuleList/nn.Sequential" \
+                not in rows.get("lstm-fp32-ckpt", ""):
+            problems.append(f"lstm-fp32-ckpt row: {rows.get('lstm-fp32-ckpt', '(none)')!r}")
+        if "skips" in rows.get("lstm-fp32-zerofill", "skips"):
+            problems.append("lstm-fp32-zerofill missing or skipping")
+        self.record(cat, "gpubench list of an LSTM: its checkpointing case skips, with the "
+                    "reason", problems, p.seconds)
+        folder = self.tmp("lstm")
+        p = run_cmd(["run", "--profile", "smoke", "--model", lstm, "--groups", "memory", "-k",
+                     "ckpt", "--no-charts", "--out", str(folder / "out")], env=env, timeout=200)
+        problems = check(p, (1, 5), one_line=True, names=["no case ran"])
+        if "test_step[lstm-fp32-ckpt] SKIPPED" not in p.out:
+            problems.append("lstm-fp32-ckpt not SKIPPED")
+        self.record(cat, "gpubench run of the LSTM's checkpointing case: skipped, one line "
+                    "(no case ran), no traceback", problems, p.seconds)
+        # a small /dev/shm (Docker's default), in a mount namespace of its own
+        shm = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"', "sh", *GPUBENCH]
+        probe = run_cmd(["--version"], prefix=shm)
+        if probe.rc != 0:
+            self.skip(cat, "a 16 MiB /dev/shm", f"no private mount namespace: "
+                      f"{probe.err.strip()[-160:] or probe.rc}")
+            return
+        p = run_cmd(["list", "--profile", "smoke", "--model", spec + "shm_images", "--groups",
+                     "loader"], prefix=shm, env=env)
+        problems = check(p, (0,))
+        rows = {q.split()[0]: q for q in p.out.splitlines() if q.strip()}
+        w2 = rows.get("shmimg-fp32-synthetic-w2", "")
+        if "skips here: its loader needs about" not in w2 or "/dev/shm has" not in w2:
+            problems.append(f"shmimg-fp32-synthetic-w2 row: {w2[:160]!r}")
+        if "skips" in rows.get("shmimg-fp32-synthetic", "skips"):
+            problems.append("shmimg-fp32-synthetic (no workers) missing or skipping")
+        self.record(cat, "gpubench list under a 16 MiB /dev/shm: the loader cases with workers "
+                    "skip, naming the need and /dev/shm", problems, p.seconds)
+        folder = self.tmp("shm")
+        p = run_cmd(["run", "--profile", "smoke", "--model", spec + "shm_images", "--groups",
+                     "loader", "-k", "synthetic-w2", "--no-charts", "--out",
+                     str(folder / "out")], prefix=shm, env=env, timeout=300)
+        problems = check(p, (1, 5), one_line=True, names=["no case ran"])
+        if "test_step[shmimg-fp32-synthetic-w2] SKIPPED" not in p.out:
+            problems.append("shmimg-fp32-synthetic-w2 not SKIPPED")
+        self.record(cat, "gpubench run of a loader case with workers under a 16 MiB /dev/shm: "
+                    "skipped before it runs (no shared-memory traceback), one line", problems,
+                    p.seconds)
 
     def rank_faults(self) -> None:
         print("rank faults and messages (real runs; slow)", flush=True)
@@ -1218,7 +2146,7 @@ def summary_text(c: Campaign, wall_s: float, command: str) -> str:
     tried = len(c.outcomes)
     passed = sum(o.ok for o in c.outcomes)
     lines = [
-        "# gpubench fault campaign (issue #15)",
+        "# gpubench fault campaign",
         "",
         f"command: {command}",
         f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; wall time {wall_s:.0f} s",
@@ -1254,6 +2182,8 @@ def summary_text(c: Campaign, wall_s: float, command: str) -> str:
             gen_failures += stats[3]
     if "files" in c.generated:
         gen_failures += c.generated["files"][3]
+    lines += ["", f"## skipped ({len(c.notes)})", ""]
+    lines += [f"- {n}" for n in c.notes] or ["none"]
     lines += ["", f"## failed generated inputs ({len(gen_failures)})", ""]
     lines += [f"- {f}" for f in gen_failures[:50]] or ["none"]
     if len(gen_failures) > 50:
@@ -1300,19 +2230,24 @@ def main() -> int:
             "ranks": c.rank_faults,
             "cuda": c.cudaless,
             "leftovers": c.leftovers,
+            "survive": c.results_survive,
+            "workload": c.workload_faults,
         }
-        slow = {"signals", "ranks", "leftovers", "cuda"}
+        slow = {"signals", "ranks", "leftovers", "cuda", "survive", "workload"}
         only = {p for p in args.only.split(",") if p}
-        for name, part in parts.items():
-            if (only and name not in only) or (args.skip_slow and name in slow):
-                continue
-            t = time.monotonic()
-            try:
-                part()
-            except Exception:  # noqa: BLE001 - a campaign bug is a failed scenario, not a stop
-                c.record("campaign", f"part {name} crashed",
-                         [traceback.format_exc().strip().splitlines()[-1]])
-            print(f"  [{name}: {time.monotonic() - t:.0f} s]", flush=True)
+        try:
+            for name, part in parts.items():
+                if (only and name not in only) or (args.skip_slow and name in slow):
+                    continue
+                t = time.monotonic()
+                try:
+                    part()
+                except Exception:  # noqa: BLE001 - a campaign bug is a failed scenario
+                    c.record("campaign", f"part {name} crashed",
+                             [traceback.format_exc().strip().splitlines()[-1]])
+                print(f"  [{name}: {time.monotonic() - t:.0f} s]", flush=True)
+        finally:
+            c.unmount_all()  # before the temporary folder that holds the mount points goes
         command = " ".join(["python", "scripts/fault_campaign.py", *sys.argv[1:]])
         text = summary_text(c, time.monotonic() - started, command)
     out = Path(args.out)
