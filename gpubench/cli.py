@@ -387,7 +387,11 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         return (code if code > 0 else 1) or 1
     try:
         wrote = _write_derived(args, state, out, json_path, profile, device, started)
-    except OSError as err:
+    except (OSError, ValueError) as err:
+        if isinstance(err, ValueError):
+            print(f"gpubench: {err}; the {kept} finished case(s) are in {json_path}",
+                  file=sys.stderr)
+            return 2
         where = f"{err.filename}: " if getattr(err, "filename", None) else ""
         print(f"gpubench: cannot write {where}{err.strerror or err}; the {kept} finished "
               f"case(s) are in {json_path}", file=sys.stderr)
@@ -498,7 +502,13 @@ def cmd_summary(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from gpubench.report import write_report
 
-    written = write_report(result_files(args.files), check_output("-o/--out", args.out))
+    out = check_output("-o/--out", args.out)
+    try:
+        written = write_report(result_files(args.files), out)
+    except OSError as err:  # a full disk: the folder is left as it was (drawn aside, renamed)
+        print(f"gpubench: cannot write the report into {out}: {err.strerror or err}; {out} "
+              "is unchanged", file=sys.stderr)
+        return 1
     print("\n".join(str(p) for p in written))
     return 0
 
