@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import kill_session, session_processes, wait_gone  # tests/ on sys.path
 
 from gpubench import cli
 from gpubench.journal import (
@@ -109,22 +110,8 @@ def _cases_in(out: Path) -> int:
         return 0
 
 
-def _session(sid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[3]) == sid and fields[0] != "Z":
-                pids.append(int(entry))
-    return pids
-
-
 def _pytest_child(parent: int) -> int:
-    for pid in _session(parent):
+    for pid in session_processes(parent):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -150,13 +137,9 @@ def _wait_for_cases(proc: subprocess.Popen, out: Path, n: int, timeout_s: float 
 def _finish(proc: subprocess.Popen) -> tuple[int, str, list[int]]:
     try:
         _, err = proc.communicate(timeout=90)
-        deadline = time.monotonic() + 10
-        while (left := _session(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return proc.returncode, err.decode(), left
+        return proc.returncode, err.decode(), wait_gone(proc.pid, 10)
     finally:
-        for pid in _session(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+        kill_session(proc.pid)
         proc.kill()
         proc.wait()
 

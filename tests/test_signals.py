@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import kill_session, wait_gone  # the tests folder is on sys.path
 
 from gpubench import atomic, cli
 from gpubench import signals as gsignals
@@ -243,20 +244,6 @@ def test_stale_temporaries_of_killed_runs_are_removed_on_start(fake_pytest, prev
 
 # -- the real thing: signals to `gpubench run` and its pytest child ---------------------------
 
-def _session_processes(sid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[3]) == sid and fields[0] != "Z":
-                pids.append(int(entry))
-    return pids
-
-
 def _run_and_signal(tmp_path, sig, trigger: str, after_s: float, extra=()):
     out = tmp_path / "results"
     out.mkdir()
@@ -276,13 +263,9 @@ def _run_and_signal(tmp_path, sig, trigger: str, after_s: float, extra=()):
         time.sleep(after_s)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
-        deadline = time.monotonic() + 10
-        while (left := _session_processes(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return proc.returncode, stderr.decode(), left, out, before
+        return proc.returncode, stderr.decode(), wait_gone(proc.pid, 10), out, before
     finally:
-        for pid in _session_processes(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+        kill_session(proc.pid)
         proc.kill()
         proc.wait()
 

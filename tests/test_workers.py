@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from processes import session_processes, wait_gone  # the tests folder is on sys.path
 
 from gpubench.signals import describe_exit
 from gpubench.workers import WorkerError, WorkerGroup, WorkerTimeout
@@ -84,29 +85,6 @@ def listening_sockets(pids) -> list[tuple[str, int]]:
                 addr, port = local.split(":")
                 found.append((str(_address(addr)), int(port, 16)))
     return found
-
-
-def session_processes(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
-
-
-def wait_gone(sid: int, within_s: float) -> list[int]:
-    deadline = time.monotonic() + within_s
-    while (left := session_processes(sid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
 
 
 def _alive(pids):
