@@ -1219,6 +1219,21 @@ class Campaign:
                 "--no-charts"]
     FAILING = f"{ROOT / 'tests' / 'data' / 'failing_workload.py'}:workload"
     DERIVED = {"benchmark.json", "cases.jsonl", "summary.md", "memory.json", "advice.md"}
+
+    def stopped_in_charts(self, out: Path, p: Proc, before: dict) -> list[str]:
+        """What is wrong with ``out`` after a run stopped while drawing its charts: the cases
+        not kept as its line says or not shown by gpubench summary, a chart or report
+        half-written, a hidden file left, the earlier results not whole."""
+        problems = kept_as_said(out, p.err, at_least=1)
+        problems += self.summary_shows_journal(out / "benchmark.json")
+        partial = sorted(q.name for q in out.iterdir() if q.name not in self.DERIVED
+                         and q.suffix in (".png", ".svg", ".md", ".html"))
+        if partial:
+            problems.append(f"charts or report half-written: {partial[:4]}")
+        hidden = hidden_entries(out, LOCK_NAMES)
+        if hidden:
+            problems.append(f"hidden files left: {hidden[:4]}")
+        return problems + earlier_results_whole(out, before)
     """What ``gpubench run`` writes before the charts."""
 
     def _env(self) -> dict:
@@ -1392,16 +1407,7 @@ class Campaign:
         line = (f"gpubench: interrupted (SIGTERM) while writing the summary and charts; the "
                 f"{len(records)} finished case(s) are in {out}/benchmark.json")
         problems += check(p, (143,), one_line=True, names=[line])
-        problems += kept_as_said(out, p.err, at_least=1)
-        problems += self.summary_shows_journal(out / "benchmark.json")
-        partial = sorted(q.name for q in out.iterdir() if q.name not in self.DERIVED
-                         and q.suffix in (".png", ".svg", ".md", ".html"))
-        if partial:
-            problems.append(f"charts or report written by the interrupted phase: {partial[:4]}")
-        hidden = hidden_entries(out, LOCK_NAMES)
-        if hidden:
-            problems.append(f"hidden files left: {hidden[:4]}")
-        problems += earlier_results_whole(out, before)
+        problems += self.stopped_in_charts(out, p, before)
         self.record("results survive", "SIGTERM while the charts are drawn: the finished "
                     "cases stay in out/benchmark.json, one line, no chart half-written",
                     problems, p.seconds)
@@ -1507,16 +1513,7 @@ class Campaign:
         problems = check(p, (1,), one_line=True, names=["No space left on device"])
         if file is None or file.suffix not in (".png", ".svg", ".md", ".html"):
             problems.append(f"the line names no chart or report file: {p.err.strip()[:160]!r}")
-        problems += kept_as_said(out, p.err, at_least=1)
-        problems += self.summary_shows_journal(out / "benchmark.json")
-        partial = sorted(q.name for q in out.iterdir() if q.name not in self.DERIVED
-                         and q.suffix in (".png", ".svg", ".md", ".html"))
-        if partial:
-            problems.append(f"charts or report half-written: {partial[:4]}")
-        hidden = hidden_entries(out, LOCK_NAMES)
-        if hidden:
-            problems.append(f"hidden files left: {hidden[:4]}")
-        problems += earlier_results_whole(out, before)
+        problems += self.stopped_in_charts(out, p, before)
         if tried and problems:
             problems.append(f"sizes tried before: {'; '.join(tried)}")
         self.record("results survive", f"{name} ({kib}k)", problems, p.seconds)

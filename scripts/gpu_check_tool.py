@@ -657,38 +657,35 @@ def _shape(data: dict, cid: str) -> str:
     return "x".join(map(str, r.get("input_shape") or [])) or "?"
 
 
+def _section(title: str, header: str, rows: list[str], left: int = 1) -> list[str]:
+    """A Markdown section: ``title``, a table of ``header`` ("| a | b |", the first ``left``
+    columns left-aligned, the others right) and ``rows``; nothing when there are no rows."""
+    if not rows:
+        return []
+    aligns = "|" + "---|" * left + "---:|" * (header.count("|") - 1 - left)
+    return ["", f"## {title}", "", header, aligns, *rows]
+
+
 def _other_tables(data: dict) -> list[str]:
-    records = data["records"].values()
-    out = []
-    more = [r for r in records if r.get("_step") == "more"]
-    if more:
-        out += ["", "## More cases", "", "| case | samples/s | step (ms) | peak memory (GiB) | "
-                "MFU |", "|---|---:|---:|---:|---:|"]
-        out += [f"| {r['case_id']} | {_fmt(r.get('samples_per_s'), ',.1f')} | "
-                f"{_fmt(_ms(r.get('step_time_s')), '.1f')} | "
-                f"{_fmt((r.get('peak_memory_bytes') or 0) / 2**30 or None, '.2f')} | "
-                f"{_fmt(r.get('mfu'), '.1%')} |" for r in more]
-    loader = [r for r in records if r.get("_step") == "loader"]
-    if loader:
-        out += ["", "## Loader", "", "| case | samples/s | loader stall | cold resident |",
-                "|---|---:|---:|---:|"]
-        out += [f"| {r['case_id']} | {_fmt(r.get('samples_per_s'), ',.1f')} | "
-                f"{_fmt(r.get('loader_stall_fraction'), '.1%')} | "
-                f"{_fmt(r.get('cold_resident_fraction'), '.1%')} |" for r in loader]
-    transfer = [r for r in records if r.get("kind") == "transfer"]
-    if transfer:
-        out += ["", "## Host-to-device copies", "", "| case | GB/s | overlap |",
-                "|---|---:|---:|"]
-        out += [f"| {r['case_id']} | {_fmt(r.get('bandwidth_gb_s'), '.1f')} | "
-                f"{_fmt(r.get('overlap_fraction'), '.2f')} |" for r in transfer]
-    claims = [r for r in records if r.get("kind") == "claim"]
-    if claims:
-        out += ["", "## Claims pairs", "", "| pair | base | new | base/new step time |",
-                "|---|---|---|---:|"]
-        for r in claims:
-            base, new = _median(r.get("rounds_base_s")), _median(r.get("rounds_new_s"))
-            out.append(f"| {r['case_id']} | {r.get('case_id_base')} | {r.get('case_id_new')} | "
-                       f"{_fmt(_ratio(base, new), '.2f')} |")
+    records = list(data["records"].values())
+    step = {name: [r for r in records if r.get("_step") == name] for name in ("more", "loader")}
+    kind = {name: [r for r in records if r.get("kind") == name] for name in ("transfer", "claim")}
+    out = _section("More cases", "| case | samples/s | step (ms) | peak memory (GiB) | MFU |", [
+        f"| {r['case_id']} | {_fmt(r.get('samples_per_s'), ',.1f')} | "
+        f"{_fmt(_ms(r.get('step_time_s')), '.1f')} | "
+        f"{_fmt((r.get('peak_memory_bytes') or 0) / 2**30 or None, '.2f')} | "
+        f"{_fmt(r.get('mfu'), '.1%')} |" for r in step["more"]])
+    out += _section("Loader", "| case | samples/s | loader stall | cold resident |", [
+        f"| {r['case_id']} | {_fmt(r.get('samples_per_s'), ',.1f')} | "
+        f"{_fmt(r.get('loader_stall_fraction'), '.1%')} | "
+        f"{_fmt(r.get('cold_resident_fraction'), '.1%')} |" for r in step["loader"]])
+    out += _section("Host-to-device copies", "| case | GB/s | overlap |", [
+        f"| {r['case_id']} | {_fmt(r.get('bandwidth_gb_s'), '.1f')} | "
+        f"{_fmt(r.get('overlap_fraction'), '.2f')} |" for r in kind["transfer"]])
+    out += _section("Claims pairs", "| pair | base | new | base/new step time |", [
+        f"| {r['case_id']} | {r.get('case_id_base')} | {r.get('case_id_new')} | "
+        f"{_fmt(_ratio(_median(r.get('rounds_base_s')), _median(r.get('rounds_new_s'))), '.2f')}"
+        " |" for r in kind["claim"]], left=3)
     return out
 
 

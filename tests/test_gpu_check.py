@@ -312,3 +312,24 @@ def test_the_gpu_selections_are_cases_of_the_gpu_small_profile_picked_exactly():
             lambda s, cid=cid: any(s.lower() in n.lower() for n in (
                 f"test_step[{cid}]", cid, "test_training_step.py", "benchmarks")))]
         assert picked == sel["ids"], step
+
+
+def test_the_other_steps_tables_list_their_records():
+    """The more, loader, transfer and claims sections of gpu_check.md, each only when it has
+    records."""
+    records = {
+        "a": {"_step": "more", "case_id": "gpt2-fp32-ckpt", "samples_per_s": 10.0,
+              "step_time_s": 0.1, "peak_memory_bytes": 2**30, "mfu": 0.2},
+        "b": {"kind": "claim", "case_id": "claim-adamw-bert", "case_id_base": "bert-fp32-adam",
+              "case_id_new": "bert-fp32-adamw", "rounds_base_s": [1.0, 2.0],
+              "rounds_new_s": [1.0, 1.0]},
+        "c": {"kind": "transfer", "case_id": "pinned-64MB", "bandwidth_gb_s": 50.0,
+              "overlap_fraction": 0.9},
+    }
+    text = "\n".join(tool._other_tables({"records": records}))
+    assert "## Loader" not in text
+    assert ("## More cases\n\n| case | samples/s | step (ms) | peak memory (GiB) | MFU |\n"
+            "|---|---:|---:|---:|---:|\n| gpt2-fp32-ckpt | 10.0 | 100.0 | 1.00 | 20.0% |") in text
+    assert "| pinned-64MB | 50.0 | 0.90 |" in text
+    assert ("|---|---|---|---:|\n| claim-adamw-bert | bert-fp32-adam | bert-fp32-adamw | "
+            "1.50 |") in text
