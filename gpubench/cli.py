@@ -386,7 +386,7 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         print(f"gpubench: {why}", file=sys.stderr)
         return (code if code > 0 else 1) or 1
     try:
-        wrote = _write_derived(args, state, out, json_path, profile, device, started)
+        _write_derived(args, state, out, json_path, profile, device, started)
     except (OSError, ValueError) as err:
         if isinstance(err, ValueError):
             print(f"gpubench: {err}; the {kept} finished case(s) are in {json_path}",
@@ -397,8 +397,7 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
               f"case(s) are in {json_path}", file=sys.stderr)
         return 1
     state["stage"] = "after the results were written"
-    print(f"gpubench: {kept} finished case(s) in {json_path}{failures}"
-          + ("" if wrote else "; summary and charts not written"),
+    print(f"gpubench: {kept} finished case(s) in {json_path}{failures}",
           file=sys.stderr if failed or code else sys.stdout)
     if code < 0 or code == 124:
         return 1
@@ -412,7 +411,7 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
 
 
 def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, device: str,
-                   started: float) -> bool:
+                   started: float) -> None:
     """summary.md, memory.json (no_grad / del), parity (opt-in), advice.md, charts and report
     from the finished cases, each written atomically into ``out``."""
     from gpubench.journal import failures_beside
@@ -453,7 +452,6 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
     if not args.no_charts:
         print(f"gpubench: charts and report in {out}/")
-    return True
 
 
 def _run_cost_line(df, wall_s: float) -> str:

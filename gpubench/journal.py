@@ -292,15 +292,18 @@ class Journal:
 
     def finish(self, session) -> None:
         """Session end: pytest-benchmark's record of an interrupted test (no rounds) is
-        dropped (its own end-of-session code fails on it), and F is written a last time."""
+        dropped (its own end-of-session code fails on it). Each case's end wrote F already;
+        only a resumed session that ran no case (all had finished) writes it here, should F
+        be missing."""
         bs = getattr(self.config, "_benchmarksession", None)
         if bs is not None:
             bs.benchmarks[:] = [b for b in bs.benchmarks if _has_rounds(b)]
-        if self.contents.passed and not self.broken:
+        if self.contents.passed and not self.broken and not self.json_path.exists():
             try:
                 self._write_json(None)
-            except OSError:
-                pass  # the last per-case write holds the same records
+            except OSError as err:
+                print(f"gpubench: cannot write {self.json_path}: {err.strerror or err}",
+                      file=sys.stderr)
 
     # -- writing ---------------------------------------------------------------------------
 

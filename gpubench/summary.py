@@ -28,6 +28,8 @@ COLUMNS = {
 def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
     """The summary columns, sorted by run, model and speedup (fastest first)."""
     df = with_baseline_ratios(df[df["step_time_s"].notna()])
+    paired = df.get("speedup_paired", pd.Series(math.nan, index=df.index)).astype(float)
+    own_ratio = (df["is_baseline"] == True) & (df["speedup_method"] == "paired")  # noqa: E712
     out = pd.DataFrame(
         {
             "run": df["run"],
@@ -43,10 +45,7 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
             # The baseline's row shows its measured ratio against its own copy (the run's
             # noise floor) beside that ratio's interval, not 1.00x beside an interval that
             # may exclude 1.
-            "speedup": df["speedup"].where(
-                ~((df["is_baseline"] == True) & (df["speedup_method"] == "paired")  # noqa: E712
-                  & df.get("speedup_paired", pd.Series(math.nan, index=df.index)).notna()),
-                df.get("speedup_paired", pd.Series(math.nan, index=df.index)).astype(float)),
+            "speedup": df["speedup"].where(~(own_ratio & paired.notna()), paired),
             "speedup_ci": [
                 f"{lo:.2f}-{hi:.2f}" if method == "paired" and lo == lo else
                 (("separate runs" if run == base_run else f"separate runs (baseline: {base_run})")
