@@ -339,12 +339,35 @@ class InProcess:
                  timeout_s: float | None = DEFAULT_TIMEOUT_S):
         self.cfg, self.timeout_s = cfg, timeout_s
         self._id = cfg.id  # a computed property (~50 us): not in every step's limit
+        self._in_rounds = False
         self.program = self._bounded("build", CaseProgram, 0, 1, cfg, data_dir=data_dir)
+
+    @contextlib.contextmanager
+    def timed_rounds(self, steps: int):
+        """One limit for a block of ``steps`` timed steps (``timeout_s`` each) instead of one
+        per step: arming a limit costs about 25 us, which the case's rounds (timed from
+        outside) would carry and its paired baseline's (timed inside the step) would not."""
+        if not self.timeout_s:
+            yield
+            return
+        seconds = self.timeout_s * max(1, steps)
+        self._in_rounds = True
+        try:
+            with time_limit(seconds, f"{self._id}: its timed rounds did not finish within "
+                            f"{seconds:g} s (hung?); --timeout sets the limit per step",
+                            error=CaseTimeout):
+                yield
+        except CaseTimeout:
+            stop_loader_workers()
+            raise
+        finally:
+            self._in_rounds = False
 
     def _bounded(self, command: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` within the timeout; past it, the case's loader workers are
-        stopped too (their own shutdown would wait 5 s for each worker stuck in the data)."""
-        if not self.timeout_s:
+        stopped too (their own shutdown would wait 5 s for each worker stuck in the data).
+        Inside ``timed_rounds`` the block's own limit holds."""
+        if not self.timeout_s or self._in_rounds:
             return fn(*args, **kwargs)
         what = PHASES.get(command, f"its {command!r} command")
         try:
@@ -593,7 +616,9 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
         group.call("reset_peak")  # the timed window, which is also the memory window
         window_warmup = WINDOW_WARMUP_ROUNDS
     try:
-        with Sampler.for_case(cfg, group, partner, rounds) as telemetry:  # gpubench.telemetry
+        bounded = (group.timed_rounds(2 * (rounds + window_warmup))  # the partner's steps too
+                   if isinstance(group, InProcess) else contextlib.nullcontext())
+        with Sampler.for_case(cfg, group, partner, rounds) as telemetry, bounded:
             if partner is None:
                 benchmark.pedantic(group.call, args=("step",), rounds=rounds,
                                    warmup_rounds=window_warmup, iterations=1)

@@ -197,6 +197,35 @@ def test_a_step_that_hangs_fails_the_case_in_time(monkeypatch):
         assert time.monotonic() - start < 3
 
 
+def test_the_timed_rounds_arm_one_limit_and_a_hung_round_still_fails(monkeypatch):
+    """Arming a limit costs ~25 us, which the case's rounds (timed from outside the step)
+    would carry and its paired baseline's (timed inside) would not: the rounds run under
+    one limit of their own, and a round that hangs still fails the case in time."""
+    import gpubench.measure as measure
+
+    armed = []
+    plain = measure.time_limit
+
+    def counting(seconds, message, **kwargs):
+        armed.append(message)
+        return plain(seconds, message, **kwargs)
+
+    with InProcess(RunConfig(model=SPEC + "plain", profile="smoke"), timeout_s=1) as case:
+        monkeypatch.setattr(measure, "time_limit", counting)
+        with case.timed_rounds(2):
+            for _ in range(5):
+                case.call("step")
+        assert len(armed) == 1 and "timed rounds" in armed[0]
+        case.call("step")  # outside the rounds: a limit of its own again
+        assert len(armed) == 2
+        monkeypatch.setattr(case.program.case, "synced_step", lambda: time.sleep(60))
+        start = time.monotonic()
+        with pytest.raises(CaseTimeout, match="its timed rounds did not finish within 2 s"):
+            with case.timed_rounds(2):
+                case.call("step")
+        assert time.monotonic() - start < 4
+
+
 def test_gpubench_case_reports_the_hang_on_one_line(tmp_path, capsys):
     from gpubench import cli
 
