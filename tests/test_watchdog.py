@@ -179,12 +179,16 @@ def test_a_build_whose_make_batch_blocks_fails_the_case_in_time():
 def test_batches_that_never_come_fail_the_case_in_time(workers):
     cfg = RunConfig(model=SPEC + "blocking_dataset", profile="smoke",
                     loader=LoaderConfig(dataset="files", num_workers=workers))
+    def live_children() -> set[int]:
+        return {c.pid for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE}
+
+    earlier = live_children()  # an earlier test's worker may still be closing: not this one's
     start = time.monotonic()
     with pytest.raises(CaseTimeout, match="preparing its data .* within 1 s"):
         with InProcess(cfg, timeout_s=1) as case:
             case.call("prepare")
     assert time.monotonic() - start < 3  # the stuck worker did not cost torch's 5 s join
-    assert not [c for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE]
+    assert not live_children() - earlier  # its loader workers are gone
 
 
 def test_a_step_that_hangs_fails_the_case_in_time(monkeypatch):
