@@ -76,8 +76,9 @@ def test_custom_workload_runs_every_case_with_builtin_fields(tmp_path, monkeypat
     # The results load, summarize and advise like a built-in model's.
     write_benchmark_json(tmp_path / "kws.json", benches, {"device": "cpu"})
     df = load_results([tmp_path / "kws.json"])
-    verdicts = {v.claim: v.verdict for v in advise(df)}
-    assert verdicts["AMP cuts training time ~30% and memory ~50% (bf16)"] != "inconclusive"
+    amp = {v.claim: v for v in advise(df)}["AMP cuts training time ~30% and memory ~50% (bf16)"]
+    # Measured from the workload's own records (which way it goes is the CPU's noise to decide).
+    assert amp.measured != "-" and not amp.why.startswith("not measured"), amp
     assert "kws-fp32" in summary_markdown(df)
     # The OOM frontier on the CPU: a budget stands in for the device.
     frontier = find_frontier(RunConfig(model=KWS, profile="smoke"), budget_bytes=8 * 2**30,
