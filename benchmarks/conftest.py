@@ -7,13 +7,14 @@ import os
 import pytest
 import torch
 
-from gpubench.cases import GROUPS, PROFILE_MODELS, default_profile, profile_cases
-from gpubench.config import DEVICES, GENERATED_DATASETS, PROFILES
-from gpubench.datasets import default_data_dir
-from gpubench.machine import default_device
-from gpubench.machine import machine_info as describe_machine
-from gpubench.workers import DEFAULT_TIMEOUT_S
-from gpubench.workload import WorkloadError, builtin_names, resolve, validate
+from gpubench.launchers.workers import DEFAULT_TIMEOUT_S
+from gpubench.measure.machine import default_device
+from gpubench.measure.machine import machine_info as describe_machine
+from gpubench.suite.cases import GROUPS, PROFILE_MODELS, default_profile, profile_cases
+from gpubench.train.config import DEVICES, GENERATED_DATASETS, PROFILES
+from gpubench.workloads.api import WorkloadError, validate
+from gpubench.workloads.datasets import default_data_dir
+from gpubench.workloads.registry import builtin_names, resolve
 
 ROUNDS = {"smoke": (3, 1), "cpu": (12, 1), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
@@ -133,7 +134,7 @@ class Options:
         self.paired = not config.getoption("--gpubench-unpaired")
         self.trace_dir = config.getoption("--gpubench-trace") or None
         self._baseline = None
-        from gpubench.runner import RankPool
+        from gpubench.measure.runner import RankPool
 
         self.ranks = RankPool()
         """Rank processes kept between consecutive multi-process cases."""
@@ -173,7 +174,7 @@ class Options:
             spare = self._baseline.handoff()  # its worker process builds the next baseline
             self._baseline = None
         if self._baseline is None:
-            from gpubench.measure import PairedBaseline
+            from gpubench.measure.protocol import PairedBaseline
 
             self._baseline = PairedBaseline(cfg, self.timeout_s, max(1, self.warmup), spare)
         return self._baseline
@@ -200,8 +201,8 @@ def pytest_configure(config):
     if hasattr(config.option, "benchmark_save_data"):
         config.option.benchmark_save_data = True
     json_path = getattr(config.option, "benchmark_json", None)
-    if json_path:  # every finished case on disk at once (gpubench.journal)
-        from gpubench.journal import Journal, JournalError
+    if json_path:  # every finished case on disk at once (gpubench.measure.journal)
+        from gpubench.measure.journal import Journal, JournalError
 
         journal = Journal(config, json_path, config.gpubench.run_key(),
                           resume=config.getoption("--gpubench-resume"),
@@ -288,8 +289,8 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 
 def pytest_unconfigure(config):
     """A thread a workload left running (non-daemon) cannot keep the finished run alive: it is
-    named in one warning and the process exits with pytest's status (``gpubench.signals``)."""
-    from gpubench.signals import exit_despite_stray_threads
+    named in one warning and the process exits with pytest's status (``gpubench.util.signals``)."""
+    from gpubench.util.signals import exit_despite_stray_threads
 
     session = config.pluginmanager.get_plugin("session")
     exit_despite_stray_threads(int(getattr(session, "exitstatus", 1) or 0))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.build import Unsupported
-from gpubench.claims import claim_pairs, measure_pair
+from gpubench.suite.claims import claim_pairs, measure_pair
+from gpubench.train.build import Unsupported
 
 CLAIM_MODELS = 2
 """The first two chosen workloads get claim pairs (by default an image and a token model);

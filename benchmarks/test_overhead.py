@@ -20,10 +20,10 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from gpubench.build import build
-from gpubench.cases import baseline
-from gpubench.data import build_loader
-from gpubench.workload import BatchDataset, call_model
+from gpubench.suite.cases import baseline
+from gpubench.train.build import build
+from gpubench.train.data import build_loader
+from gpubench.workloads.api import BatchDataset, call_model
 
 
 def handwritten_loop(cfg, seed: int):
@@ -106,9 +106,10 @@ def test_harness_overhead(benchmark, overhead_model, options):
 
 
 def test_telemetry_overhead(benchmark, overhead_model, options):
-    """What the telemetry sampler (``gpubench.telemetry``) costs a step: the same case's steps
+    """What the telemetry sampler (``gpubench.measure.telemetry``) costs a step: the same case's
+    steps
     with the sampling thread sampling and paused, in alternating rounds of one run."""
-    from gpubench.telemetry import PERIOD_S, sampling_cost
+    from gpubench.measure.telemetry import PERIOD_S, sampling_cost
 
     profile = options.profile
     if options.device == "cpu" and profile.startswith("gpu"):

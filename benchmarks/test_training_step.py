@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.build import Unsupported
-from gpubench.runner import run_case
+from gpubench.measure.runner import run_case
+from gpubench.train.build import Unsupported
 
 
 def test_step(benchmark, bench_case, options):

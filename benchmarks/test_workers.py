@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
-from gpubench.distributed import NoopProgram
-from gpubench.workers import WorkerGroup
+from gpubench.launchers.distributed import NoopProgram
+from gpubench.launchers.workers import WorkerGroup
 
 
 def test_worker_round_trip(benchmark, options):

@@ -1,7 +1,7 @@
 """gpubench: which PyTorch training acceleration techniques pay off for your model here.
 
 ``from gpubench import Workload`` is the public API for bringing your own model (see
-``gpubench.workload``); it is imported on first use, so the command line starts fast.
+``gpubench.workloads.api``); it is imported on first use, so the command line starts fast.
 """
 
 __version__ = "0.2.0"
@@ -10,11 +10,11 @@ __all__ = ["DataRequest", "Workload", "WorkloadError", "checkpoint_blocks", "loa
 
 def __getattr__(name: str):
     if name in ("DataRequest", "Workload", "WorkloadError", "checkpoint_blocks"):
-        from gpubench import workload
+        from gpubench.workloads import api as workload
 
         return getattr(workload, name)
     if name == "load_results":
-        from gpubench.results import load_results
+        from gpubench.analysis.results import load_results
 
         return load_results
     raise AttributeError(f"module 'gpubench' has no attribute {name!r}")

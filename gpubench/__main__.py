@@ -1,5 +1,5 @@
 import sys
 
-from gpubench.cli import main
+from gpubench.cli.main import main
 
 sys.exit(main())

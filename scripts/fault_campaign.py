@@ -24,12 +24,13 @@ scenarios need ``mount`` (root); where it fails they are skipped with a note.
 
 The generated part builds ``RunConfig``/``LoaderConfig`` with random field values of every
 type (only ``ValueError`` may be raised; accepted values must have the declared types) and reads
-randomly damaged result files through ``gpubench.results`` (only ``ResultsError`` may be raised;
+randomly damaged result files through ``gpubench.analysis.results`` (only ``ResultsError`` may be
+raised;
 an accepted file must summarize). Everything is written under temporary folders; the summary
 goes to ``--out``.
 
 The result-file matrix (every damaged file through summary, report, compare as NEW and as BASE,
-export and advise) runs in child Python processes that call ``gpubench.cli.main(argv)`` exactly
+export and advise) runs in child Python processes that call ``gpubench.cli.main.main(argv)`` exactly
 as the console script does (``sys.exit(main())``: an escaping exception prints its traceback
 and exits 1), one child per command, so that ~300 invocations do not each pay for importing
 pandas; a control row runs the same damaged file through the real ``gpubench`` command.
@@ -247,7 +248,7 @@ def kept_as_said(out: Path, err: str, at_least: int = 0) -> list[str]:
 
 
 def journal_of(json_path: Path) -> Path:
-    """The journal beside a result file (as ``gpubench.journal.journal_path``)."""
+    """The journal beside a result file (as ``gpubench.measure.journal.journal_path``)."""
     return json_path.with_name("cases.jsonl" if json_path.name == "benchmark.json"
                                else f"{json_path.stem}.cases.jsonl")
 
@@ -516,15 +517,15 @@ def write_result_file(folder: Path, index: int, name: str, mutation, base: dict)
     return path
 
 
-# -- in-process driver: gpubench.cli.main as the console script calls it ----------------------
+# -- in-process driver: gpubench.cli.main.main as the console script calls it ----------------------
 
 
 def drive(jobs_file: str) -> None:
-    """Child mode: run each argv of ``jobs_file`` through ``gpubench.cli.main`` as
+    """Child mode: run each argv of ``jobs_file`` through ``gpubench.cli.main.main`` as
     ``sys.exit(main())`` would, output and stderr captured; print one JSON line per job."""
     import warnings
 
-    from gpubench import cli
+    from gpubench.cli import main as cli
 
     saved_filters = warnings.filters[:]
     results = []
@@ -598,7 +599,7 @@ class Campaign:
     def cli_scenarios(self, category: str, rows: list[tuple]) -> None:
         """(name, argv, codes, names, env, one_line) rows. The first row of each command, and
         every row with its own environment, runs as the real ``gpubench`` command (two at a
-        time); the others run through ``gpubench.cli.main`` in one child process (``drive``),
+        time); the others run through ``gpubench.cli.main.main`` in one child process (``drive``),
         which saves a Python start and the torch import per row."""
         seen: set[str] = set()
         real, driven = [], []
@@ -879,7 +880,7 @@ class Campaign:
 
     def types(self) -> None:
         print("configuration types", flush=True)
-        from gpubench.config import LoaderConfig, RunConfig
+        from gpubench.train.config import LoaderConfig, RunConfig
 
         class Truthy:
             def __bool__(self):
@@ -941,7 +942,7 @@ class Campaign:
 
     def generated_configs(self, n: int, seed: int) -> None:
         print(f"generated configurations ({n})", flush=True)
-        from gpubench.config import (
+        from gpubench.train.config import (
             OPTIMIZER_IMPLS,
             OPTIMIZERS,
             PARALLELS,
@@ -1054,8 +1055,8 @@ class Campaign:
 
     def generated_files(self, base: dict, n: int, seed: int) -> None:
         print(f"generated result files ({n})", flush=True)
-        from gpubench.results import ResultsError, load_results
-        from gpubench.summary import summary_markdown
+        from gpubench.analysis.results import ResultsError, load_results
+        from gpubench.report.summary import summary_markdown
 
         rng = random.Random(seed + 1)
         folder = self.tmp("genfiles")
@@ -2022,7 +2023,7 @@ def shm_images(profile="smoke"):
         data = folder / "data"
         data.mkdir()
         code = ("import sys; from pathlib import Path; "
-                "from gpubench.datasets import ensure_image_folder; "
+                "from gpubench.workloads.datasets import ensure_image_folder; "
                 "ensure_image_folder(Path(sys.argv[1]), 'images-jpeg', 20000, 64, 10, processes=2)")
         start = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-c", code, str(data)], env=ENV, cwd=ROOT,

@@ -5,7 +5,7 @@ steps. The shell script sequences the steps and time-boxes each with ``timeout``
   checkout, records their versions, and writes each case step's selection (case ids, checked
   against the profile's case lists, and the ``-k`` expression that picks exactly them);
 - ``peaks``: the driver facts (nvidia-smi, ``torch.cuda.init()``) and the measured matmul peak
-  per precision (``gpubench.flops.matmul_peak_flops``, the ceilings MFU divides by), written
+  per precision (``gpubench.measure.flops.matmul_peak_flops``, the ceilings MFU divides by), written
   after each precision;
 - ``reap``: ends whatever a step left running (the processes carrying its marker in their
   environment), so that the next step starts on an idle machine;
@@ -54,7 +54,7 @@ PUBLISHED = {
 # Each case step of the GPU run: gpubench run's --groups, --models (None: the profile's own,
 # whose validation and hygiene measurements it pays for), and the cases, in the order gpubench
 # runs them (model by model, then group). "{K}": the loader knobs' worker count on this machine
-# (gpubench.cases.knob_workers: 8 on a 16-core, 1-GPU host).
+# (gpubench.suite.cases.knob_workers: 8 on a 16-core, 1-GPU host).
 GPU_STEPS = {
     "headline": {"groups": "precision,layout", "models": None, "test": "test_step", "ids": [
         "resnet50-fp32", "resnet50-tf32", "resnet50-bf16", "resnet50-bf16-cl",
@@ -96,8 +96,8 @@ def exact_k(test: str, ids: list[str], universe: list[str]) -> str:
 
 def selections(mode: str) -> dict:
     """Each case step's selection, its ids checked against what gpubench would run here."""
-    from gpubench.cases import knob_workers, profile_cases
-    from gpubench.claims import claim_pairs
+    from gpubench.suite.cases import knob_workers, profile_cases
+    from gpubench.suite.claims import claim_pairs
 
     profile, device = PROFILE[mode]
     k = knob_workers(device)
@@ -256,8 +256,8 @@ def cmd_peaks(args) -> int:
     device = "cuda" if info["cuda_usable"] else "cpu"
     if args.mode == "gpu" and device != "cuda":
         return 3
-    from gpubench.flops import matmul_peak_flops
-    from gpubench.precision import unsupported_reason
+    from gpubench.measure.flops import matmul_peak_flops
+    from gpubench.train.precision import unsupported_reason
 
     target = "cuda:0" if device == "cuda" else "cpu"
     peaks = {"device": target, "peak_tflops": {}, "seconds": {}, "skipped": {}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpubench.advice import advise, compare_speed, recommend
+from gpubench.analysis.advice import advise, compare_speed, recommend
 
 RNG = np.random.default_rng(0)
 
@@ -157,7 +157,7 @@ def test_recommendation_ignores_techniques_that_do_nothing_on_this_device():
 
 
 def test_claims_are_one_list_read_by_the_verdicts_and_the_pairs():
-    from gpubench.claims import CLAIMS, claim_pairs
+    from gpubench.suite.claims import CLAIMS, claim_pairs
 
     pairs = claim_pairs("resnet18", "cpu", "cpu")
     assert {p.claim for p in pairs} == {k for k, c in CLAIMS.items() if c.interleaved}
@@ -173,7 +173,7 @@ def test_claims_are_one_list_read_by_the_verdicts_and_the_pairs():
 def test_a_claim_is_not_decided_by_one_part_while_another_is_inconclusive():
     """"2.32x speed (95% CI 1.10-24.15, p=0.25)" with memory smaller than claimed read
     "smaller than claimed": the time part could not be decided, so neither can the claim."""
-    from gpubench.advice import combine_parts
+    from gpubench.analysis.verdicts import combine_parts
 
     assert combine_parts({"time": "inconclusive", "memory": "smaller than claimed"}) \
         == "inconclusive"
@@ -186,7 +186,7 @@ def test_a_claim_is_not_decided_by_one_part_while_another_is_inconclusive():
 def test_the_baseline_row_shows_its_measured_ratio_beside_its_interval():
     """The fp32 row printed 1.00x beside its interval 0.98-0.99 (its rounds against its own
     copy): it shows the measured ratio, the run's noise floor."""
-    from gpubench.summary import summary_frame
+    from gpubench.report.summary import summary_frame
 
     base = _row("bert-fp32", 0.01, mfu=0.1, speedup_paired=0.985, speedup_paired_low=0.98,
                 speedup_paired_high=0.99)

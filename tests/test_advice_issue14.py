@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from test_advice import _row  # the tests folder is on sys.path (pytest's rootdir-less import)
 
-from gpubench.advice import advise, memory_verdicts
-from gpubench.claims import CLAIMS
+from gpubench.analysis.advice import advise, memory_verdicts
+from gpubench.suite.claims import CLAIMS
 
 DP_DDP = CLAIMS["dp-vs-ddp"].text
 PIN = CLAIMS["pin-memory"].text
@@ -193,8 +193,8 @@ def test_hygiene_not_measured_is_inconclusive():
 
 
 def test_claim_sides_are_measured_cases():
-    from gpubench.cases import profile_cases
-    from gpubench.config import RunConfig
+    from gpubench.suite.cases import profile_cases
+    from gpubench.train.config import RunConfig
 
     cpu = {c.id for c in profile_cases("cpu", "cpu", ("resnet18",))}
     base = RunConfig(model="resnet18", profile="cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gpubench.advice import advise
+from gpubench.analysis.advice import advise
 
 CLAIM = "DDP keeps each GPU's optimizer state apart, reducing memory (S4)"
 MIB = 2**20

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.measure import combine
-from gpubench.memory import ALLOCATOR_FIELDS, allocator_health, read_peak, reset_peak
-from gpubench.results import EXTRA_SCHEMA
+from gpubench.analysis.results import EXTRA_SCHEMA
+from gpubench.measure.memory import ALLOCATOR_FIELDS, allocator_health, read_peak, reset_peak
+from gpubench.measure.protocol import combine
 
 MIB = 2**20
 

@@ -1,6 +1,6 @@
 import pytest
 
-from gpubench import atomic
+from gpubench.util import atomic
 
 
 def test_interrupted_write_keeps_previous_file(tmp_path):
@@ -73,7 +73,7 @@ def test_stale_temporaries_removed_concurrent_and_foreign_kept(tmp_path):
 def test_partial_dataset_folders_of_killed_generations_are_removed(tmp_path):
     import os
 
-    from gpubench import datasets
+    from gpubench.workloads import datasets
 
     dead = tmp_path / f".tokens-8x16-v100-s0.{_dead_pid()}-{atomic.HOST_ID}.abcd1234"
     live = tmp_path / f".tokens-8x16-v100-s0.{os.getppid()}-{atomic.HOST_ID}.efgh5678"
@@ -92,9 +92,9 @@ def test_dataset_generation_killed_midway_is_cleaned_by_the_next_generation(tmp_
     import sys
     import time
 
-    from gpubench import datasets
+    from gpubench.workloads import datasets
 
-    code = ("import sys; from pathlib import Path; from gpubench.datasets import "
+    code = ("import sys; from pathlib import Path; from gpubench.workloads.datasets import "
             "ensure_image_folder as e; print('go', flush=True); "
             "e(Path(sys.argv[1]), 'images-png', 100000, 64, 10)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)

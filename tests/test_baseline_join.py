@@ -10,13 +10,13 @@ import json
 import pytest
 import torch
 
-from gpubench import cli
-from gpubench.config import RunConfig
-from gpubench.machine import cpu_model
-from gpubench.results import load_results, with_baseline_ratios
-from gpubench.runner import paired_speedup, run_case
-from gpubench.standalone import StandaloneBenchmark
-from gpubench.summary import summary_frame
+from gpubench.analysis.results import load_results, with_baseline_ratios
+from gpubench.cli import main as cli
+from gpubench.measure.machine import cpu_model
+from gpubench.measure.runner import paired_speedup, run_case
+from gpubench.measure.standalone import StandaloneBenchmark
+from gpubench.report.summary import summary_frame
+from gpubench.train.config import RunConfig
 
 SPEEDUP = 1.5  # the hand-made ddp record's throughput over the baseline's
 

@@ -1,7 +1,7 @@
 import pytest
 
-from gpubench.cases import PROFILE_MODELS, profile_cases
-from gpubench.config import PROFILES
+from gpubench.suite.cases import PROFILE_MODELS, profile_cases
+from gpubench.train.config import PROFILES
 
 
 def test_case_ids_unique_and_baseline_first_per_model():
@@ -31,7 +31,7 @@ def test_compile_cases_are_slow():
 
 
 def test_budget_rounds_shrinks_slow_cases_but_keeps_a_sample():
-    from gpubench.runner import MIN_ROUNDS, budget_rounds
+    from gpubench.measure.runner import MIN_ROUNDS, budget_rounds
 
     assert budget_rounds(10, 0.01, 4.0) == 10
     assert budget_rounds(10, 0.5, 4.0) == 8
@@ -41,8 +41,8 @@ def test_budget_rounds_shrinks_slow_cases_but_keeps_a_sample():
 
 
 def test_budget_rounds_extends_fast_cases_to_the_minimum_time_within_a_cap():
-    from gpubench.measure import EXTEND_FACTOR
-    from gpubench.runner import budget_rounds
+    from gpubench.measure.protocol import EXTEND_FACTOR
+    from gpubench.measure.runner import budget_rounds
 
     assert budget_rounds(12, 0.015, 3.0, 0.6) == 40  # 40 x 15 ms = 0.6 s
     assert budget_rounds(12, 0.045, 3.0, 0.6) == 14
@@ -64,7 +64,7 @@ def test_only_the_loader_group_reads_through_a_loader():
 
 
 def test_gpu_small_has_the_promised_shapes_and_is_a_subset_of_gpu_full():
-    from gpubench.workload import resolve
+    from gpubench.workloads.registry import resolve
 
     small = {c.id: c for c in profile_cases("gpu-small", "cuda")}
     full = {c.id: c for c in profile_cases("gpu-full", "cuda")}
@@ -78,7 +78,7 @@ def test_gpu_small_has_the_promised_shapes_and_is_a_subset_of_gpu_full():
 
 
 def test_worker_sweep_goes_above_the_core_count(monkeypatch):
-    import gpubench.cases as cases
+    import gpubench.suite.cases as cases
 
     monkeypatch.setattr(cases.os, "cpu_count", lambda: 2)
     assert cases.worker_counts() == [0, 1, 2, 4]
@@ -88,8 +88,8 @@ def test_worker_sweep_goes_above_the_core_count(monkeypatch):
 
 
 def test_emulated_precision_combinations_leave_the_cpu_profile():
-    from gpubench.cases import budget_reason, native_cpu_precisions
-    from gpubench.config import RunConfig
+    from gpubench.suite.cases import budget_reason, native_cpu_precisions
+    from gpubench.train.config import RunConfig
 
     base = RunConfig(model="resnet18", profile="cpu")
     assert budget_reason(base.with_(precision="bf16")) is None  # the precision group's case
@@ -117,7 +117,7 @@ def test_a_negative_round_budget_is_a_one_line_usage_error(option):
 
 
 def test_gpubench_run_rejects_a_negative_min_time(capsys):
-    from gpubench import cli
+    from gpubench.cli import main as cli
 
     with pytest.raises(SystemExit) as err:
         cli.main(["run", "--min-time", "-1"])

@@ -10,7 +10,8 @@ import pytest
 from matplotlib.patches import Rectangle
 from matplotlib.text import Annotation, Text
 
-from gpubench.charts import (
+from gpubench.analysis.results import load_results
+from gpubench.report.charts import (
     GROUP_COLORS,
     MIB,
     plot_accumulation,
@@ -21,7 +22,6 @@ from gpubench.charts import (
     plot_speedup,
     spread_labels,
 )
-from gpubench.results import load_results
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.build import build
-from gpubench.checks import TrainingCheckError, check_case
-from gpubench.config import RunConfig
-from gpubench.parallel import Single
+from gpubench.train.build import build
+from gpubench.train.checks import TrainingCheckError, check_case
+from gpubench.train.config import RunConfig
+from gpubench.train.parallel import Single
 
 
 class Broken(Single):
@@ -86,7 +86,7 @@ def test_reference_gradient_is_the_global_batch_gradient():
     """k micro-batches of B/k give the gradient of the whole batch of B (BERT has no BatchNorm)."""
     case = _case()
     fixed = case.fixed_batches()
-    from gpubench.checks import _Reference
+    from gpubench.train.checks import _Reference
 
     ref = _Reference(case, fixed)
     whole = build(RunConfig(model="bert", profile="smoke", micro_batch=8))
@@ -108,7 +108,7 @@ def test_reference_gradient_is_the_global_batch_gradient():
 def test_the_reference_of_a_tf32_case_is_ieee_fp32(monkeypatch):
     """The check runs inside the case's math mode (TF32 for a tf32 case); its FP32 reference
     must not: a tf32 case compared with TF32 would never exercise the tf32 tolerances."""
-    import gpubench.checks as checks
+    import gpubench.train.checks as checks
 
     seen = []
     plain = checks._micro_objective
@@ -130,7 +130,7 @@ def test_the_reference_of_a_tf32_case_is_ieee_fp32(monkeypatch):
 def test_the_reference_gradient_holds_one_micro_batch_graph_at_a_time(monkeypatch):
     """The FP32 reference of an accumulation case backpropagates each micro-batch before the
     next one's forward: its peak holds one micro-batch's activations, not k."""
-    import gpubench.checks as checks
+    import gpubench.train.checks as checks
 
     events = []
     plain_micro, plain_grad = checks._micro_objective, torch.autograd.grad

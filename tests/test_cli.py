@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from gpubench.cli import main
-from gpubench.results import REQUIRED_FIELDS
+from gpubench.analysis.results import REQUIRED_FIELDS
+from gpubench.cli.main import main
 
 EXTRA_FIELDS = (
     "step_time_iqr_s", "peak_reserved_bytes", "step_memory_bytes", "peak_memory_method",
@@ -74,7 +74,7 @@ def test_run_judges_no_grad_and_del_from_its_own_measurements(smoke_run):
     for r in reports:
         assert r["hygiene"]["evaluation"]["no_grad"]["saved_bytes"] == 0
         assert r["hygiene"]["evaluation"]["grad"]["saved_bytes"] > 0
-    from gpubench.claims import CLAIMS
+    from gpubench.suite.claims import CLAIMS
 
     for text in (CLAIMS["no-grad"].text, CLAIMS["del"].text):
         for where in ("advice.md", "report.md"):

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import cli
-from gpubench.argtypes import parse_bytes
-from gpubench.progress import with_progress
-from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
+from gpubench.cli import main as cli
+from gpubench.measure.standalone import StandaloneBenchmark, write_benchmark_json
+from gpubench.util.argtypes import parse_bytes
+from gpubench.util.progress import with_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,8 +61,8 @@ def test_no_progress_line_off_a_terminal():
 
 
 def test_gpubench_case_shows_progress_on_a_terminal_stderr(monkeypatch, tmp_path, capsys):
-    import gpubench.machine
-    import gpubench.runner
+    import gpubench.measure.machine
+    import gpubench.measure.runner
 
     def fake_run_case(benchmark, cfg, *, rounds, warmup_rounds, **kwargs):
         benchmark.pedantic(lambda: None, rounds=rounds, warmup_rounds=warmup_rounds)
@@ -70,8 +70,8 @@ def test_gpubench_case_shows_progress_on_a_terminal_stderr(monkeypatch, tmp_path
                                     peak_memory_bytes=2**20)
         return benchmark.extra_info
 
-    monkeypatch.setattr(gpubench.runner, "run_case", fake_run_case)
-    monkeypatch.setattr(gpubench.machine, "machine_info",
+    monkeypatch.setattr(gpubench.measure.runner, "run_case", fake_run_case)
+    monkeypatch.setattr(gpubench.measure.machine, "machine_info",
                         lambda device, storage_dir=None: {"device": device})
     screen = Terminal()
     monkeypatch.setattr(sys, "stderr", screen)
@@ -239,14 +239,14 @@ def test_unusable_output_path_is_one_line_before_any_work(command, where, tmp_pa
                                                           monkeypatch):
     """A file or a path under a file as the output folder (or, for file options, a path under
     a file) was a FileExistsError / NotADirectoryError traceback after the work was done."""
-    import gpubench.memory_report
-    import gpubench.runner
+    import gpubench.measure.runner
+    import gpubench.report.memory
 
     def no_work(*args, **kwargs):
         raise AssertionError("the work started before the output path was checked")
 
-    monkeypatch.setattr(gpubench.runner, "run_case", no_work)
-    monkeypatch.setattr(gpubench.memory_report, "memory_main", no_work)
+    monkeypatch.setattr(gpubench.measure.runner, "run_case", no_work)
+    monkeypatch.setattr(gpubench.report.memory, "memory_main", no_work)
     results = _result_file(tmp_path)
     a_file = tmp_path / "a-file"
     a_file.write_text("keep me")
@@ -276,14 +276,14 @@ def test_unusable_output_path_is_one_line_before_any_work(command, where, tmp_pa
 def test_case_whose_rank_fails_is_one_line_naming_rank_and_cause(monkeypatch, tmp_path,
                                                                   capsys):
     """A rank killed or failing in `gpubench case` was a WorkerError traceback."""
-    import gpubench.runner
-    from gpubench.workers import WorkerError
+    import gpubench.measure.runner
+    from gpubench.launchers.workers import WorkerError
 
     def rank_fails(*args, **kwargs):
         raise WorkerError("rank 1 failed during 'step':\nTraceback (most recent call last):\n"
                           "  File \"x.py\", line 1\nRuntimeError: boom")
 
-    monkeypatch.setattr(gpubench.runner, "run_case", rank_fails)
+    monkeypatch.setattr(gpubench.measure.runner, "run_case", rank_fails)
     assert cli.main(["case", "--model", "bert", "--profile", "smoke", "--parallel", "ddp",
                      "--world-size", "2", "-o", str(tmp_path / "c.json")]) == 1
     err = capsys.readouterr().err

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpubench.compare import (
+from gpubench.analysis.compare import (
     Thresholds,
     compare_main,
     compare_runs,
@@ -20,8 +20,8 @@ from gpubench.compare import (
     time_verdict,
     write_github_json,
 )
-from gpubench.compare_args import add_compare_arguments
-from gpubench.results import REQUIRED_FIELDS, ResultsError, load_results
+from gpubench.analysis.results import REQUIRED_FIELDS, ResultsError, load_results
+from gpubench.cli.compare import add_compare_arguments
 
 ROUNDS = 10  # the cpu profile's default rounds per case
 NOISE = 0.03  # relative spread of round times, typical of a quiet machine
@@ -206,7 +206,7 @@ def test_new_run_without_comparable_case_fails(tmp_path, capsys):
     other = _write(tmp_path / "smoke.json",
                    [_record("base", _rounds(2, 1.0), profile="smoke", baseline=True)])
     # A run whose cases all crashed holds no case at all: the reader refuses it, exit 2.
-    from gpubench.cli import main
+    from gpubench.cli.main import main
 
     assert main(["compare", str(base), str(crashed), "--report-only"]) == 2
     assert "holds no cases" in capsys.readouterr().err

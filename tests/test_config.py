@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpubench.config import LoaderConfig, RunConfig
+from gpubench.train.config import LoaderConfig, RunConfig
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_flatten_has_the_documented_names():
 
 
 def test_config_round_trips_through_a_record():
-    from gpubench.config import config_from_record
+    from gpubench.train.config import config_from_record
 
     cfg = RunConfig(model="bert", precision="bf16", accum_steps=2, micro_batch=4,
                     loader=LoaderConfig(dataset="tokens-mmap", num_workers=2))

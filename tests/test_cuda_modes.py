@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.precision import Precision, cudnn_benchmark
+from gpubench.train.precision import Precision, cudnn_benchmark
 
 
 @pytest.mark.parametrize("device_type", ["cuda", "cpu"])

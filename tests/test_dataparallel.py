@@ -14,11 +14,11 @@ import threading
 import torch
 from torch import nn
 
-from gpubench.config import RunConfig
-from gpubench.flops import count_flops_detailed
-from gpubench.measure import CaseProgram
-from gpubench.memory import SavedActivations
-from gpubench.parallel import ReplicaUnderAutocast, autocast_state
+from gpubench.measure.flops import count_flops_detailed
+from gpubench.measure.memory import SavedActivations
+from gpubench.measure.protocol import CaseProgram
+from gpubench.train.config import RunConfig
+from gpubench.train.parallel import ReplicaUnderAutocast, autocast_state
 
 
 def _in_thread(fn, *args):

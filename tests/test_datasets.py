@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from gpubench.build import build
-from gpubench.config import LoaderConfig, RunConfig
-from gpubench.data import WaitTimer, build_loader, endless, measure_loader
-from gpubench.datasets import (
+from gpubench.train.build import build
+from gpubench.train.config import LoaderConfig, RunConfig
+from gpubench.train.data import WaitTimer, build_loader, endless, measure_loader
+from gpubench.workloads.datasets import (
     MANIFEST,
     CachedDataset,
     DataError,
@@ -174,7 +174,7 @@ def test_loader_probe_and_workers_do_not_outlive_the_case(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["images-jpeg", "images-png"])
 def test_parallel_generation_writes_the_same_files_and_labels(tmp_path, fmt):
-    from gpubench.datasets import MIN_FILES_PER_PROCESS
+    from gpubench.workloads.datasets import MIN_FILES_PER_PROCESS
 
     count = 2 * MIN_FILES_PER_PROCESS + 5  # enough for two processes, chunks of unequal size
     folders = [ensure_image_folder(tmp_path / f"p{n}", fmt, count, 24, 10, seed=3, processes=n)
@@ -197,7 +197,7 @@ def test_parallel_generation_leaves_no_workers_and_no_temporary_folder(tmp_path)
 
 
 def test_png_set_is_small_and_cycled_over(tmp_path):
-    from gpubench.datasets import SMALL_SETS, image_file_count
+    from gpubench.workloads.datasets import SMALL_SETS, image_file_count
 
     small = SMALL_SETS["images-png"]
     assert image_file_count("images-png", 4096) == image_file_count("images-png", 8192) == small

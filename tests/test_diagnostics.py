@@ -10,13 +10,18 @@ import sys
 import pytest
 import torch
 
-from gpubench import frontier
-from gpubench.build import build
-from gpubench.config import RunConfig
-from gpubench.frontier import find_frontier, parse_bytes, search_max_batch
-from gpubench.leaks import LOOPS, MIB, check_loops, detect_leak, reference_cycle
-from gpubench.measure import CaseProgram
-from gpubench.memory import cpu_peak_supported, release_free_memory, track_large_allocations
+from gpubench.diagnostics import frontier
+from gpubench.diagnostics.frontier import find_frontier, search_max_batch
+from gpubench.diagnostics.leaks import LOOPS, MIB, check_loops, detect_leak, reference_cycle
+from gpubench.measure.memory import (
+    cpu_peak_supported,
+    release_free_memory,
+    track_large_allocations,
+)
+from gpubench.measure.protocol import CaseProgram
+from gpubench.train.build import build
+from gpubench.train.config import RunConfig
+from gpubench.util.argtypes import parse_bytes
 
 
 def test_search_finds_the_largest_fitting_batch_in_few_tries():
@@ -52,9 +57,9 @@ def test_parse_bytes():
 
 LEAK_PROGRAM = """
 import json
-from gpubench.build import build
-from gpubench.config import RunConfig
-from gpubench.leaks import check_loops
+from gpubench.train.build import build
+from gpubench.train.config import RunConfig
+from gpubench.diagnostics.leaks import check_loops
 results = check_loops(lambda: build(RunConfig(model="resnet18", profile="smoke")))
 print(json.dumps({r.name: [r.leaks, r.growth_bytes_per_step] for r in results}))
 """
@@ -79,7 +84,7 @@ def test_leak_detector_flags_the_leaky_loops_and_passes_the_fixed_ones():
 
 
 def test_allocation_failures_of_libraries_count_as_out_of_memory():
-    from gpubench.frontier import is_out_of_memory
+    from gpubench.diagnostics.frontier import is_out_of_memory
 
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
     assert is_out_of_memory(RuntimeError(
@@ -121,7 +126,7 @@ def test_frontier_treats_a_cublas_allocation_failure_as_does_not_fit(monkeypatch
 
 
 def test_memory_report_searches_up_to_an_h200_on_cuda():
-    from gpubench.memory_report import MAX_BATCH
+    from gpubench.report.memory import MAX_BATCH
 
     assert MAX_BATCH["cuda"] >= 65536 and MAX_BATCH["cpu"] == 1024
 
@@ -165,7 +170,7 @@ def test_leaky_loop_that_runs_out_of_memory_is_reported_as_leaking():
 
 
 def test_a_one_off_allocation_is_not_a_leak_but_steady_growth_is():
-    from gpubench.leaks import LeakResult
+    from gpubench.diagnostics.leaks import LeakResult
 
     mib = 2**20
     # One 8 MiB jump in 4 measured steps (a lazily created buffer): the fit over all steps reads

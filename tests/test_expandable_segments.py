@@ -9,12 +9,12 @@ import os
 
 import pytest
 
-from gpubench import runner
-from gpubench.build import unsupported_reason
-from gpubench.cases import profile_cases
-from gpubench.config import RunConfig
-from gpubench.signals import guarded_call
-from gpubench.workers import WorkerGroup
+from gpubench.launchers.workers import WorkerGroup
+from gpubench.measure import runner
+from gpubench.suite.cases import profile_cases
+from gpubench.train.build import unsupported_reason
+from gpubench.train.config import RunConfig
+from gpubench.util.signals import guarded_call
 
 VAR = "PYTORCH_CUDA_ALLOC_CONF"
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gpubench.flops import (
+from gpubench.measure.flops import (
     FlopCount,
     count_flops,
     count_flops_detailed,
@@ -142,9 +142,9 @@ def test_a_checkpointed_case_has_its_base_cases_model_flops(model):
     third, model FLOPs stay the plain case's."""
     import itertools
 
-    from gpubench.build import build as build_case
-    from gpubench.config import RunConfig
-    from gpubench.flops import counting_flops
+    from gpubench.measure.flops import counting_flops
+    from gpubench.train.build import build as build_case
+    from gpubench.train.config import RunConfig
 
     counts = []
     for checkpointing in (False, True):
@@ -229,9 +229,9 @@ def test_measured_matmul_peak_is_positive_and_cached():
 def test_a_count_reused_between_cases_equals_counting_again(changes):
     """``count_key`` leaves out only what changes neither the ops nor the saved tensors: the
     reused figures must equal a fresh count of the case."""
-    from gpubench import measure
-    from gpubench.config import RunConfig
-    from gpubench.measure import InProcess
+    from gpubench.measure import protocol as measure
+    from gpubench.measure.protocol import InProcess
+    from gpubench.train.config import RunConfig
 
     base = RunConfig(model="resnet18", profile="smoke")
     measure._LAST_COUNT.clear()
@@ -250,9 +250,9 @@ def test_a_count_reused_between_cases_equals_counting_again(changes):
 
 
 def test_a_count_is_not_reused_where_the_step_differs():
-    from gpubench import measure
-    from gpubench.config import RunConfig
-    from gpubench.measure import InProcess
+    from gpubench.measure import protocol as measure
+    from gpubench.measure.protocol import InProcess
+    from gpubench.train.config import RunConfig
 
     base = RunConfig(model="resnet18", profile="smoke")
     measure._LAST_COUNT.clear()
@@ -269,9 +269,9 @@ def test_a_count_is_not_reused_where_the_step_differs():
 def test_the_checks_first_step_counts_what_a_separate_count_step_counts(changes):
     """``CaseProgram.check`` counts FLOPs and saved activations around its first training
     step; they must equal a count over a step of their own."""
-    from gpubench import measure
-    from gpubench.config import RunConfig
-    from gpubench.measure import InProcess
+    from gpubench.measure import protocol as measure
+    from gpubench.measure.protocol import InProcess
+    from gpubench.train.config import RunConfig
 
     cfg = RunConfig(model="bert", profile="smoke", **changes)
     measure._LAST_COUNT.clear()

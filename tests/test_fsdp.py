@@ -9,16 +9,16 @@ import dataclasses
 import pytest
 import torch
 
-from gpubench.build import build
-from gpubench.checks import GRAD_TOL, TrainingCheckError, check_case
-from gpubench.config import RunConfig
-from gpubench.measure import CaseProgram
-from gpubench.memory import SavedActivations, state_breakdown
-from gpubench.parallel import shard_units
-from gpubench.runner import run_case
-from gpubench.standalone import StandaloneBenchmark
-from gpubench.workers import WorkerGroup
-from gpubench.workload import build_train_module
+from gpubench.launchers.workers import WorkerGroup
+from gpubench.measure.memory import SavedActivations, state_breakdown
+from gpubench.measure.protocol import CaseProgram
+from gpubench.measure.runner import run_case
+from gpubench.measure.standalone import StandaloneBenchmark
+from gpubench.train.build import build
+from gpubench.train.checks import GRAD_TOL, TrainingCheckError, check_case
+from gpubench.train.config import RunConfig
+from gpubench.train.parallel import shard_units
+from gpubench.workloads.api import build_train_module
 
 PARAM_ATOL = 1e-6
 """Parameters after one SGD step: the same sums in another order (float32)."""

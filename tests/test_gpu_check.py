@@ -298,7 +298,7 @@ def test_the_gpu_selections_are_cases_of_the_gpu_small_profile_picked_exactly():
     selections = tool.selections("gpu")
     assert [s for s in selections.values() if s["missing"]] == []
     assert selections["headline"]["ids"] == tool.GPU_STEPS["headline"]["ids"]
-    from gpubench.cases import profile_cases
+    from gpubench.suite.cases import profile_cases
 
     for step, sel in selections.items():
         if sel["test"] != "test_step":

@@ -1,6 +1,6 @@
 """Nothing keeps a finished run alive, and a rank that cannot reach its rendezvous says so in
 time: a workload's stray non-daemon thread is named and the process exits with pytest's status
-(``gpubench.signals.exit_despite_stray_threads``); ``gpubench dist`` names the address it could
+(``gpubench.util.signals.exit_despite_stray_threads``); ``gpubench dist`` names the address it could
 not join within ``--timeout``."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _python(code: str, timeout: float = 60, env: dict | None = None):
 
 
 STRAY = ("import sys, threading, time\n"
-         "from gpubench.signals import exit_despite_stray_threads\n"
+         "from gpubench.util.signals import exit_despite_stray_threads\n"
          "threading.Thread(target=time.sleep, args=({sleep},), name='poller').start()\n"
          "exit_despite_stray_threads(3, grace_s=0.3)\n"
          "print('done', flush=True)\n"
@@ -52,7 +52,7 @@ def test_a_thread_that_ends_in_time_is_waited_for_and_not_named():
 
 
 def test_without_stray_threads_nothing_happens():
-    proc = _python("from gpubench.signals import exit_despite_stray_threads\n"
+    proc = _python("from gpubench.util.signals import exit_despite_stray_threads\n"
                    "exit_despite_stray_threads(5)\nimport threading\n"
                    "assert [t.name for t in threading.enumerate()] == ['MainThread']\n")
     assert (proc.returncode, proc.stderr) == (0, "")

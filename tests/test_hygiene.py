@@ -1,4 +1,5 @@
-"""The memory-hygiene measurements (``gpubench.hygiene``) on a tiny model, and the memory command
+"""The memory-hygiene measurements (``gpubench.diagnostics.hygiene``) on a tiny model, and the
+memory command
 that records them (``emptycache`` in its OOM frontier, the verdicts in ``memory.md``)."""
 
 from __future__ import annotations
@@ -7,9 +8,10 @@ import json
 
 import pytest
 
-from gpubench import cli, hygiene
-from gpubench.cases import baseline
-from gpubench.memory_report import TECHNIQUES, technique_config
+from gpubench.cli import main as cli
+from gpubench.diagnostics import hygiene
+from gpubench.report.memory import TECHNIQUES, technique_config
+from gpubench.suite.cases import baseline
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,8 @@ def test_outputs_kept_after_backward_hold_only_their_own_storage(tiny):
 
 
 def test_measure_is_plain_data_the_advice_judges():
-    from gpubench.advice import memory_verdicts
-    from gpubench.claims import CLAIMS
+    from gpubench.analysis.advice import memory_verdicts
+    from gpubench.suite.claims import CLAIMS
 
     data = hygiene.measure("bert", "smoke")
     json.dumps(data)  # memory.json
@@ -78,13 +80,13 @@ def test_a_bad_technique_is_a_one_line_error_before_anything_runs(capsys):
 
 
 def test_memory_report_records_hygiene_and_verdicts(monkeypatch, tmp_path, capsys):
-    import gpubench.frontier
-    import gpubench.leaks
-    from gpubench.frontier import Frontier, Try
+    import gpubench.diagnostics.frontier
+    import gpubench.diagnostics.leaks
+    from gpubench.diagnostics.frontier import Frontier, Try
 
-    monkeypatch.setattr(gpubench.frontier, "find_frontier",
+    monkeypatch.setattr(gpubench.diagnostics.frontier, "find_frontier",
                         lambda cfg, budget, limit: Frontier(cfg.id, 8, [Try(8, True, 100)]))
-    monkeypatch.setattr(gpubench.leaks, "allocator_stats", lambda device: {
+    monkeypatch.setattr(gpubench.diagnostics.leaks, "allocator_stats", lambda device: {
         "reserved_bytes": None})
     assert cli.main(["memory", "--model", "bert", "--profile", "smoke", "--device", "cpu",
                      "--techniques", "fp32,emptycache", "--budget", "2G", "--no-leaks",
@@ -97,8 +99,8 @@ def test_memory_report_records_hygiene_and_verdicts(monkeypatch, tmp_path, capsy
     assert "not testable here" in text  # empty_cache on the CPU
 
     # gpubench advise reads a memory.json beside the results (or --memory).
-    from gpubench.memory_report import load_memory_reports
-    from gpubench.results import ResultsError
+    from gpubench.analysis.results import ResultsError
+    from gpubench.report.memory import load_memory_reports
 
     args = cli.build_parser().parse_args(["advise", "--results", str(tmp_path / "b.json")])
     assert cli.memory_reports(args, [tmp_path / "b.json"])[0]["model"] == "bert"

@@ -1,5 +1,6 @@
 """Nothing measured is lost: every finished case is in ``<out>/`` the moment it finishes
-(``gpubench.journal``), whatever stops the run (SIGKILL of either process or both, Ctrl-C once
+(``gpubench.measure.journal``), whatever stops the run (SIGKILL of either process or both, Ctrl-C
+once
 or twice, a full disk), on any filesystem; ``--resume`` continues a stopped run; one run per
 folder; failed cases are results too."""
 
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 from processes import kill_session, session_processes, wait_gone  # tests/ on sys.path
 
-from gpubench import cli
-from gpubench.journal import (
+from gpubench.cli import main as cli
+from gpubench.measure.journal import (
     Journal,
     JournalError,
     RunLock,

@@ -3,9 +3,9 @@ its own process, built after the case's memory window, so the case's peaks stay 
 
 from __future__ import annotations
 
-from gpubench.config import RunConfig
-from gpubench.measure import InProcess, PairedBaseline, measure
-from gpubench.standalone import StandaloneBenchmark
+from gpubench.measure.protocol import InProcess, PairedBaseline, measure
+from gpubench.measure.standalone import StandaloneBenchmark
+from gpubench.train.config import RunConfig
 
 
 def _measure(cfg: RunConfig, baseline=None) -> dict:

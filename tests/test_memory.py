@@ -1,15 +1,15 @@
 import pytest
 import torch
 
-from gpubench.build import build
-from gpubench.config import RunConfig
-from gpubench.memory import (
+from gpubench.measure.memory import (
     SavedActivations,
     cpu_peak_supported,
     read_peak,
     reset_peak,
     state_breakdown,
 )
+from gpubench.train.build import build
+from gpubench.train.config import RunConfig
 
 
 def _step_memory(micro_batch: int) -> dict:

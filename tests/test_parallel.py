@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from gpubench.build import build, check_world_size
-from gpubench.config import RunConfig
-from gpubench.data import seed_worker
-from gpubench.measure import combine
-from gpubench.workers import WorkerError, WorkerGroup, WorkerTimeout
+from gpubench.launchers.workers import WorkerError, WorkerGroup, WorkerTimeout
+from gpubench.measure.protocol import combine
+from gpubench.train.build import build, check_world_size
+from gpubench.train.config import RunConfig
+from gpubench.train.data import seed_worker
 
 PARAM_ATOL = 1e-6
 """Parameters after one SGD step: the same sums in another order (float32)."""

@@ -10,10 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from gpubench import parallel
-from gpubench.cli import main
-from gpubench.config import RunConfig
-from gpubench.parity import (
+from gpubench.analysis.parity import CLAIM, TOLERANCE, judge, load_parity_reports
+from gpubench.cli.main import main
+from gpubench.diagnostics.parity import (
     DataPlan,
     OverBudget,
     ParityProgram,
@@ -21,7 +20,8 @@ from gpubench.parity import (
     technique_config,
     train_technique,
 )
-from gpubench.parity_report import CLAIM, TOLERANCE, judge, load_parity_reports
+from gpubench.train import parallel
+from gpubench.train.config import RunConfig
 
 STEPS = 80  # bert smoke: FP32 falls from 2.30 to about 0.45 (the task is learned)
 
@@ -163,7 +163,7 @@ def _results(tmp_path):
 
 
 def test_advice_row_from_parity_json_and_without_it(cli_run, tmp_path):
-    from gpubench.advice import advise
+    from gpubench.analysis.advice import advise
 
     df = _results(tmp_path)
     missing = next(v for v in advise(df) if v.claim == CLAIM)
@@ -182,7 +182,7 @@ def test_advice_row_from_parity_json_and_without_it(cli_run, tmp_path):
 
 
 def test_advise_picks_up_parity_json_beside_the_results(cli_run, tmp_path):
-    import gpubench.cli as cli
+    import gpubench.cli.main as cli
 
     results = tmp_path / "benchmark.json"
     results.write_text("{}")
@@ -205,7 +205,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
     assert "expected an integer >= 1; got '0'" in capsys.readouterr().err
     bad = tmp_path / "parity.json"
     bad.write_text('{"kind": "memory"}')
-    from gpubench.results import ResultsError
+    from gpubench.analysis.results import ResultsError
 
     with pytest.raises(ResultsError, match="parity.json: not a gpubench parity.json"):
         load_parity_reports([bad])
@@ -225,8 +225,8 @@ def test_ddp_over_two_ranks_trains_the_same_curve():
 def test_run_parity_for_writes_a_list_and_a_chart_per_model(tmp_path):
     """What ``gpubench run --parity`` writes beside the results: parity.json as a list (one
     report per model), parity-<model>.png, and the advice's chart column naming it."""
-    from gpubench.advice import advise
-    from gpubench.parity_cli import run_parity_for
+    from gpubench.analysis.advice import advise
+    from gpubench.cli.parity import run_parity_for
 
     run_parity_for(["bert"], "smoke", "cpu", tmp_path, steps=STEPS, techniques=["accum4"])
     data = json.loads((tmp_path / "parity.json").read_text())
@@ -243,7 +243,7 @@ def test_report_shows_the_parity_beside_the_results(cli_run, tmp_path):
     import shutil
     from pathlib import Path
 
-    from gpubench.report import write_report
+    from gpubench.report.page import write_report
 
     committed = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
     data = json.loads(committed.read_text())
@@ -265,7 +265,7 @@ def test_report_shows_the_parity_beside_the_results(cli_run, tmp_path):
 def test_run_parity_for_passes_over_records_without_a_model_and_warns_on_failure(tmp_path):
     """``gpubench run --parity`` gets the models of its records: a missing one (NaN) is passed
     over, a failing one is a warning, and parity.json is still a (here empty) list."""
-    from gpubench.parity_cli import run_parity_for
+    from gpubench.cli.parity import run_parity_for
 
     with pytest.warns(UserWarning, match="convergence parity of bert failed: ValueError: steps"):
         run_parity_for([float("nan"), "bert"], "smoke", "cpu", tmp_path, steps=0)

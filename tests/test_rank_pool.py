@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from gpubench.config import RunConfig
-from gpubench.runner import RankPool, run_case
-from gpubench.standalone import StandaloneBenchmark
-from gpubench.workers import WorkerError, WorkerGroup
+from gpubench.launchers.workers import WorkerError, WorkerGroup
+from gpubench.measure.runner import RankPool, run_case
+from gpubench.measure.standalone import StandaloneBenchmark
+from gpubench.train.config import RunConfig
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks ranks")
 

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from test_advice import _row as _noisy_row
 
-from gpubench.advice import advise, recommend
-from gpubench.cases import (
+from gpubench.analysis.advice import advise, recommend
+from gpubench.suite.cases import (
     RECIPE_ACCUM_STEPS,
     baseline,
     knob_workers,
@@ -16,7 +16,7 @@ from gpubench.cases import (
     recipe_cases,
     recipe_precision,
 )
-from gpubench.claims import CLAIMS
+from gpubench.suite.claims import CLAIMS
 
 CLAIM = CLAIMS["recipe"].text
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.report import write_report
+from gpubench.report.page import write_report
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import cli
-from gpubench.charts import CannotPlot, plot_accumulation
-from gpubench.results import load_results
+from gpubench.analysis.results import load_results
+from gpubench.cli import main as cli
+from gpubench.report.charts import CannotPlot, plot_accumulation
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
 
@@ -50,6 +50,6 @@ def test_report_without_a_baseline_says_so(tmp_path, capsys):
 
 
 def test_a_report_with_its_baseline_has_no_such_note(tmp_path):
-    from gpubench.report import baseline_notes
+    from gpubench.report.page import baseline_notes
 
     assert baseline_notes(load_results([_file(tmp_path, _accumulation(True))])) == ""

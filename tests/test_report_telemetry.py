@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpubench.charts import CannotPlot, energy_per_sample, plot_energy
-from gpubench.report import telemetry_markdown, write_report
-from gpubench.results import load_results
+from gpubench.analysis.results import load_results
+from gpubench.report.charts import CannotPlot, energy_per_sample, plot_energy
+from gpubench.report.page import telemetry_markdown, write_report
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
 CONTENDED = "resnet18-fp32-zerofill"
@@ -23,7 +23,7 @@ REASON = "run queue 6.0 threads on 2 cores, above what the case's own 2 process(
 
 
 def _cpu_telemetry(extra: dict) -> dict:
-    """What ``gpubench.telemetry.Sampler.summary`` records for a CPU case."""
+    """What ``gpubench.measure.telemetry.Sampler.summary`` records for a CPU case."""
     contended = extra["case_id"] == CONTENDED
     return {
         "telemetry_period_s": 0.1, "telemetry_samples": 25, "telemetry_window_s": 2.5,

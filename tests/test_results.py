@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpubench.results import (
+from gpubench.analysis.results import (
     REQUIRED_FIELDS,
     ResultsError,
     load_results,
@@ -227,7 +227,7 @@ def test_random_malformed_records_raise_only_results_error(tmp_path, doc):
 
 
 def test_run_cost_splits_the_cases_time_into_timed_rounds_and_each_untimed_part(tmp_path):
-    from gpubench.summary import run_cost, run_cost_markdown, summary_markdown
+    from gpubench.report.summary import run_cost, run_cost_markdown, summary_markdown
 
     harness = {"build": 0.5, "check": 0.3, "count": 0.1, "warmup": 0.1, "rounds": 0.9}
     rec = _record(harness_s=harness, paired_baseline_rounds_s=[0.1, 0.1, 0.1])

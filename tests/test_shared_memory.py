@@ -10,10 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from gpubench import Workload, cli, machine
-from gpubench.build import unsupported_reason
-from gpubench.config import LoaderConfig, RunConfig
-from gpubench.data import shared_memory_need, shared_memory_reason
+from gpubench import Workload
+from gpubench.cli import main as cli
+from gpubench.train import data as loader_data
+from gpubench.train.build import unsupported_reason
+from gpubench.train.config import LoaderConfig, RunConfig
+from gpubench.train.data import shared_memory_need, shared_memory_reason
 
 SPEC = f"{Path(__file__).resolve()}:"
 
@@ -55,7 +57,7 @@ def test_the_reason_names_the_need_what_is_free_and_the_fix():
 
 
 def test_a_small_dev_shm_skips_the_loader_cases_in_list(monkeypatch, capsys):
-    monkeypatch.setattr(machine, "shared_memory_free_bytes", lambda path="": 64 * 2**20)
+    monkeypatch.setattr(loader_data, "shared_memory_free_bytes", lambda path="": 64 * 2**20)
     assert "shared memory" in unsupported_reason(_cfg(num_workers=1))
     assert cli.main(["list", "--profile", "smoke", "--model", SPEC + "images",
                      "--groups", "loader"]) == 0
@@ -67,10 +69,10 @@ def test_a_small_dev_shm_skips_the_loader_cases_in_list(monkeypatch, capsys):
 
 @pytest.mark.parametrize("free", [None, 2**40])
 def test_enough_or_no_dev_shm_skips_nothing(monkeypatch, free):
-    monkeypatch.setattr(machine, "shared_memory_free_bytes", lambda path="": free)
+    monkeypatch.setattr(loader_data, "shared_memory_free_bytes", lambda path="": free)
     assert unsupported_reason(_cfg(num_workers=2)) is None
 
 
 def test_this_machine_reports_its_dev_shm():
-    free = machine.shared_memory_free_bytes()
+    free = loader_data.shared_memory_free_bytes()
     assert free is None or free >= 0

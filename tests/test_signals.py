@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from processes import kill_session, wait_gone  # the tests folder is on sys.path
 
-from gpubench import atomic, cli
-from gpubench import signals as gsignals
+from gpubench.cli import main as cli
+from gpubench.util import atomic
+from gpubench.util import signals as gsignals
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["run", "--profile", "smoke", "--models", "bert", "-k", "zerofill", "--no-charts"]
@@ -78,9 +79,9 @@ def fake_pytest(monkeypatch, tmp_path):
 
     monkeypatch.setattr(gsignals, "run_forwarding_signals", run)
     monkeypatch.setattr(cli, "summary_markdown", lambda df: "summary")
-    import gpubench.advice
+    import gpubench.analysis.advice
 
-    monkeypatch.setattr(gpubench.advice, "advice_markdown", lambda df, *a, **k: "advice")
+    monkeypatch.setattr(gpubench.analysis.advice, "advice_markdown", lambda df, *a, **k: "advice")
     monkeypatch.setenv("GPUBENCH_DATA_DIR", str(tmp_path / "data"))
 
     def configure(json_text=None, code=0, signum=None):
@@ -153,13 +154,13 @@ def test_interrupt_while_writing_charts_keeps_the_finished_cases(
         fake_pytest, previous, capsys, monkeypatch):
     out, before = previous
     fake_pytest(_results(_bench("new")))
-    import gpubench.report
+    import gpubench.report.page
 
     def killed_mid_charts(files, folder, labels=None):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)  # the handler raises here
 
-    monkeypatch.setattr(gpubench.report, "write_report", killed_mid_charts)
+    monkeypatch.setattr(gpubench.report.page, "write_report", killed_mid_charts)
     args = [a for a in RUN if a != "--no-charts"]
     assert cli.main([*args, "--out", str(out)]) == 143
     err = capsys.readouterr().err.strip().splitlines()
@@ -178,12 +179,12 @@ def test_a_failure_after_the_cases_is_one_line_and_keeps_them(fake_pytest, previ
     fake_pytest(_results(_bench("new")))
     import errno
 
-    import gpubench.memory_report
+    import gpubench.report.memory
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "memory.json"))
 
-    monkeypatch.setattr(gpubench.memory_report, "hygiene_reports", full)
+    monkeypatch.setattr(gpubench.report.memory, "hygiene_reports", full)
     assert cli.main([*RUN, "--out", str(out)]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"gpubench: cannot write {out / 'memory.json'}: No space left on device; the 1 "
@@ -304,9 +305,9 @@ def test_interrupt_while_starting_is_one_line(fake_pytest, previous, capsys, mon
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
 
-    import gpubench.datasets
+    import gpubench.workloads.datasets
 
-    monkeypatch.setattr(gpubench.datasets, "remove_stale_partials", interrupted_cleanup)
+    monkeypatch.setattr(gpubench.workloads.datasets, "remove_stale_partials", interrupted_cleanup)
     assert cli.main([*RUN, "--out", str(out)]) == 130
     assert capsys.readouterr().err.strip().splitlines() == [
         "gpubench: interrupted (SIGINT) while starting; nothing was run"]

@@ -1,11 +1,11 @@
-"""gpubench.stats on synthetic round times with known effects (seeded)."""
+"""gpubench.util.stats on synthetic round times with known effects (seeded)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gpubench.stats import (
+from gpubench.util.stats import (
     bootstrap_ratio_ci,
     can_reach_significance,
     compare_independent,

@@ -4,11 +4,11 @@
 import pytest
 import torch
 
-from gpubench.build import build
-from gpubench.checks import LOSS_RTOL, TrainingCheckError, check_case
-from gpubench.config import RunConfig
-from gpubench.precision import Precision, unsupported_reason
-from gpubench.step import train_step
+from gpubench.train.build import build
+from gpubench.train.checks import LOSS_RTOL, TrainingCheckError, check_case
+from gpubench.train.config import RunConfig
+from gpubench.train.precision import Precision, unsupported_reason
+from gpubench.train.step import train_step
 
 GRAD_RTOL = 1e-4
 """Accumulated vs one big batch: the same sums in a different order (float32)."""
@@ -99,7 +99,7 @@ def test_device_resident_cases_build_only_the_samples_they_use():
     """One optimizer step of micro-batches is placed on the device and reused: the dataset
     behind it holds those samples only (four steps' worth was 2.5 GB of host memory for
     ResNet-50 accum4 at batch 256); a loader case still gets several steps to iterate."""
-    from gpubench.config import LoaderConfig
+    from gpubench.train.config import LoaderConfig
 
     case = build(RunConfig(model="resnet18", profile="smoke", accum_steps=2, micro_batch=2))
     assert len(case.loader.dataset) == 2 * 2

@@ -15,11 +15,11 @@ import torch
 from test_advice import _row  # the tests folder is on sys.path (pytest's rootdir-less import)
 from torch.utils.data import DataLoader, Dataset
 
-from gpubench import storage
-from gpubench.advice import advise
-from gpubench.claims import CLAIMS
-from gpubench.config import LoaderConfig, RunConfig
-from gpubench.data import endless, measure_loader
+from gpubench.analysis.advice import advise
+from gpubench.suite.claims import CLAIMS
+from gpubench.train.config import LoaderConfig, RunConfig
+from gpubench.train.data import endless, measure_loader
+from gpubench.workloads import storage
 
 FILES, FILE_BYTES = 8, 8 << 20
 """64 MB over 8 files: one batch of 8 reads them all."""
@@ -127,7 +127,7 @@ def test_measure_loader_evicts_before_each_iterator(tmp_path):
 
 
 def test_dataset_files_finds_folder_path_cache_and_data_root(tmp_path):
-    from gpubench.datasets import CachedDataset
+    from gpubench.workloads.datasets import CachedDataset
 
     paths = _write(tmp_path / "d")
 
@@ -154,7 +154,7 @@ def test_dataset_files_finds_folder_path_cache_and_data_root(tmp_path):
 
 
 def test_storage_probe_measures_and_cleans_up(tmp_path):
-    from gpubench import atomic
+    from gpubench.util import atomic
 
     # What a probe killed mid-way left: its process (pid 2^22 + 1, above any pid_max) is gone.
     (tmp_path / f".storage-probe.{2**22 + 1}-{atomic.HOST_ID}.abcdefgh").write_bytes(b"x")
@@ -197,7 +197,7 @@ def test_cold_is_a_validated_loader_field():
 
 
 def test_cold_cases_sit_beside_the_warm_ones():
-    from gpubench.cases import knob_workers, profile_cases
+    from gpubench.suite.cases import knob_workers, profile_cases
 
     cpu = profile_cases("cpu", "cpu")
     cold = [c for c in cpu if c.cfg.loader.cold]
@@ -216,7 +216,7 @@ def test_cold_cases_sit_beside_the_warm_ones():
 
 def test_a_cold_case_records_that_its_files_left_the_cache(tmp_path):
     """The smoke ResNet's JPEGs, read cold: the record says how much stayed cached."""
-    from gpubench.measure import CaseProgram
+    from gpubench.measure.protocol import CaseProgram
 
     cfg = RunConfig(model="resnet18", profile="smoke",
                     loader=LoaderConfig(dataset="images-jpeg", cold=True))
@@ -300,8 +300,8 @@ def test_results_carry_the_probe_and_the_summary_shows_cold_beside_warm(tmp_path
 
     from test_results import _doc, _record
 
-    from gpubench.results import ResultsError, load_results
-    from gpubench.summary import summary_markdown
+    from gpubench.analysis.results import ResultsError, load_results
+    from gpubench.report.summary import summary_markdown
 
     def step(case_id, median, **extra):
         loader = dict(dataset="images-jpeg", num_workers=0, cached=False, pin_memory=False,
@@ -331,7 +331,7 @@ def test_results_carry_the_probe_and_the_summary_shows_cold_beside_warm(tmp_path
 
 
 def test_the_probe_can_be_skipped_from_gpubench_run(tmp_path):
-    from gpubench.cli import build_parser, pytest_command
+    from gpubench.cli.main import build_parser, pytest_command
 
     args = build_parser().parse_args(["run", "--profile", "smoke", "--device", "cpu",
                                       "--no-storage-probe"])

@@ -12,9 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpubench import cli, machine
-from gpubench.results import EXTRA_SCHEMA, load_results, with_baseline_ratios
-from gpubench.tables import markdown_table
+from gpubench.analysis.results import EXTRA_SCHEMA, load_results, with_baseline_ratios
+from gpubench.cli import main as cli
+from gpubench.measure import machine
+from gpubench.util.tables import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "results" / "cpu" / "benchmark.json"
@@ -56,10 +57,10 @@ def assert_tables_from_pandas(text: str, written: list[str]) -> None:
 
 
 def test_summary_advice_compare_and_runs_tables_are_pandas(resnet, pandas_tables):
-    from gpubench.advice import advice_markdown
-    from gpubench.compare import compare_markdown, compare_runs
-    from gpubench.report import runs_markdown
-    from gpubench.summary import summary_markdown
+    from gpubench.analysis.advice import advice_markdown
+    from gpubench.analysis.compare import compare_markdown, compare_runs
+    from gpubench.report.page import runs_markdown
+    from gpubench.report.summary import summary_markdown
 
     for write in (summary_markdown, advice_markdown, runs_markdown,
                   lambda df: compare_markdown(compare_runs(df, df))):
@@ -72,11 +73,11 @@ def test_summary_advice_compare_and_runs_tables_are_pandas(resnet, pandas_tables
 
 
 def test_trace_and_memory_tables_are_pandas(monkeypatch, pandas_tables, capsys):
-    import gpubench.frontier
-    import gpubench.leaks
-    from gpubench.frontier import Frontier, Try
-    from gpubench.leaks import LeakResult
-    from gpubench.trace import op_changes_markdown
+    import gpubench.diagnostics.frontier
+    import gpubench.diagnostics.leaks
+    from gpubench.diagnostics.frontier import Frontier, Try
+    from gpubench.diagnostics.leaks import LeakResult
+    from gpubench.measure.trace import op_changes_markdown
 
     ops = [{"name": "aten::mm", "self_time_s": 0.01, "share": 0.5, "calls": 1, "flops": None}]
     frame = pd.DataFrame([
@@ -92,10 +93,10 @@ def test_trace_and_memory_tables_are_pandas(monkeypatch, pandas_tables, capsys):
         budgets.append(budget)
         return Frontier(cfg.id, 8, [Try(8, True, 100)])
 
-    monkeypatch.setattr(gpubench.frontier, "find_frontier", find_frontier)
-    monkeypatch.setattr(gpubench.leaks, "check_loops", lambda build, budget_bytes: [
+    monkeypatch.setattr(gpubench.diagnostics.frontier, "find_frontier", find_frontier)
+    monkeypatch.setattr(gpubench.diagnostics.leaks, "check_loops", lambda build, budget_bytes: [
         LeakResult("sum | of losses", 0.0, 2**20, [1, 1])])
-    monkeypatch.setattr(gpubench.leaks, "allocator_stats", lambda device: {
+    monkeypatch.setattr(gpubench.diagnostics.leaks, "allocator_stats", lambda device: {
         "reserved_bytes": None})
     pandas_tables.clear()
     assert cli.main(["memory", "--model", "bert", "--profile", "smoke", "--device", "cpu",

@@ -1,4 +1,5 @@
-"""Device telemetry during the timed rounds (``gpubench.telemetry``): the CPU fields of a real
+"""Device telemetry during the timed rounds (``gpubench.measure.telemetry``): the CPU fields of a
+real
 case, contention from a busy neighbour, NVML's absence reported cleanly, the GPU path against a
 stand-in NVML, and the flags the summary and advice raise for a contended case."""
 
@@ -15,12 +16,12 @@ import pandas as pd
 import pytest
 import torch
 
-from gpubench.config import RunConfig
-from gpubench.results import load_results, with_baseline_ratios
-from gpubench.runner import run_case
-from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
-from gpubench.summary import summary_markdown
-from gpubench.telemetry import FIELDS, PERIOD_S, Sampler, sampling_cost
+from gpubench.analysis.results import load_results, with_baseline_ratios
+from gpubench.measure.runner import run_case
+from gpubench.measure.standalone import StandaloneBenchmark, write_benchmark_json
+from gpubench.measure.telemetry import FIELDS, PERIOD_S, Sampler, sampling_cost
+from gpubench.report.summary import summary_markdown
+from gpubench.train.config import RunConfig
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def test_a_contended_case_is_flagged_in_the_summary(record, tmp_path):
 
 
 def test_advice_says_when_its_cases_were_contended():
-    from gpubench.advice import _Cases
+    from gpubench.analysis.advice import _Cases
 
     def row(contended):
         return pd.Series({"rounds_s": [0.1, 0.11, 0.1, 0.12, 0.1, 0.1], "global_batch": 8,

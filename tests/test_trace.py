@@ -1,4 +1,4 @@
-"""Traces and top operators (``gpubench.trace``, ``gpubench run --trace``) and memory
+"""Traces and top operators (``gpubench.measure.trace``, ``gpubench run --trace``) and memory
 snapshots (``gpubench memory --snapshot``)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from gpubench import cli
-from gpubench.config import RunConfig
-from gpubench.runner import run_case
-from gpubench.standalone import StandaloneBenchmark
-from gpubench.trace import TOP_K, op_changes, op_changes_markdown, shares_ok
+from gpubench.cli import main as cli
+from gpubench.measure.runner import run_case
+from gpubench.measure.standalone import StandaloneBenchmark
+from gpubench.measure.trace import TOP_K, op_changes, op_changes_markdown, shares_ok
+from gpubench.train.config import RunConfig
 
 
 def run(cfg: RunConfig, trace_dir=None) -> dict:
@@ -135,8 +135,8 @@ def test_memory_snapshot_records_the_first_failing_try_and_one_step(monkeypatch,
     """The CUDA path's order, with the allocator's recorder stood in: a fresh history, the
     search's first out-of-memory try run again, one step at the largest batch that fits, the
     dump, recording off."""
-    from gpubench import snapshot
-    from gpubench.frontier import Frontier, Try
+    from gpubench.diagnostics import snapshot
+    from gpubench.diagnostics.frontier import Frontier, Try
 
     calls = []
     frontier = Frontier("resnet18-fp32", 48, [Try(8, True, 1), Try(16, True, 2),

@@ -1,5 +1,5 @@
 """Nothing in this process hangs past its limit: an in-process case's build, data and steps end
-with a one-line ``CaseTimeout`` (``gpubench.watchdog``), and a call that cannot be interrupted
+with a one-line ``CaseTimeout`` (``gpubench.util.watchdog``), and a call that cannot be interrupted
 ends the process instead."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from gpubench import Workload, watchdog
-from gpubench.config import LoaderConfig, RunConfig
-from gpubench.measure import CaseTimeout, InProcess
+from gpubench import Workload
+from gpubench.measure.protocol import CaseTimeout, InProcess
+from gpubench.train.config import LoaderConfig, RunConfig
+from gpubench.util import watchdog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,7 +206,7 @@ def test_the_timed_rounds_arm_one_limit_and_a_hung_round_still_fails(monkeypatch
     """Arming a limit costs ~25 us, which the case's rounds (timed from outside the step)
     would carry and its paired baseline's (timed inside) would not: the rounds run under
     one limit of their own, and a round that hangs still fails the case in time."""
-    import gpubench.measure as measure
+    import gpubench.measure.protocol as measure
 
     armed = []
     plain = measure.time_limit
@@ -231,7 +232,7 @@ def test_the_timed_rounds_arm_one_limit_and_a_hung_round_still_fails(monkeypatch
 
 
 def test_gpubench_case_reports_the_hang_on_one_line(tmp_path, capsys):
-    from gpubench import cli
+    from gpubench.cli import main as cli
 
     code = cli.main(["case", "--model", SPEC + "blocking_batch", "--profile", "smoke",
                      "--timeout", "1", "-o", str(tmp_path / "out.json")])

@@ -18,8 +18,8 @@ import torch
 import torch.multiprocessing as mp
 from processes import session_processes, wait_gone  # the tests folder is on sys.path
 
-from gpubench.signals import describe_exit
-from gpubench.workers import WorkerError, WorkerGroup, WorkerTimeout
+from gpubench.launchers.workers import WorkerError, WorkerGroup, WorkerTimeout
+from gpubench.util.signals import describe_exit
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -179,7 +179,7 @@ HOST = textwrap.dedent("""
 
     if __name__ == "__main__":  # heavy imports here: spawned ranks re-import this module
         import torch.multiprocessing as mp
-        from gpubench.workers import WorkerGroup
+        from gpubench.launchers.workers import WorkerGroup
 
         ctx = mp.get_context("spawn")
         start = ctx.Process.start
@@ -263,8 +263,8 @@ class LoaderStart:
     def methods(self):
         import multiprocessing
 
-        from gpubench.config import LoaderConfig
-        from gpubench.data import build_loader
+        from gpubench.train.config import LoaderConfig
+        from gpubench.train.data import build_loader
 
         loader = build_loader(list(range(8)), LoaderConfig(dataset="synthetic", num_workers=1),
                               2, seed=0)

@@ -12,8 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from gpubench import Workload, WorkloadError, cli
-from gpubench.workload import resolve, validate
+from gpubench import Workload, WorkloadError
+from gpubench.cli import main as cli
+from gpubench.workloads.api import validate
+from gpubench.workloads.registry import resolve
 
 SPEC = f"{Path(__file__).resolve()}:"
 
@@ -99,7 +101,7 @@ def test_list_says_beforehand_that_checkpointing_finds_no_blocks(capsys):
 
 
 def test_checkpointing_runs_where_blocks_or_a_function_exist():
-    from gpubench.cases import profile_cases
+    from gpubench.suite.cases import profile_cases
 
     kws = str(Path(__file__).resolve().parent / "kws_workload.py") + ":workload"
     own = SPEC + "own_checkpointing"

@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpubench.advice import advise
-from gpubench.build import Unsupported, build
-from gpubench.cases import profile_cases
-from gpubench.config import RunConfig
-from gpubench.frontier import find_frontier
-from gpubench.results import load_results
-from gpubench.runner import run_case
-from gpubench.standalone import StandaloneBenchmark, write_benchmark_json
-from gpubench.summary import summary_markdown
-from gpubench.workload import WorkloadError, resolve, validate
+from gpubench.analysis.advice import advise
+from gpubench.analysis.results import load_results
+from gpubench.diagnostics.frontier import find_frontier
+from gpubench.measure.runner import run_case
+from gpubench.measure.standalone import StandaloneBenchmark, write_benchmark_json
+from gpubench.report.summary import summary_markdown
+from gpubench.suite.cases import profile_cases
+from gpubench.train.build import Unsupported, build
+from gpubench.train.config import RunConfig
+from gpubench.workloads.api import WorkloadError, validate
+from gpubench.workloads.registry import resolve
 
 HERE = Path(__file__).parent
 KWS = f"{HERE / 'kws_workload.py'}:workload"
@@ -200,7 +201,7 @@ def test_case_command_runs_one_configuration(tmp_path):
 
 
 def test_initial_weights_are_built_once_and_copied_with_the_rng_where_a_build_leaves_it():
-    from gpubench import workload as wl
+    from gpubench.workloads import api as wl
 
     w = wl.resolve("bert", "smoke")
     torch.manual_seed(0)

@@ -1,0 +1,400 @@
+"""Regression tracking: compare runs case by case with a statistical test on the raw rounds.
+
+Cases are matched by (model, profile, device, case id): a smoke run never meets a cpu-profile
+run. A case regresses when its time distribution differs significantly (two-sided Mann-Whitney
+U on the per-round times, as asv does) *and* its median moved by more than a minimum effect
+(default 7% for time, like TorchBench; 2% for memory, which is near-deterministic and has no
+test). When a case has so few rounds that the test cannot reach the significance level however
+large the change (3 against 3 rounds: p >= 0.1), it is "too few rounds to decide", never
+"unchanged". Several base files pool their rounds per case. ``--normalized`` compares each
+case's time divided by its own run's FP32 baseline: round by round by the paired baseline round
+taken right before it where the case has them (drift within a run cancels), else by the
+baseline's median; either survives moving to a faster or slower machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gpubench.analysis.results import (
+    ResultsError,
+    load_results,
+    read_benchmark_json,
+    training_memory,
+)
+from gpubench.analysis.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD
+from gpubench.util import atomic
+from gpubench.util.stats import can_reach_significance, mann_whitney_p
+from gpubench.util.tables import figures_table
+
+KEY = ("model", "profile", "device", "case_id")
+"""What identifies a case across runs."""
+
+COMPARED = ("unchanged", "regression", "improvement", "too few rounds to decide")
+"""Statuses of cases measured in both runs (the others: added, removed, skipped)."""
+
+TOO_FEW = "too few rounds to decide"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Thresholds:
+    time: float = TIME_THRESHOLD
+    """Minimum relative change of median step time that counts."""
+    memory: float = MEMORY_THRESHOLD
+    """Minimum relative change of training memory that counts."""
+    alpha: float = ALPHA
+    """Significance level of the Mann-Whitney U test."""
+
+    def __post_init__(self) -> None:
+        for name in ("time", "memory"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} threshold must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.alpha, int | float) and 0 < self.alpha < 1):
+            raise ValueError(f"alpha must lie strictly between 0 and 1, got {self.alpha!r}")
+
+
+def time_verdict(base: np.ndarray, new: np.ndarray, th: Thresholds) -> tuple[str, float, float]:
+    """(verdict, relative change of the median, p-value) for two samples of round times."""
+    base, new = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    change = float(np.median(new) / np.median(base) - 1)
+    p = mann_whitney_p(base, new) if min(len(base), len(new)) >= 2 else float("nan")
+    if not can_reach_significance(len(base), len(new), th.alpha):
+        return TOO_FEW, change, p
+    if p >= th.alpha or abs(change) < th.time:
+        return "unchanged", change, p
+    return ("regression" if change > 0 else "improvement"), change, p
+
+
+def memory_verdict(base: float, new: float, th: Thresholds) -> tuple[str, float]:
+    if not base or pd.isna(base) or pd.isna(new):
+        return "unchanged", float("nan")
+    change = new / base - 1
+    if abs(change) < th.memory:
+        return "unchanged", change
+    return ("regression" if change > 0 else "improvement"), change
+
+
+def _steps(df: pd.DataFrame) -> pd.DataFrame:
+    if "kind" in df:
+        df = df[df["kind"].isna() | (df["kind"] == "step")]
+    return df.dropna(subset=["case_id"])
+
+
+def _round_times(row: pd.Series) -> np.ndarray:
+    rounds = row.get("rounds_s")
+    if isinstance(rounds, list | tuple | np.ndarray) and len(rounds):
+        return np.asarray(rounds, dtype=float)
+    return np.asarray([row["step_time_s"]], dtype=float)
+
+
+def _paired_rounds(row: pd.Series, n: int) -> np.ndarray | None:
+    """The case's paired baseline rounds (``paired_baseline_rounds_s``, round i before the
+    case's round i), where it has one positive round per round of its own; else None."""
+    paired = row.get("paired_baseline_rounds_s")
+    if not isinstance(paired, list | tuple | np.ndarray) or len(paired) != n:
+        return None
+    paired = np.asarray(paired, dtype=float)
+    return paired if np.all(np.isfinite(paired) & (paired > 0)) else None
+
+
+def _cases(df: pd.DataFrame, normalized: bool) -> dict[tuple, dict]:
+    """KEY -> pooled rounds, median, memory and memory kind of one side (one or more runs).
+    Memory is the training memory (``results.training_memory``: exact on the CPU, where the
+    process peak wanders between runs); the peak only for records that lack its parts."""
+    df = _steps(df)
+    if "run" not in df:
+        df = df.assign(run="")
+    train = training_memory(df)
+    df = df.assign(_memory=train.fillna(df["peak_memory_bytes"].astype(float)),
+                   _memory_kind=np.where(train.notna(), "training", "peak"))
+    refs = {}
+    if normalized:
+        base = df[(df["is_baseline"] == True) & df["step_time_s"].notna()]  # noqa: E712
+        refs = {(r["run"], r["model"], r["profile"], r["device"]): r["step_time_s"]
+                for _, r in base.iterrows()}
+    cases: dict[tuple, dict] = {}
+    for _, r in df.iterrows():
+        key = tuple(r[k] for k in KEY)
+        case = cases.setdefault(key, {"rounds": [], "memory": [], "kinds": set(), "note": ""})
+        time = r["step_time_s"]
+        if pd.isna(time) or not np.isfinite(float(time)) or float(time) <= 0:
+            continue
+        rounds = _round_times(r)
+        paired = _paired_rounds(r, rounds.size) if normalized else None
+        if paired is not None:
+            # Round i over the baseline round taken right before it: the drift between the
+            # case's rounds and the baseline's separate ones cancels (as in the summary).
+            rounds = rounds / paired
+        elif normalized:
+            ref = refs.get((r["run"], r["model"], r["profile"], r["device"]))
+            if ref is None or not ref > 0:
+                case["note"] = "no baseline to normalize"
+                continue
+            rounds = rounds / ref
+        rounds = rounds[np.isfinite(rounds) & (rounds > 0)]
+        if rounds.size:
+            case["rounds"].append(rounds)
+            case["memory"].append(r["_memory"])
+            case["kinds"].add(r["_memory_kind"])
+    for case in cases.values():
+        case["rounds"] = np.concatenate(case["rounds"]) if case["rounds"] else np.array([])
+        mem = [m for m in case["memory"] if not pd.isna(m)]
+        case["memory"] = float(np.median(mem)) if mem else float("nan")
+    return cases
+
+
+def compare_runs(
+    base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresholds(), normalized: bool = False
+) -> pd.DataFrame:
+    """One row per case (model, profile, device, case id) present in either side, with status
+    and changes. ``base`` may hold several runs: a case's rounds are pooled across them."""
+    b_cases, n_cases = _cases(base, normalized), _cases(new, normalized)
+    rows = []
+    for key in dict.fromkeys([*b_cases, *n_cases]):
+        ident = dict(zip(KEY, key, strict=True))
+        if key not in n_cases:
+            rows.append({**ident, "status": "removed"})
+            continue
+        if key not in b_cases:
+            rows.append({**ident, "status": "added"})
+            continue
+        b, n = b_cases[key], n_cases[key]
+        if not b["rounds"].size or not n["rounds"].size:
+            note = b["note"] or n["note"] or "not measured in " + (
+                "either run" if not (b["rounds"].size or n["rounds"].size)
+                else "the base run" if not b["rounds"].size else "the new run")
+            rows.append({**ident, "status": "skipped", "note": note})
+            continue
+        verdict, t_change, p = time_verdict(b["rounds"], n["rounds"], th)
+        if b["kinds"] == n["kinds"] and len(b["kinds"]) == 1:
+            mem_verdict, m_change = memory_verdict(b["memory"], n["memory"], th)
+        else:  # an exact sum against a process peak says nothing
+            mem_verdict, m_change = "unchanged", float("nan")
+        status = "regression" if "regression" in (verdict, mem_verdict) else (
+            "improvement" if "improvement" in (verdict, mem_verdict) else verdict)
+        rows.append({
+            **ident, "status": status, "time_change": t_change, "p_value": p,
+            "throughput_change": 1 / (1 + t_change) - 1, "memory_change": m_change,
+            "base_step_time_s": float(np.median(b["rounds"])),
+            "new_step_time_s": float(np.median(n["rounds"])),
+            "base_rounds": int(b["rounds"].size), "new_rounds": int(n["rounds"].size),
+            "time_verdict": verdict, "memory_verdict": mem_verdict,
+        })
+    return pd.DataFrame(rows, columns=[*KEY, "status", "time_change", "p_value",
+                                       "throughput_change", "memory_change",
+                                       "base_step_time_s", "new_step_time_s", "base_rounds",
+                                       "new_rounds", "time_verdict", "memory_verdict", "note"])
+
+
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx512vnni", "avx512_bf16", "avx512_fp16", "avx512fp16", "avx_vnni", "amx_tile",
+              "amx_bf16", "amx_int8", "amx_fp16", "sve", "sve2", "asimd")
+"""CPU instruction-set flags (py-cpuinfo names) that change PyTorch's CPU kernels."""
+
+
+def _machine(path: str | Path) -> tuple[dict, dict, dict, str | None]:
+    data = read_benchmark_json(path)
+    machine = data.get("machine_info")
+    machine = machine if isinstance(machine, dict) else {}
+    cpu = machine.get("cpu") if isinstance(machine.get("cpu"), dict) else {}
+    gpubench = machine.get("gpubench") if isinstance(machine.get("gpubench"), dict) else {}
+    return machine, cpu, gpubench, data.get("version")
+
+
+def _profiles(path: str | Path) -> set[str]:
+    out = set()
+    for bench in read_benchmark_json(path)["benchmarks"]:
+        extra = bench.get("extra_info") if isinstance(bench, dict) else None
+        if isinstance(extra, dict) and isinstance(extra.get("profile"), str):
+            out.add(extra["profile"])
+    return out
+
+
+def environment_warnings(base_file: str | Path, new_file: str | Path) -> list[str]:
+    """Differences between two runs that make their times hard to compare: profile, machine,
+    CPU model and instruction sets (AVX-512 vs AVX2), GPU, and library versions."""
+    bm, bc, bg, bv = _machine(base_file)
+    nm, nc, ng, nv = _machine(new_file)
+    out = []
+    bp, np_ = _profiles(base_file), _profiles(new_file)
+    if bp and np_ and bp != np_:
+        out.append(f"profile differs: {', '.join(sorted(bp))} vs {', '.join(sorted(np_))} "
+                   "(cases of different profiles are never matched)")
+    for key in ("node", "machine", "python_version"):
+        if bm.get(key) != nm.get(key):
+            out.append(f"{key} differs: {bm.get(key)!r} vs {nm.get(key)!r}")
+    if (bc.get("brand_raw") or bg.get("cpu")) != (nc.get("brand_raw") or ng.get("cpu")):
+        out.append(f"CPU differs: {bc.get('brand_raw') or bg.get('cpu')!r} vs "
+                   f"{nc.get('brand_raw') or ng.get('cpu')!r}")
+    b_flags, n_flags = set(bc.get("flags") or ()), set(nc.get("flags") or ())
+    if b_flags and n_flags:
+        only_b = sorted(f for f in SIMD_FLAGS if f in b_flags - n_flags)
+        only_n = sorted(f for f in SIMD_FLAGS if f in n_flags - b_flags)
+        if only_b or only_n:
+            out.append("CPU instruction sets differ: "
+                       + "; ".join(part for part in (
+                           f"only the base has {', '.join(only_b)}" if only_b else "",
+                           f"only the new run has {', '.join(only_n)}" if only_n else "")
+                           if part))
+    for key, what in (("cpu_capability", "PyTorch CPU capability"), ("cpu_count", "CPU count"),
+                      ("torch_threads", "torch threads"), ("device_name", "device"),
+                      ("device_count", "device count"), ("torch", "torch"),
+                      ("torchvision", "torchvision"), ("transformers", "transformers"),
+                      ("cuda", "CUDA"), ("cudnn", "cuDNN")):
+        if bg.get(key) != ng.get(key):
+            out.append(f"{what} differs: {bg.get(key)!r} vs {ng.get(key)!r}")
+    if bv != nv:
+        out.append(f"pytest-benchmark differs: {bv!r} vs {nv!r}")
+    return out
+
+
+def _series_name(r: pd.Series) -> str:
+    case = str(r["case_id"])
+    if not case.startswith(str(r["model"])):
+        case = f"{r['model']} {case}"
+    return f"{case} [{r['profile']} profile, {r['device']}]"
+
+
+def github_benchmark_json(new: pd.DataFrame) -> dict[str, list[dict]]:
+    """github-action-benchmark series (``customSmallerIsBetter``: median step time and training
+    memory; ``customBiggerIsBetter``: samples/s and MFU), named with case, model, profile and
+    device so that histories of different profiles or devices never mix. Memory is the training
+    memory (CUDA peak; CPU exact parameters + gradients + optimizer state + activations), never
+    the CPU process peak, so that it is comparable between runs. Raises ``ResultsError`` when
+    there is no gpubench step record to export."""
+    steps = _steps(new)
+    steps = steps.dropna(subset=["step_time_s", "model", "profile", "device"])
+    if steps.empty:
+        files = ", ".join(dict.fromkeys(map(str, new.get("file", pd.Series(dtype=str)))))
+        raise ResultsError(f"{files + ': ' if files else ''}no measured gpubench case to "
+                           "export (records need step_time_s, model, profile and device)")
+    steps = steps.assign(_memory=training_memory(steps))
+    smaller, bigger = [], []
+    for _, r in steps.iterrows():
+        name = _series_name(r)
+        rounds = r.get("time_rounds")
+        extra = [f"rounds: {int(rounds)}" if not pd.isna(rounds) else "",
+                 f"device: {r.get('device_name')}" if isinstance(r.get("device_name"), str)
+                 else ""]
+        entry = {"name": f"{name} median step time", "unit": "s",
+                 "value": float(r["step_time_s"]),
+                 "extra": "\n".join(e for e in extra if e)}
+        iqr = r.get("step_time_iqr_s", r.get("time_iqr"))
+        if iqr is not None and not pd.isna(iqr):
+            entry["range"] = f"IQR {float(iqr):.3g} s"
+        smaller.append(entry)
+        if not pd.isna(r["_memory"]):
+            cuda = r["device"] == "cuda"
+            smaller.append({
+                "name": f"{name} {'peak memory' if cuda else 'training memory'}",
+                "unit": "MiB", "value": float(r["_memory"]) / 2**20,
+                "extra": "CUDA allocator peak per device" if cuda else
+                "exact parameters + gradients + optimizer state + saved activations, per rank",
+            })
+        if not pd.isna(r.get("samples_per_s")):
+            bigger.append({"name": f"{name} throughput", "unit": "samples/s",
+                           "value": float(r["samples_per_s"])})
+        if not pd.isna(r.get("mfu")):
+            bigger.append({"name": f"{name} MFU", "unit": "fraction of peak",
+                           "value": float(r["mfu"])})
+    return {"customSmallerIsBetter": smaller, "customBiggerIsBetter": bigger}
+
+
+GITHUB_FILES = {"customSmallerIsBetter": "smaller_is_better.json",
+                "customBiggerIsBetter": "bigger_is_better.json"}
+
+
+def write_github_json(results: pd.DataFrame, folder: str | Path) -> list[Path]:
+    """``smaller_is_better.json`` and ``bigger_is_better.json`` for github-action-benchmark;
+    ``ResultsError`` (nothing written) when the results hold no measured gpubench case."""
+    payload = github_benchmark_json(results)
+    written = []
+    for tool, name in GITHUB_FILES.items():
+        atomic.write_text(Path(folder) / name, json.dumps(payload[tool], indent=1))
+        written.append(Path(folder) / name)
+    return written
+
+
+COMPARE_COLUMNS = {
+    "case_id": "case",
+    "status": "status",
+    "time_change": "time",
+    "throughput_change": "throughput",
+    "memory_change": "training memory",
+    "p_value": "p",
+}
+
+
+def compare_markdown(table: pd.DataFrame) -> str:
+    shown = table.reindex(columns=[*KEY, *COMPARE_COLUMNS]).copy()
+    shown = shown.loc[:, ~shown.columns.duplicated()]
+    if shown[["profile", "device"]].drop_duplicates().shape[0] > 1:
+        shown["case_id"] = [f"{c} ({p}, {d})" for c, p, d in
+                            zip(shown["case_id"], shown["profile"], shown["device"], strict=True)]
+    for col in ("time_change", "throughput_change", "memory_change"):
+        shown[col] = shown[col].map(lambda v: "-" if pd.isna(v) else f"{100 * v:+.1f}%")
+    shown["p_value"] = shown["p_value"].map(lambda v: "-" if pd.isna(v) else f"{v:.3f}")
+    return figures_table(shown.astype(object).fillna("-"), COMPARE_COLUMNS)
+
+
+def split_files(args: argparse.Namespace) -> tuple[list[str], str]:
+    """(base files, new file) from ``BASE [BASE ...] NEW`` or ``--base BASE ... NEW``."""
+    if args.base:
+        if len(args.files) != 1:
+            raise ResultsError("with --base, give exactly one NEW file "
+                               f"(got {len(args.files)}: {' '.join(args.files)})")
+        return list(args.base), args.files[0]
+    if len(args.files) < 2:
+        raise ResultsError("compare needs BASE [BASE ...] NEW (or --base BASE NEW)")
+    return list(args.files[:-1]), args.files[-1]
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    """Print the table; exit 1 on a significant regression (0 with --report-only) and 2 when
+    NEW holds no case comparable with BASE."""
+    th = Thresholds(time=args.time_threshold, memory=args.memory_threshold, alpha=args.alpha)
+    bases, new_file = split_files(args)
+    labels = ["base"] if len(bases) == 1 else [f"base{i + 1}" for i in range(len(bases))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        base = load_results(bases, labels=labels)
+        new = load_results([new_file], labels=["new"])
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    for base_file in bases:
+        prefix = f"{base_file} vs {new_file}: " if len(bases) > 1 else ""
+        for msg in environment_warnings(base_file, new_file):
+            print(f"warning: the runs come from different environments: {prefix}{msg}",
+                  file=sys.stderr)
+    table = compare_runs(base, new, th, normalized=args.normalized)
+    if args.new_only:
+        table = table[table["status"] != "removed"]
+    text = compare_markdown(table)
+    print(text)
+    counts = table["status"].value_counts().to_dict()
+    compared = sum(counts.get(s, 0) for s in COMPARED)
+    print(f"\ncompared {compared} case(s): "
+          + (", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"))
+    if args.markdown:
+        atomic.write_text(args.markdown, text + "\n")
+    if args.github_json and not _steps(new).dropna(subset=["step_time_s"]).empty:
+        write_github_json(new, args.github_json)
+    if not compared:
+        print(f"gpubench compare: {new_file} holds no case comparable with the base (same "
+              "model, profile, device and case id, measured on both sides)", file=sys.stderr)
+        return 2
+    regressions = counts.get("regression", 0)
+    if regressions and not args.report_only:
+        print(f"gpubench compare: {regressions} significant regression(s)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,663 @@
+"""Load pytest-benchmark JSON files into one tidy DataFrame: one row per case and run.
+
+``read_benchmark_json`` is the one reader of result files: it checks the parts gpubench uses
+against a schema (pytest-benchmark's layout: ``benchmarks``, each with ``name``, ``stats`` and
+``extra_info``; ``machine_info``) and turns every malformed file into a one-line
+``ResultsError`` that names the file and the first bad field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+REQUIRED_FIELDS = (
+    "model", "profile", "device", "precision", "accum_steps", "micro_batch", "global_batch",
+    "optimizer", "parallel", "world_size", "input_shape", "case_id", "is_baseline",
+    "step_time_s", "samples_per_s", "peak_memory_bytes", "flops_per_step", "tflops", "mfu",
+)
+"""Fields every gpubench record carries in ``extra_info``; older or foreign files may lack some."""
+
+STAT_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds")
+
+INT64_MAX = 2**63 - 1
+
+# -- schema of the parts gpubench uses --------------------------------------------------------
+STORAGE_COLUMNS = ("storage_read_mb_s", "storage_cached_mb_s", "storage_random_iops",
+                   "storage_resident_after_evict", "storage_fs", "storage_note")
+"""The storage probe of the data folder (``machine_info.gpubench.storage``), a column each."""
+# Each known ``extra_info`` field: (type, constraint). Types: "str", "int", "bool", "float",
+# "ints" / "floats" (lists). Constraints: ">0", ">=0", ">=1", "any" (finite), "loss" (any number,
+# NaN allowed: a diverged loss is a measurement).
+_STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl", "parallel",
+        "case_id", "kind", "group", "note", "dataset", "schedule", "claim", "peak_memory_method",
+        "device_name", "single_case_id", "case_id_base", "case_id_new", "workload",
+        "paired_baseline_case_id", "contention_reason", "telemetry_note", "top_ops_time",
+        "launcher", "speedup_paired_test", "paired_partner", "storage_fs", "storage_note")
+_BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
+         "fsdp_mixed_precision", "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
+         "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark", "expandable_segments",
+         "cold", "count_reused")
+_COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
+           "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
+_SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
+          "activation_bytes", "activation_bytes_base", "activation_bytes_new",
+          "step_memory_bytes", "peak_reserved_bytes", "flops_per_step",
+          "model_flops_per_step", "hardware_flops_per_step", "num_workers",
+          # CUDA allocator health over the memory window (gpubench.measure.memory.allocator_health)
+          "alloc_retries", "alloc_ooms", "peak_active_bytes",
+          "check_skipped_steps", "cache_items", "dataset_size", "dynamo_recompiles",
+          "cold_files",
+          # kind "transfer" (benchmarks/test_transfer.py): host-to-device copies
+          "bytes", "copies_per_round", "matmuls_per_round")
+_POSITIVE = ("step_time_s", "samples_per_s", "speedup_paired", "speedup_paired_low",
+             "speedup_paired_high", "baseline_step_time_s")
+_NON_NEGATIVE = ("tflops", "mfu", "hfu", "hardware_tflops", "peak_tflops", "allreduce_time_s",
+                 "comm_time_s",
+                 "fragmentation", "comm_fraction", "loader_samples_per_s",
+                 "loader_stall_fraction", "loader_wait_s", "epoch_restart_s",
+                 "time_to_first_batch_s", "cold_resident_fraction", "cold_evict_s",
+                 # machine_info.gpubench.storage (gpubench.workloads.storage.probe_storage), per run
+                 *STORAGE_COLUMNS[:-2],
+                 "process_overhead_s", "step_time_iqr_s", "gpubench_step_time_s",
+                 "handwritten_step_time_s", "speedup_paired_p",
+                 # gpubench.measure.telemetry: the machine during the timed rounds
+                 "telemetry_period_s", "telemetry_window_s", "telemetry_cpu_util",
+                 "telemetry_cpu_freq_mhz", "telemetry_load_avg", "telemetry_run_queue",
+                 "telemetry_steal_pct", "telemetry_foreign_cpu", "telemetry_gpu_util",
+                 "telemetry_sm_clock_mhz", "telemetry_mem_clock_mhz", "telemetry_power_w",
+                 "telemetry_energy_j", "energy_j_per_step", "samples_per_kj",
+                 "telemetry_sampler_cpu_s", "telemetry_on_step_time_s",
+                 "telemetry_off_step_time_s", "telemetry_sample_cpu_s", "telemetry_cpu_share",
+                 # kind "transfer": copy bandwidth (GB/s, 10^9 bytes), times, overlap
+                 "bandwidth_gb_s", "copy_time_s", "matmul_time_s", "overlapped_time_s",
+                 "overlap_fraction")
+_LOSSES = ("loss_first", "last_loss", "loss_reference", "loss_rtol", "check_grad_cosine",
+           "check_grad_norm_ratio", "check_update_cosine", "check_update_norm_ratio")
+EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
+    **{f: ("str", "any") for f in _STR},
+    **{f: ("bool", "any") for f in _BOOL},
+    **{f: ("int", ">=1") for f in _COUNTS},
+    "seed": ("int", "any"),
+    **{f: ("int", ">=0") for f in _SIZES},
+    **{f: ("float", ">0") for f in _POSITIVE},
+    **{f: ("float", ">=0") for f in _NON_NEGATIVE},
+    "harness_overhead": ("float", "any"),
+    "telemetry_overhead": ("float", "any"),
+    "telemetry_temp_c": ("float", "any"),
+    "telemetry_samples": ("int", ">=0"),
+    **{f: ("float", "loss") for f in _LOSSES},
+    "input_shape": ("ints", ">=0"),
+    "check_losses": ("floats", "loss"),
+    "rank_step_time_s": ("floats", ">0"),
+    "rank_flops_per_step": ("ints", ">=0"),
+    "rank_peak_memory_bytes": ("ints", ">=0"),
+    "rank_step_memory_bytes": ("ints", ">=0"),
+    "device_peak_memory_bytes": ("ints", ">=0"),
+    "paired_baseline_rounds_s": ("floats", ">0"),
+    "rounds_base_s": ("floats", ">0"),
+    "rounds_new_s": ("floats", ">0"),
+}
+"""Known ``extra_info`` fields: (type, constraint). Any may be null except the REQUIRED_FIELDS
+and ``kind``; unknown fields pass through (integers must fit in 64 bits)."""
+
+STATS_SCHEMA: dict[str, tuple[str, str]] = {
+    **{f: ("float", ">0") for f in ("min", "max", "mean", "median", "q1", "q3")},
+    **{f: ("float", ">=0") for f in ("stddev", "iqr")},
+    "rounds": ("int", ">=1"),
+    "data": ("floats", ">0"),
+}
+"""pytest-benchmark's ``stats`` as gpubench reads them (times in seconds); ``median`` is
+required, the others are checked where present."""
+
+KINDS = ("step", "claim", "overhead", "transfer")
+
+
+class ResultsError(ValueError):
+    """A result file that gpubench cannot use; the message (one line) names the file and the
+    first bad field."""
+
+
+def load_report_files(paths: Iterable, name: str, problem) -> list[dict]:
+    """The reports in JSON side files (``memory.json``, ``parity.json``): one report per file,
+    or a list of them (one per model, as ``gpubench run`` writes them). ``problem(report)``
+    says what a report lacks (None: nothing); a bad file is a one-line ``ResultsError``."""
+    reports = []
+    for path in map(Path, paths):
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ResultsError(f"{path}: no such file") from None
+        except (OSError, ValueError) as err:
+            raise ResultsError(f"{path}: not a gpubench {name} ({err})") from None
+        for report in data if isinstance(data, list) else [data]:
+            why = "not a mapping" if not isinstance(report, dict) else problem(report)
+            if why:
+                raise ResultsError(f"{path}: not a gpubench {name} ({why})")
+            reports.append(report)
+    return reports
+
+
+def files_beside(files: Iterable, name: str) -> list[Path]:
+    """The file ``name`` in each result file's folder, where there is one (each folder once)."""
+    folders = dict.fromkeys(Path(f).resolve().parent for f in files)
+    return [p for p in (d / name for d in folders) if p.is_file()]
+
+
+def _describe(value) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        text = f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number_ok(value, constraint: str) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int) and abs(value) > INT64_MAX:
+        return False
+    if constraint == "loss":
+        return True
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    if not math.isfinite(number):
+        return False
+    return {">0": number > 0, ">=0": number >= 0, ">=1": number >= 1}.get(constraint, True)
+
+
+_BOUND = {">0": "positive ", ">=0": "non-negative ", ">=1": "positive ", "any": "finite ",
+          "loss": ""}
+
+
+def _expectation(kind: str, constraint: str) -> str:
+    if kind == "str":
+        return "a string"
+    if kind == "bool":
+        return "true or false"
+    bound = _BOUND[constraint]
+    if kind == "int":
+        return f"a {bound}integer" if bound not in ("", "finite ") else "an integer"
+    if kind == "float":
+        return f"a {bound}number"
+    return f"a list of {bound}{'integers' if kind == 'ints' else 'numbers'}"
+
+
+def _check(value, kind: str, constraint: str) -> str | None:
+    """Why ``value`` is not of ``kind`` under ``constraint``, or None."""
+    expect = _expectation(kind, constraint)
+    bad = f"expected {expect}, got {_describe(value)}"
+    if kind == "str":
+        return None if isinstance(value, str) else bad
+    if kind == "bool":
+        return None if isinstance(value, bool) else bad
+    if kind == "int":
+        return None if isinstance(value, int) and _number_ok(value, constraint) else bad
+    if kind == "float":
+        return None if _number_ok(value, constraint) else bad
+    if not isinstance(value, list):
+        return bad
+    item_kind = "int" if kind == "ints" else "float"
+    for i, item in enumerate(value):
+        if _check(item, item_kind, constraint) is not None:
+            return (f"item {i}: expected {_expectation(item_kind, constraint)}, "
+                    f"got {_describe(item)}")
+    return None
+
+
+def _huge_int(value) -> bool:
+    """Whether ``value`` holds, at any depth, an integer beyond 64 bits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) > INT64_MAX
+    if isinstance(value, dict):
+        return any(_huge_int(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_huge_int(v) for v in value)
+    return False
+
+
+def _validate_mapping(mapping: dict, schema: dict, where: str, non_null: Iterable[str]) -> None:
+    non_null = set(non_null)
+    for key, value in mapping.items():
+        spec = schema.get(key)
+        if spec is None:
+            if _huge_int(value):
+                raise _Bad(f"{where}.{key}", "holds an integer beyond 64 bits")
+            continue
+        if value is None:
+            if key in non_null:
+                raise _Bad(f"{where}.{key}", "is null")
+            continue
+        problem = _check(value, *spec)
+        if problem:
+            raise _Bad(f"{where}.{key}", problem)
+
+
+class _Bad(Exception):
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"{where}: {problem}")
+
+
+def _validate_bench(bench, where: str) -> None:
+    if not isinstance(bench, dict):
+        raise _Bad(where, f"expected an object, got {_describe(bench)}")
+    name = bench.get("name")
+    if not isinstance(name, str) or not name:
+        raise _Bad(f"{where}.name", f"expected a non-empty string, got {_describe(name)}")
+    if bench.get("group") is not None and not isinstance(bench["group"], str):
+        raise _Bad(f"{where}.group", f"expected a string or null, got {_describe(bench['group'])}")
+    stats = bench.get("stats")
+    if not isinstance(stats, dict):
+        raise _Bad(f"{where}.stats", f"expected an object, got {_describe(stats)}")
+    if "median" not in stats:
+        raise _Bad(f"{where}.stats.median", "missing")
+    _validate_mapping(stats, STATS_SCHEMA, f"{where}.stats", STATS_SCHEMA)
+    if "extra_info" in bench:
+        extra = bench["extra_info"]
+        if not isinstance(extra, dict):
+            raise _Bad(f"{where}.extra_info", f"expected an object, got {_describe(extra)}")
+        _validate_mapping(extra, EXTRA_SCHEMA, f"{where}.extra_info", (*REQUIRED_FIELDS, "kind"))
+        if "kind" in extra and extra["kind"] not in KINDS:
+            raise _Bad(f"{where}.extra_info.kind",
+                       f"expected one of {', '.join(KINDS)}, got {_describe(extra['kind'])}")
+        for key in ("model", "case_id"):
+            if extra.get(key) == "":
+                raise _Bad(f"{where}.extra_info.{key}", "is empty")
+
+
+def _validate(data) -> None:
+    if not isinstance(data, dict):
+        raise _Bad("top level", f"expected an object, got {_describe(data)}")
+    benches = data.get("benchmarks")
+    if not isinstance(benches, list):
+        raise _Bad("benchmarks", f"expected a list, got {_describe(benches)}")
+    if not benches:
+        raise _Bad("benchmarks", "empty (the file holds no cases)")
+    for key in ("datetime", "version"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise _Bad(key, f"expected a string, got {_describe(data[key])}")
+    machine = data.get("machine_info", {})
+    if not isinstance(machine, dict):
+        raise _Bad("machine_info", f"expected an object, got {_describe(machine)}")
+    for key, expect in (("node", str), ("cpu", dict), ("gpubench", dict)):
+        if machine.get(key) is not None and not isinstance(machine[key], expect):
+            raise _Bad(f"machine_info.{key}",
+                       f"expected {'a string' if expect is str else 'an object'}, "
+                       f"got {_describe(machine[key])}")
+    if (machine.get("cpu") or {}).get("brand_raw") is not None and \
+            not isinstance(machine["cpu"]["brand_raw"], str):
+        raise _Bad("machine_info.cpu.brand_raw", "expected a string")
+    storage = (machine.get("gpubench") or {}).get("storage")
+    if storage is not None and not isinstance(storage, dict):
+        raise _Bad("machine_info.gpubench.storage", f"expected an object, got {_describe(storage)}")
+    for key in STORAGE_COLUMNS:
+        value = (storage or {}).get(key)
+        kind = "str" if key in ("storage_fs", "storage_note") else "float"
+        if value is not None and not (isinstance(value, str) if kind == "str" else (
+                isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value) and value >= 0)):
+            raise _Bad(f"machine_info.gpubench.storage.{key}",
+                       f"expected {'a string' if kind == 'str' else 'a number >= 0'}, "
+                       f"got {_describe(value)}")
+    for key in ("cpu", "torch"):
+        value = (machine.get("gpubench") or {}).get(key)
+        if value is not None and not isinstance(value, str):
+            raise _Bad(f"machine_info.gpubench.{key}",
+                       f"expected a string, got {_describe(value)}")
+    for i, bench in enumerate(benches):
+        _validate_bench(bench, f"benchmarks[{i}]")
+
+
+def read_benchmark_json(path: str | Path) -> dict:
+    """The parsed result file ``path``, checked against the schema (see the module docstring);
+    ``ResultsError`` (one line: file, first bad field, what is wrong) otherwise."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ResultsError(f"{path}: is a directory, not a result file") from None
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path}: not JSON (not UTF-8 text)") from None
+    except OSError as err:
+        raise ResultsError(f"{path}: cannot read ({err.strerror or err})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ResultsError(f"{path}: not JSON ({err})") from None
+    except (ValueError, RecursionError) as err:  # 4300+ digit integers, absurd nesting
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise ResultsError(f"{path}: not usable JSON ({reason.splitlines()[0]})") from None
+    try:
+        _validate(data)
+    except _Bad as bad:
+        raise ResultsError(f"{path}: not a gpubench/pytest-benchmark result file: {bad}") \
+            from None
+    except RecursionError:
+        raise ResultsError(f"{path}: not usable JSON (nested too deeply)") from None
+    return data
+
+
+def _row(bench: dict, run: str, path: Path, data: dict) -> dict:
+    stats = bench.get("stats") or {}
+    extra = bench.get("extra_info") or {}
+    machine = data.get("machine_info") or {}
+    gpubench_machine = machine.get("gpubench") or {}
+    base = {
+        "run": run,
+        "file": str(path),
+        "datetime": data.get("datetime"),
+        "name": bench.get("name"),
+        "bench_group": bench.get("group"),
+        **{f"time_{k}": stats.get(k) for k in STAT_FIELDS},
+        "rounds_s": stats.get("data"),
+        "machine_node": machine.get("node"),
+        "machine_cpu": gpubench_machine.get("cpu") or (machine.get("cpu") or {}).get("brand_raw"),
+        "torch_version": gpubench_machine.get("torch"),
+        "matmul_peak_tflops": gpubench_machine.get("matmul_peak_tflops"),
+        "pytest_benchmark_version": data.get("version"),
+        **{k: (gpubench_machine.get("storage") or {}).get(k) for k in STORAGE_COLUMNS},
+    }
+    row = {**extra, **base}  # the reader's columns win over same-named extra_info fields
+    row.setdefault("case_id", bench.get("name"))
+    row["kind"] = extra.get("kind") or "step"
+    return row
+
+
+def _dtype(column: str) -> str | None:
+    """The frame dtype of a column: nullable ``Int64``/``boolean`` for integer and boolean
+    fields (a record kind lacking one gets <NA>), ``float64`` for numbers."""
+    if column == "time_rounds":
+        return "Int64"
+    if column in {f"time_{k}" for k in STAT_FIELDS}:
+        return "float64"
+    kind, _ = EXTRA_SCHEMA.get(column, (None, None))
+    return {"int": "Int64", "bool": "boolean", "float": "float64"}.get(kind)
+
+
+def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = None) -> pd.DataFrame:
+    """Read result files (``read_benchmark_json``: a malformed file is a ``ResultsError``)
+    into one frame, one row per benchmark record and file.
+
+    Columns, besides every ``extra_info`` field of the records:
+
+    - ``run`` (the label: ``labels``, default the file's stem, made unique), ``file``,
+      ``datetime`` (of the run), ``name`` (pytest-benchmark's test name), ``bench_group``;
+    - ``kind``: ``step`` (one training-step case: the timing rows), ``claim`` (a paired A/B
+      check of a speed-up claim: ``claim``, ``case_id_base``/``case_id_new``, per-round
+      ``rounds_base_s``/``rounds_new_s``), ``overhead`` (gpubench's own cost, e.g.
+      ``process_overhead_s``) or ``transfer`` (CUDA host-to-device copies: ``bytes``,
+      ``bandwidth_gb_s``); records without a kind (older files) are ``step``;
+    - pytest-benchmark's statistics in **seconds**: ``time_min``, ``time_max``, ``time_mean``,
+      ``time_stddev``, ``time_median``, ``time_iqr``, ``time_q1``, ``time_q3``,
+      ``time_rounds`` (a count) and ``rounds_s`` (the list of round times);
+    - the machine: ``machine_node``, ``machine_cpu``, ``torch_version``,
+      ``matmul_peak_tflops`` (per precision), ``pytest_benchmark_version``, the storage probe
+      of the data folder (``STORAGE_COLUMNS``: ``storage_read_mb_s`` ...);
+    - every field gpubench knows (``EXTRA_SCHEMA``; a column even when no record has it),
+      among them ``REQUIRED_FIELDS``, units in the name: ``step_time_s`` (median seconds per
+      optimizer step), ``samples_per_s`` (global batch / step time), ``peak_memory_bytes``,
+      ``flops_per_step`` (FLOPs), ``tflops`` (achieved 10^12 FLOP/s), ``mfu`` (fraction of
+      the measured matmul peak), ``accum_steps``, ``micro_batch``, ``global_batch``,
+      ``world_size`` (counts), ``is_baseline``; other fields follow the same convention
+      (``_s`` seconds, ``_bytes`` bytes, ``_fraction`` a ratio; README, "Python API").
+
+    Integer and boolean fields have pandas' nullable dtypes (``Int64``, ``boolean``): a field
+    that a record kind lacks is ``<NA>``, not a float NaN or ``None``. Step records lacking
+    gpubench fields load with a warning naming the file and the fields."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ResultsError("no result files given")
+    labels = list(labels) if labels is not None else _unique_stems(paths)
+    if len(labels) != len(paths):
+        raise ResultsError(f"{len(labels)} labels for {len(paths)} result files")
+    rows = []
+    for path, run in zip(paths, labels, strict=True):
+        data = read_benchmark_json(path)
+        missing = set()
+        for bench in data["benchmarks"]:
+            row = _row(bench, run, path, data)
+            if row["kind"] == "step":
+                missing.update(f for f in REQUIRED_FIELDS if f not in row)
+            rows.append(row)
+        if missing:
+            warnings.warn(
+                f"{path}: records lack {', '.join(sorted(missing))} "
+                "(written by another gpubench version, or not by gpubench); "
+                "charts and tables that need them skip those records",
+                stacklevel=2,
+            )
+    df = pd.DataFrame(rows)
+    # A stable set of columns, whatever the file (added at once: one by one fragments the frame).
+    absent = [c for c in dict.fromkeys((*REQUIRED_FIELDS, *EXTRA_SCHEMA)) if c not in df]
+    df = pd.concat([df, pd.DataFrame({c: pd.Series([None] * len(df), index=df.index,
+                                                    dtype=object) for c in absent})], axis=1)
+    for col in df.columns:
+        dtype = _dtype(col)
+        if dtype is not None:
+            df[col] = df[col].astype(object).where(df[col].notna(), None).astype(dtype)
+    return df
+
+
+def _unique_stems(paths: list[Path]) -> list[str]:
+    stems = [p.stem for p in paths]
+    if len(set(stems)) == len(stems):
+        return stems
+    return [str(p.with_suffix("")) for p in paths]
+
+
+def training_memory(df: pd.DataFrame) -> pd.Series:
+    """The memory techniques change, comparable across cases: on CUDA the allocator's peak; on
+    the CPU, whose process peak is dominated by the runtime and moved by the allocator, the
+    exact sum of parameters, gradients, optimizer state and the activations autograd saves per
+    micro-batch (per device or rank; unknown, not mixed with the process peak, when a record
+    lacks them)."""
+    exact = sum(df[c].astype(float) if c in df else float("nan")
+                for c in ("param_bytes", "grad_bytes", "optimizer_state_bytes",
+                          "activation_bytes"))
+    peak = df["peak_memory_bytes"].astype(float)
+    return peak.where(df["device"] == "cuda", pd.Series(exact, index=df.index))
+
+
+MACHINE_IDENTITY = ("machine_cpu", "device_name")
+"""What makes two runs' records comparable when one borrows the other's baseline: the same CPU
+and device names (with the same model, profile and device)."""
+
+
+def baseline_runs(df: pd.DataFrame) -> pd.Series:
+    """The run whose FP32 baseline (and single-device cases) each row is compared with: its
+    own where it has one for the row's model, profile and device; otherwise another run of the
+    same model, profile, device and machine (``MACHINE_IDENTITY``) that has one, one on the
+    same node first. A case run on its own, such as ``gpubench dist`` under torchrun or
+    ``gpubench case``, so gets its speedup and scaling efficiency from a baseline in another
+    file (``gpubench summary base.json ddp.json``). Rows without any stay on their own run."""
+    def col(frame: pd.DataFrame, name: str) -> list:
+        values = frame[name] if name in frame else pd.Series(None, index=frame.index)
+        return [None if pd.isna(v) else v for v in values.astype(object)]
+
+    keys = ("run", "model", "profile", "device")
+    rows = list(zip(*(col(df, k) for k in (*keys, *MACHINE_IDENTITY, "machine_node")),
+                    strict=True))
+    is_base = (df["is_baseline"] == True).fillna(False).tolist()  # noqa: E712
+    own, by_machine = set(), {}
+    for row, base in zip(rows, is_base, strict=True):
+        if base:
+            own.add(row[:4])
+            by_machine.setdefault((*row[1:4], *row[4:6]), {}).setdefault(row[0], row[6])
+    runs = []
+    for row in rows:
+        if row[:4] in own:
+            runs.append(row[0])
+            continue
+        candidates = by_machine.get((*row[1:4], *row[4:6]), {})
+        same_node = [r for r, node in candidates.items() if node == row[6]]
+        runs.append((same_node or list(candidates) or [row[0]])[0])
+    return pd.Series(runs, index=df.index, dtype=object)
+
+
+def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``speedup`` and ``memory_ratio`` against the FP32 single-device baseline of the same
+    run, model, profile and device; for a run without one (a torchrun record of
+    ``gpubench dist``, a ``gpubench case`` file), the baseline of another run of the same
+    model, profile, device and machine, named in ``baseline_run`` (see ``baseline_runs``).
+
+    ``speedup`` is the ratio of throughputs (samples/s of the global batch): for cases with the
+    baseline's global batch it equals baseline step time / step time, and it stays fair for
+    cases that process more samples per step (accumulation at constant micro-batch, DDP).
+    Where the case was timed with a paired baseline round before each of its rounds
+    (``speedup_paired``), that drift-robust figure is the speedup, with its bootstrap interval
+    in ``speedup_low`` / ``speedup_high`` and ``speedup_method`` "paired"; otherwise it is the
+    ratio of separately measured medians ("separate", no interval). A case paired with the
+    baseline's worker process has that figure scaled by ``speedup_offset``, the baseline case's
+    step time over the worker's (see the code), so that it agrees with the samples/s ratio.
+    ``memory_ratio`` compares ``training_memory_bytes`` (see ``training_memory``)."""
+    df = df.copy()
+    df["training_memory_bytes"] = training_memory(df)
+    df["baseline_run"] = baseline_runs(df)
+    keys = ["run", "model", "profile", "device"]
+    cols = ["step_time_s", "samples_per_s", "global_batch", "peak_memory_bytes",
+            "training_memory_bytes"]
+    base = df[df["is_baseline"] == True][keys + cols]  # noqa: E712
+    base = base.drop_duplicates(keys).rename(columns={c: f"base_{c}" for c in cols})
+    base = base.rename(columns={"run": "baseline_run"})
+    df = df.merge(base, on=["baseline_run", *keys[1:]], how="left")
+    separate = (df["samples_per_s"] / df["base_samples_per_s"]).astype(float)
+    paired = (df["speedup_paired"].astype(float) if "speedup_paired" in df
+              else pd.Series(float("nan"), index=df.index))
+    # A case paired with the baseline's worker process (multi-process cases, and those with
+    # an allocator of their own) gets that process's baseline steps, which run at their own
+    # speed: a fresh process differs from the in-process baseline case it stands for by
+    # several percent for its whole life. The pairing cancels the drift between the rounds;
+    # the offset between the two baselines (the baseline case's median step over the worker's
+    # median step during the case's rounds) turns the ratio into the one a user computes from
+    # samples/s, interval and all.
+    worker = (df["paired_partner"].eq("worker process").fillna(False).astype(bool)
+              if "paired_partner" in df else pd.Series(False, index=df.index))
+    own_base = (df["baseline_step_time_s"].astype(float) if "baseline_step_time_s" in df
+                else pd.Series(float("nan"), index=df.index))
+    offset = (df["base_step_time_s"].astype(float) / own_base).where(worker)
+    df["speedup_offset"] = offset
+    paired = paired * offset.fillna(1.0)
+    df["speedup"] = paired.where(paired.notna(), separate)
+    # The baseline is 1.0x by definition; its paired interval (against its own copy in the
+    # baseline worker) stays, as the noise floor of the run.
+    df.loc[df["is_baseline"] == True, "speedup"] = 1.0  # noqa: E712
+    df["speedup_method"] = pd.Series("paired", index=df.index).where(paired.notna(), "separate")
+    for side in ("low", "high"):
+        col = f"speedup_paired_{side}"
+        df[f"speedup_{side}"] = (df[col].astype(float) if col in df
+                                 else pd.Series(float("nan"), index=df.index)
+                                 ) * offset.fillna(1.0)
+    df["memory_ratio"] = df["training_memory_bytes"] / df["base_training_memory_bytes"]
+    return with_plausibility(with_scaling(df))
+
+
+NOOP_TOLERANCE = 0.03
+"""How far from 1.0 a technique that does nothing on the device may read before it is flagged."""
+
+SPREAD_LIMIT = 0.10
+"""Baseline IQR / median above which a run's timings are flagged as noisy."""
+
+
+def _only_inert(flat: dict) -> bool:
+    """Whether a record differs from its baseline only by techniques that do nothing on its
+    device (so it must read 1.0x); a loader case with pinning differs by its loader too."""
+    from dataclasses import replace
+
+    from gpubench.train.config import config_from_record
+
+    try:
+        cfg = config_from_record(flat)
+    except (ValueError, TypeError, KeyError):
+        return False
+    stripped = cfg.with_(precision="fp32" if cfg.precision == "tf32" else cfg.precision,
+                         empty_cache=False)
+    if stripped.loader.pin_memory or stripped.loader.non_blocking:
+        loader = replace(stripped.loader, pin_memory=False, non_blocking=False)
+        try:
+            stripped = stripped.with_(loader=loader)
+        except ValueError:
+            return False
+    return stripped.is_baseline
+
+
+def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``flags``: figures outside what the technique can physically give, so a reader knows
+    which numbers to distrust: a no-op technique off 1.0 by more than ``NOOP_TOLERANCE`` with an
+    interval that excludes 1.0; a speedup above the device count for a parallel case (or above
+    what the baseline's spread allows); scaling efficiency above 100%; and a noisy baseline
+    (IQR / median above ``SPREAD_LIMIT``); and a case timed while the machine was contended
+    (``contended``, see ``gpubench.measure.telemetry``)."""
+    from gpubench.train.config import inert_techniques
+
+    flags = []
+    for _, row in df.iterrows():
+        out = []
+        speedup = row.get("speedup")
+        if isinstance(speedup, float) and speedup == speedup:
+            flat = {k: (None if (isinstance(v, float) and v != v) else v)
+                    for k, v in row.items()}
+            low, high = row.get("speedup_low"), row.get("speedup_high")
+            excludes_one = (isinstance(low, float) and low == low and (low > 1 or high < 1))
+            if (inert_techniques(flat) and _only_inert(flat)
+                    and abs(speedup - 1) > NOOP_TOLERANCE
+                    and (excludes_one or row.get("speedup_method") != "paired")):
+                out.append("no-op technique off 1.0x: machine noise")
+            devices = row.get("world_size")
+            devices = int(devices) if isinstance(devices, int | float) and devices == devices \
+                else 1
+            if row.get("parallel") in ("ddp", "fsdp") and speedup > devices * 1.05:
+                out.append(f"speedup above {devices} devices: implausible")
+        mfu = row.get("mfu")
+        if isinstance(mfu, float) and mfu > 1.0:
+            out.append("MFU above 100%: the measured matmul peak was too low (taken under load?)")
+        eff = row.get("scaling_efficiency")
+        if row.get("parallel") not in (None, "single") and isinstance(eff, float) and eff > 1.05:
+            out.append("scaling efficiency above 100%: implausible")
+        iqr, median = row.get("step_time_iqr_s"), row.get("step_time_s")
+        if (row.get("is_baseline") is True and isinstance(iqr, float) and median
+                and iqr / median > SPREAD_LIMIT):
+            out.append(f"noisy baseline (IQR {100 * iqr / median:.0f}% of the median)")
+        if row.get("contended") is True:  # gpubench.measure.telemetry
+            out.append(f"measured under contention: {row.get('contention_reason')}")
+        flags.append("; ".join(out))
+    df["flags"] = flags
+    return df
+
+
+def with_scaling(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``scaling_efficiency`` to parallel cases: samples/s / (devices x samples/s of the
+    single-device case with the same per-device settings, ``single_case_id``, of the same run,
+    else of ``baseline_run``). 1.0 is perfect scaling; single-device cases get 1.0 by
+    definition. Where both cases have paired speedups against the same baseline, their ratio
+    is used (drift-robust)."""
+    if "single_case_id" not in df:
+        df["scaling_efficiency"] = float("nan")
+        return df
+    single = df[["run", "case_id", "samples_per_s", "speedup", "speedup_method"]].rename(
+        columns={"case_id": "single_case_id", "samples_per_s": "single_samples_per_s",
+                 "speedup": "single_speedup", "speedup_method": "single_speedup_method"}
+    ).drop_duplicates(["run", "single_case_id"])
+    single_cols = [c for c in single if c not in ("run", "single_case_id")]
+    df = df.merge(single, on=["run", "single_case_id"], how="left")
+    if "baseline_run" in df:  # a run without the single-device case: its baseline's run
+        other = df[["baseline_run", "single_case_id"]].merge(
+            single.rename(columns={"run": "baseline_run"}),
+            on=["baseline_run", "single_case_id"], how="left")
+        missing = df["single_samples_per_s"].isna()
+        for c in single_cols:
+            df[c] = df[c].where(~missing, other[c].to_numpy())
+    devices = df["world_size"].where(df["parallel"] != "single", 1).astype(float)
+    separate = df["samples_per_s"] / (devices * df["single_samples_per_s"])
+    both_paired = (df["speedup_method"] == "paired") & (df["single_speedup_method"] == "paired")
+    paired = df["speedup"] / (devices * df["single_speedup"])
+    df["scaling_efficiency"] = paired.where(both_paired, separate).astype(float)
+    df.loc[df["parallel"] == "single", "scaling_efficiency"] = 1.0
+    return df

@@ -1,0 +1,59 @@
+"""The verdict vocabulary and the thresholds that decide it, in one place (no heavy imports: the
+command line's --help reads the defaults from here).
+
+A claim's part (its time, its memory) is judged *holds*, *smaller than claimed*, *does not hold*
+or *inconclusive* (``gpubench.analysis.advice``); a claim combines its parts
+(``combine_parts``). A claim is *not applicable* when the workload lacks what it is about and
+*not testable here* when the machine cannot show it; *case failed* when its case did not run.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    """The words a verdict is given in (equal to their strings, so records and tables keep
+    plain text)."""
+
+    HOLDS = "holds"
+    SMALLER = "smaller than claimed"
+    DOES_NOT_HOLD = "does not hold"
+    INCONCLUSIVE = "inconclusive"
+    NOT_APPLICABLE = "not applicable"
+    NOT_TESTABLE = "not testable here"
+    FAILED = "case failed"
+
+
+FAILED = Kind.FAILED.value
+"""The verdict of a claim whose case failed to run (instead of *inconclusive*)."""
+
+ALPHA = 0.05
+"""Significance level of every test behind a verdict (advice, parity, regression compare)."""
+
+MIN_EFFECT = 0.05
+"""Smallest relative change in speed that counts as an effect."""
+
+TIME_THRESHOLD = 0.07
+"""``gpubench compare``: smallest relative change of median time that counts as a regression."""
+
+MEMORY_THRESHOLD = 0.02
+"""``gpubench compare``: smallest relative change of training memory that counts."""
+
+
+def combine_parts(parts: dict[str, str]) -> str:
+    """One verdict from the verdicts of a claim's parts (e.g. {"time": ..., "memory": ...}):
+    holds if all hold; partly holds (naming them) if some do; does not hold if any part is
+    contradicted; smaller than claimed if the rest go the claimed way but not far enough;
+    inconclusive when a part is and no part holds or is contradicted: a claim of less time
+    *and* less memory is not "smaller than claimed" on the memory part alone while the time
+    part could not be decided (the row's why says what each part found)."""
+    kinds = set(parts.values())
+    if kinds == {Kind.HOLDS}:
+        return Kind.HOLDS.value
+    if Kind.HOLDS in kinds:
+        return "partly holds (" + ", ".join(k for k, v in parts.items() if v == Kind.HOLDS) + ")"
+    for kind in (Kind.DOES_NOT_HOLD, Kind.INCONCLUSIVE, Kind.SMALLER):
+        if kind in kinds:
+            return kind.value
+    return Kind.INCONCLUSIVE.value

@@ -1,0 +1,2 @@
+"""The ``gpubench`` commands and the pytest plugins.
+"""

@@ -1,0 +1,40 @@
+"""The ``gpubench compare`` arguments, in a module light enough for the command line's --help."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpubench.analysis.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD
+from gpubench.util.argtypes import bounded, non_negative
+
+_alpha = bounded(float, low=0, high=1, open_low=True, open_high=True)
+_threshold = non_negative
+
+
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="BASE [BASE ...] NEW: baseline pytest-benchmark JSON file(s), then the "
+                   "new one (several base files pool their rounds per case); with --base, "
+                   "only NEW")
+    p.add_argument("--base", action="append", default=[], metavar="BASE",
+                   help="a baseline file (repeatable); the positional FILE is then NEW alone")
+    p.add_argument("--time-threshold", type=_threshold, default=TIME_THRESHOLD,
+                   help="minimum relative change of median time that counts (default 0.07)")
+    p.add_argument("--memory-threshold", type=_threshold, default=MEMORY_THRESHOLD,
+                   help="minimum relative change of training memory that counts "
+                   "(default 0.02)")
+    p.add_argument("--alpha", type=_alpha, default=ALPHA,
+                   help="significance level of the Mann-Whitney U test, in (0, 1) "
+                   "(default 0.05)")
+    p.add_argument("--normalized", action="store_true",
+                   help="compare speed relative to each run's own FP32 baseline case")
+    p.add_argument("--new-only", action="store_true",
+                   help="only cases NEW ran (a partial run): do not list the others as removed")
+    p.add_argument("--report-only", action="store_true",
+                   help="exit 0 despite regressions (for noisy shared machines); a NEW run "
+                   "without any comparable case still fails")
+    p.add_argument("--markdown", help="also write the table as Markdown to this file")
+    p.add_argument("--github-json", metavar="DIR",
+                   help="write NEW's figures for github-action-benchmark into DIR: "
+                   "smaller_is_better.json (time, memory) and bigger_is_better.json "
+                   "(throughput, MFU)")

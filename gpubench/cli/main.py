@@ -1,0 +1,825 @@
+"""The ``gpubench`` command: run the benchmark profile, list cases, summarize, report, compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpubench.suite.cases import GROUPS, default_profile, profile_cases
+from gpubench.train.config import DEVICES, PROFILES
+from gpubench.util import atomic
+from gpubench.util.argtypes import (
+    BYTE_SIZE_HELP,
+    OneLineParser,
+    byte_size,
+    non_negative,
+    non_negative_int,
+    positive,
+    positive_int,
+)
+from gpubench.util.paths import check_output, folder_problem
+
+
+def load_results(*args, **kwargs):
+    """``gpubench.analysis.results.load_results``, imported when used (pandas): ``--help``
+    stays fast."""
+    from gpubench.analysis.results import load_results as load
+
+    return load(*args, **kwargs)
+
+
+def summary_markdown(df):
+    from gpubench.report.summary import summary_markdown as markdown
+
+    return markdown(df)
+
+BUILTIN_MODELS = ("resnet18", "resnet50", "bert", "gpt2")
+SPEC_HELP = ("workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY, "
+             "MODULE:FACTORY, torchvision:NAME or transformers:TYPE[?key=value&...]")
+
+
+def default_device() -> str:
+    from gpubench.measure.machine import default_device as detect
+
+    return detect()
+
+
+def model_specs(args: argparse.Namespace) -> tuple[str, ...]:
+    """The workload specs of ``--models a,b`` and repeated ``--model SPEC``, in order."""
+    specs = [m.strip() for m in (getattr(args, "models", "") or "").split(",") if m.strip()]
+    specs += list(getattr(args, "model_list", None) or [])
+    return tuple(dict.fromkeys(specs))
+
+
+def check_specs(specs: tuple[str, ...], profile: str) -> tuple[str, ...]:
+    """Resolve and validate every spec before anything runs: a bad one is a one-line error."""
+    from gpubench.workloads.api import validate
+    from gpubench.workloads.registry import resolve
+
+    for spec in specs:
+        validate(resolve(spec, profile))
+    return specs
+
+
+def group_list(text: str) -> tuple[str, ...]:
+    groups = tuple(g.strip() for g in (text or "").split(",") if g.strip())
+    bad = [g for g in groups if g not in GROUPS]
+    if bad:
+        raise ValueError(f"--groups must be from {', '.join(GROUPS)}; got {', '.join(bad)}")
+    return groups
+
+
+def find_benchmarks_dir() -> Path:
+    """The suite's ``benchmarks/`` folder: in the working directory, else beside the package."""
+    beside_package = Path(__file__).resolve().parents[1] / "benchmarks"
+    for candidate in (Path.cwd() / "benchmarks", beside_package):
+        if (candidate / "conftest.py").is_file():
+            return candidate
+    raise SystemExit(
+        "gpubench: cannot find the benchmarks/ folder; run from a gpubench checkout "
+        "installed with 'pip install -e .'"
+    )
+
+
+def _resolve(device: str, profile: str) -> tuple[str, str]:
+    device = default_device() if device == "auto" else device
+    return device, default_profile(device) if profile == "auto" else profile
+
+
+def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
+    device, profile = _resolve(args.device, args.profile)
+    cmd = [
+        sys.executable, "-m", "pytest", str(find_benchmarks_dir()), "-v", "-p", "no:cacheprovider",
+        f"--rootdir={find_benchmarks_dir().parent}",
+        f"--benchmark-json={json_path}",
+        "--benchmark-columns=median,iqr,rounds",
+        "--benchmark-sort=name",
+        f"--gpubench-profile={profile}",
+        f"--gpubench-device={device}",
+    ]
+    specs = model_specs(args)
+    if specs:
+        cmd.append(f"--gpubench-models={','.join(specs)}")
+    if args.groups:
+        cmd.append(f"--gpubench-groups={args.groups}")
+    if args.rounds:
+        cmd.append(f"--gpubench-rounds={args.rounds}")
+    if args.warmup is not None:
+        cmd.append(f"--gpubench-warmup={args.warmup}")
+    if args.max_time is not None:
+        cmd.append(f"--gpubench-max-time={args.max_time}")
+    if getattr(args, "min_time", None) is not None:
+        cmd.append(f"--gpubench-min-time={args.min_time}")
+    if args.timeout is not None:
+        cmd.append(f"--gpubench-timeout={args.timeout}")
+    if args.unpaired:
+        cmd.append("--gpubench-unpaired")
+    if args.slow:
+        cmd.append("--gpubench-slow")
+    if args.threads:
+        cmd.append(f"--gpubench-threads={args.threads}")
+    if args.data_dir:
+        cmd.append(f"--gpubench-data-dir={args.data_dir}")
+    if getattr(args, "no_storage_probe", False):
+        cmd.append("--gpubench-no-storage-probe")
+    if getattr(args, "trace", False):  # traces beside the results: <out>/traces/
+        from gpubench.measure.trace import TRACES_DIR_NAME
+
+        cmd.append(f"--gpubench-trace={json_path.parent / TRACES_DIR_NAME}")
+    if args.k:
+        cmd += ["-k", args.k]
+    return cmd
+
+
+
+
+
+
+PREVIOUS_DIR = "previous"
+"""Where a new run (not ``--resume``) moves the earlier run's files it finds in ``--out``."""
+
+OUR_DIRS = ("traces", "logs")
+
+
+def _is_ours(entry: os.DirEntry) -> bool:
+    """Whether ``entry`` of a results folder is of the kinds a run writes (results, journal,
+    tables, charts, report; ``traces/``, ``logs/``): what a new run moves aside."""
+    if entry.name.startswith("."):
+        return False
+    if entry.is_dir(follow_symlinks=False):
+        return entry.name in OUR_DIRS
+    return (entry.is_file(follow_symlinks=False)
+            and entry.name.endswith((".json", ".jsonl", ".md", ".html", ".png", ".svg", ".csv")))
+
+
+def _set_aside_previous(out: Path) -> int:
+    """Move the earlier run's files in ``out`` into ``out/previous/`` (an older
+    ``previous/`` is replaced), so that the new run writes into a clean folder and the earlier
+    results stay whole; other files are left where they are. Renames inside ``out``: the same
+    filesystem, whatever ``out`` is (a mount point, a symlink). Returns how many were moved."""
+    import shutil
+
+    previous = out / PREVIOUS_DIR
+    if previous.is_symlink() or (previous.exists() and not previous.is_dir()):
+        raise ValueError(f"--out {out}: {previous} is not a folder; the earlier results "
+                         "cannot be moved there (move it away, or use --resume)")
+    if previous.is_dir() and not (out / "benchmark.json").exists():
+        # A run killed before any case finished (its journal, failed cases' logs): no
+        # measurement to keep, and not worth the earlier results it set aside.
+        for entry in os.scandir(out):
+            if _is_ours(entry):
+                (shutil.rmtree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
+        _restore_previous(out)
+    entries = [e for e in os.scandir(out) if _is_ours(e)]
+    if not entries:
+        return 0
+    if previous.exists():  # the older generation: renamed to a hidden name, then removed
+        doomed = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix(PREVIOUS_DIR), suffix=".tmp",
+                                       dir=out))
+        os.rename(previous, doomed / PREVIOUS_DIR)
+        shutil.rmtree(doomed, ignore_errors=True)
+    previous.mkdir()
+    for entry in sorted(entries, key=lambda e: e.name != "benchmark.json"):  # results first
+        os.rename(entry.path, previous / entry.name)
+    return len(entries)
+
+
+def _records_in(json_path: Path) -> int:
+    """How many records the result file holds (0 when there is none, or it is unreadable)."""
+    try:
+        return len(json.loads(json_path.read_text())["benchmarks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _restore_previous(out: Path) -> None:
+    """Undo ``_set_aside_previous`` for a run that produced nothing: the earlier run's files
+    go back into ``out`` (the new run's empty journal is dropped)."""
+    previous = out / PREVIOUS_DIR
+    if not previous.is_dir():
+        return
+    from gpubench.measure.journal import journal_path
+
+    journal_path(out / "benchmark.json").unlink(missing_ok=True)
+    for entry in os.scandir(previous):
+        if not (out / entry.name).exists():
+            os.rename(entry.path, out / entry.name)
+    try:
+        previous.rmdir()
+    except OSError:
+        pass
+
+
+def _raise_interrupted(signum, frame):  # a signal handler
+    from gpubench.util.signals import Interrupted
+
+    raise Interrupted(signum)
+
+
+def _interrupted_message(sig, state: dict) -> str:
+    stage, out, kept = state["stage"], state["out"], state["kept"]
+    if stage == "starting":
+        return f"gpubench: interrupted ({sig}) while starting; nothing was run"
+    if stage == "after the results were written":
+        return f"gpubench: interrupted ({sig}) {stage} to {out}/"
+    if stage == "running the cases":
+        if not kept:
+            return (f"gpubench: interrupted ({sig}) while running the cases; no case had "
+                    f"finished")
+        return (f"gpubench: interrupted ({sig}) while running the cases; {kept} finished "
+                f"case(s) kept in {out}/benchmark.json (the same command with --resume runs "
+                "the rest)")
+    return (f"gpubench: interrupted ({sig}) while {stage}; the {kept} finished case(s) are "
+            f"in {out}/benchmark.json (gpubench report {out}/benchmark.json -o {out} draws "
+            "the charts)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the cases in a pytest child, which writes every case into ``--out`` the moment it
+    finishes (``gpubench.measure.journal``), then write summary, advice and charts beside them.
+    SIGINT/SIGTERM go to the child; the run then ends with one line and 130/143, the finished
+    cases kept (``--resume`` continues the run)."""
+    import signal
+
+    from gpubench.util.signals import Interrupted
+
+    state = {"stage": "starting", "out": None, "kept": 0}
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run_cases(args, state)
+    except Interrupted as sig:
+        print(_interrupted_message(sig, state), file=sys.stderr)
+        return sig.exit_code
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        lock = state.get("lock")
+        if lock is not None:
+            lock.release()
+
+
+def _run_cases(args: argparse.Namespace, state: dict) -> int:
+    """``cmd_run`` with its SIGINT/SIGTERM handlers installed; ``state`` tells it how far the
+    run got."""
+    import signal
+
+    from gpubench.measure.journal import LOCK_ENV, RunLock, journal_path, logs_dir, read_journal
+    from gpubench.util.signals import (
+        PARENT_PID_ENV,
+        Interrupted,
+        run_forwarding_signals,
+        signal_name,
+    )
+    from gpubench.workloads.datasets import default_data_dir, remove_stale_partials
+
+    device, profile = _resolve(args.device, args.profile)
+    if device == "cuda" and default_device() != "cuda":
+        print("gpubench: --device cuda, but no CUDA device is available here "
+              "(torch.cuda.is_available() is False); nothing was run", file=sys.stderr)
+        return 2
+    check_specs(model_specs(args), profile)  # a bad workload spec: one line, nothing run
+    group_list(args.groups)
+    out = Path(args.out or f"results/{profile}")
+    state["out"] = out
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    data_option = "--data-dir" if args.data_dir else "the data folder"
+    for option, folder in (("--out", out), (data_option, data_dir)):
+        problem = folder_problem(folder)
+        if problem:
+            print(f"gpubench: {option} {folder} {problem}; nothing was run", file=sys.stderr)
+            return 2
+    if out.resolve().parent == out.resolve():
+        print(f"gpubench: --out {out} cannot be a filesystem root", file=sys.stderr)
+        return 2
+    resume = getattr(args, "resume", False)
+    json_path = out / "benchmark.json"
+    if resume and read_journal(journal_path(json_path)).header is None:
+        print(f"gpubench: --resume: {journal_path(json_path)} holds no run to continue; "
+              "nothing was run", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    state["lock"] = RunLock(json_path).acquire()  # one run per folder (JournalError: exit 2)
+    atomic.remove_stale_temporaries(out)  # what killed runs left: temporary files in out
+    remove_stale_partials(data_dir)
+    signals = (signal.SIGINT, signal.SIGTERM)
+    moved = 0
+    if not resume:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # the earlier run moved as a whole
+        try:
+            moved = _set_aside_previous(out)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        if moved:
+            print(f"gpubench: the earlier results in {out}/ are now in {out / PREVIOUS_DIR}/",
+                  flush=True)
+
+    print(f"gpubench: profile {profile} on {device}; results go to {out}/"
+          + (" (resuming)" if resume else ""), flush=True)
+    started = time.monotonic()
+    state["stage"] = "running the cases"
+    cmd = [*pytest_command(args, json_path), "-p", "gpubench.cli.pytest_signals", "--tb=no"]
+    if resume:
+        cmd.append("--gpubench-resume")
+    # SIGINT too is forwarded as SIGTERM, which the plugin turns into an orderly stop.
+    code, signum = run_forwarding_signals(
+        cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
+                  LOCK_ENV: str(state["lock"].path)}, forward_as=signal.SIGTERM)
+    if resume and code == 5:  # every case had finished: nothing left to run
+        code = 0
+    if code == 4:  # pytest's usage error (a --resume of another run): its one line is said
+        if moved:
+            _restore_previous(out)
+        return 2
+    kept, failed = _records_in(json_path), len(read_journal(journal_path(json_path)).failed)
+    state["kept"] = kept
+    if not kept and not failed and moved:
+        _restore_previous(out)  # nothing new: the folder as it was
+    if signum is not None:
+        raise Interrupted(signum)
+    failures = (f"; {failed} failed (one line each in summary.md, tracebacks in "
+                f"{logs_dir(json_path)}/)" if failed else "")
+    if code == 124:  # gpubench.util.watchdog ended it: a call no exception could reach hung
+        print(f"gpubench: an in-process case hung past --timeout in code no exception reaches "
+              f"(its stacks are above); {kept} finished case(s) kept in {json_path} (the same "
+              "command with --resume runs the rest)", file=sys.stderr, flush=True)
+    if code < 0:
+        why = " (out of memory?)" if -code == signal.SIGKILL else ""
+        print(f"gpubench: the benchmark process was killed by {signal_name(-code)}{why}; "
+              f"{kept} finished case(s) kept in {json_path}", file=sys.stderr, flush=True)
+    if not kept:
+        if failed:
+            why = f"no case finished: {failed} failed (tracebacks in {logs_dir(json_path)}/)"
+        elif code in (0, 5):
+            why = ("no case ran: every selected case was skipped or none was selected "
+                   "(gpubench list shows which skip here, and why)")
+        else:
+            why = f"the benchmark run wrote no results (pytest exit code {code})"
+        print(f"gpubench: {why}", file=sys.stderr)
+        return (code if code > 0 else 1) or 1
+    try:
+        _write_derived(args, state, out, json_path, profile, device, started)
+    except (OSError, ValueError) as err:
+        if isinstance(err, ValueError):
+            print(f"gpubench: {err}; the {kept} finished case(s) are in {json_path}",
+                  file=sys.stderr)
+            return 2
+        where = f"{err.filename}: " if getattr(err, "filename", None) else ""
+        print(f"gpubench: cannot write {where}{err.strerror or err}; the {kept} finished "
+              f"case(s) are in {json_path}", file=sys.stderr)
+        return 1
+    state["stage"] = "after the results were written"
+    print(f"gpubench: {kept} finished case(s) in {json_path}{failures}",
+          file=sys.stderr if failed or code else sys.stdout)
+    if code < 0 or code == 124:
+        return 1
+    if code == 2:  # pytest stopped the session early (a result it could not write)
+        print("gpubench: the run stopped before its last case (pytest exit code 2)",
+              file=sys.stderr)
+        return 1
+    if code != 0:
+        print(f"gpubench: some cases failed (pytest exit code {code})", file=sys.stderr)
+    return code
+
+
+def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, device: str,
+                   started: float) -> None:
+    """summary.md, memory.json (no_grad / del), parity (opt-in), advice.md, charts and report
+    from the finished cases, each written atomically into ``out``."""
+    from gpubench.analysis.failures import failures_markdown
+    from gpubench.measure.journal import failures_beside
+
+    state["stage"] = "writing the summary and charts"
+    df = load_results([json_path], labels=[profile])
+    failures = failures_beside([json_path])
+    text = summary_markdown(df) + failures_markdown(failures)
+    atomic.write_text(out / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
+    from gpubench.analysis.advice import advice_markdown
+    from gpubench.report.memory import hygiene_reports
+
+    state["stage"] = "measuring no_grad and del"
+    named = df[df["model"].notna()]  # records of no model (loader workers' overhead)
+    models = dict(zip(named["model"], named["workload"].fillna(named["model"]), strict=True))
+    reports = hygiene_reports(models, profile, device)
+    atomic.write_text(out / "memory.json", json.dumps(reports, indent=1))
+    state["stage"] = "writing the summary and charts"
+    parity = None
+    if getattr(args, "parity", False):  # opt-in: N training steps per technique and model
+        from gpubench.analysis.parity import load_parity_reports
+        from gpubench.cli.parity import run_parity_for
+
+        state["stage"] = "training for convergence parity"
+        run_parity_for(list(models.values()), profile, device, out, chart=not args.no_charts)
+        parity = load_parity_reports([out / "parity.json"])
+        state["stage"] = "writing the summary and charts"
+    atomic.write_text(out / "advice.md", "# gpubench advice\n\n"
+                      + advice_markdown(df, memory_reports=reports, parity_reports=parity,
+                                        failures=failures))
+    if not args.no_charts:
+        from gpubench.report.page import write_report
+
+        write_report([json_path], out, labels=[profile])
+    print("\n" + text)
+    print(f"gpubench: {_run_cost_line(df, time.monotonic() - started)}")
+    print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
+    if not args.no_charts:
+        print(f"gpubench: charts and report in {out}/")
+
+
+def _run_cost_line(df, wall_s: float) -> str:
+    """How long the run took and how much of it was timed rounds (the step cases' and their
+    paired baseline's, the claims pairs' and the harness checks' rounds)."""
+    from gpubench.report.summary import timed_seconds
+
+    timed = sum(timed_seconds(df))
+    return (f"the run took {wall_s // 60:.0f}:{wall_s % 60:02.0f}, of which timed rounds "
+            f"{timed:.0f} s ({timed / wall_s:.0%}; where the rest went: summary.md)")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    device, profile = _resolve(args.device, args.profile)
+    models = check_specs(model_specs(args), profile) or None
+    for case in profile_cases(profile, device, models, group_list(args.groups) or None):
+        reason = case.skip_reason()
+        extra = " (slow)" if case.slow else ""
+        extra += f"  skips here: {reason}" if reason else ""
+        print(f"{case.id:42s} {case.group:13s}{extra}")
+    return 0
+
+
+def result_files(paths) -> list[Path]:
+    """Result files as given; a results folder (``gpubench run --out``) stands for its
+    ``benchmark.json``."""
+    return [Path(p) / "benchmark.json" if Path(p).is_dir() and (Path(p) / "benchmark.json")
+            .is_file() else Path(p) for p in paths]
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from gpubench.analysis.failures import failures_markdown
+    from gpubench.measure.journal import failures_beside
+
+    files = result_files(args.files)
+    df = load_results(files)
+    if args.csv:
+        from gpubench.report.summary import summary_frame
+
+        summary_frame(df).to_csv(sys.stdout, index=False)
+    else:
+        print(summary_markdown(df) + failures_markdown(failures_beside(files)))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpubench.report.page import write_report
+
+    out = check_output("-o/--out", args.out)
+    try:
+        written = write_report(result_files(args.files), out)
+    except OSError as err:  # a full disk: the folder is left as it was (drawn aside, renamed)
+        print(f"gpubench: cannot write the report into {out}: {err.strerror or err}; {out} "
+              "is unchanged", file=sys.stderr)
+        return 1
+    print("\n".join(str(p) for p in written))
+    return 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from gpubench.analysis.advice import advice_markdown
+    from gpubench.util.argtypes import parse_bytes
+
+    budget = parse_bytes(args.budget) if args.budget else None
+    if args.results:
+        files = result_files([args.results])
+        out = Path(args.out or files[0].parent)
+        check_output("--out", out)
+    else:
+        if not args.model:
+            raise ValueError("advise needs --model SPEC (to run its cases) or --results FILE")
+        device, profile = _resolve(args.device, args.profile)
+        check_specs((args.model,), profile)
+        from gpubench.workloads.registry import resolve
+
+        name = resolve(args.model, profile).name
+        out = Path(args.out or f"results/advise-{name}-{profile}")
+        run_args = build_parser().parse_args(
+            ["run", "--profile", profile, "--device", device, "--model", args.model,
+             "--out", str(out)])
+        code = cmd_run(run_args)
+        if not (out / "benchmark.json").exists():
+            return code or 1
+        files = [out / "benchmark.json"]
+    df = load_results(files)
+    if args.model:
+        spec = df["workload"] if "workload" in df else df["model"]
+        df = df[(df["model"] == args.model) | (spec == args.model)]
+    if df.empty:
+        from gpubench.analysis.results import ResultsError
+
+        raise ResultsError(f"no cases of model {args.model!r} in {', '.join(map(str, files))}")
+    recs = None
+    if not args.results:
+        from gpubench.analysis.advice import confirm, recommend
+
+        print("gpubench: confirming the recommendation in alternating rounds ...", flush=True)
+        recs = [confirm(r, df) for r in recommend(df, budget)]
+    from gpubench.measure.journal import failures_beside
+
+    text = advice_markdown(df, budget, recs, memory_reports(args, files),
+                           parity_reports(args, files), failures_beside(files))
+    atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
+    print(text)
+    print(f"gpubench: verdicts written to {out / 'advice.md'}")
+    return 0
+
+
+def memory_reports(args: argparse.Namespace, files: list[Path]) -> list[dict]:
+    """The ``gpubench memory`` reports the advice judges: ``--memory`` files, else a
+    ``memory.json`` beside the results."""
+    from gpubench.report.memory import load_memory_reports, memory_reports_beside
+
+    paths = list(getattr(args, "memory", None) or [])
+    return load_memory_reports(paths) if paths else memory_reports_beside(files)
+
+
+def parity_reports(args: argparse.Namespace, files: list[Path]) -> list[dict]:
+    """The ``gpubench parity`` reports the advice judges: ``--parity`` files, else a
+    ``parity.json`` beside the results."""
+    from gpubench.analysis.parity import load_parity_reports
+
+    paths = list(getattr(args, "parity", None) or [])
+    if not paths:
+        paths = [p for p in (f.parent / "parity.json" for f in files) if p.is_file()]
+    return load_parity_reports(paths)
+
+
+def cmd_case(args: argparse.Namespace) -> int:
+    """Run one configuration, given field by field, and write pytest-benchmark JSON."""
+    from gpubench.cli.case import config_from_args
+    from gpubench.launchers.workers import WorkerError
+    from gpubench.measure.machine import machine_info
+    from gpubench.measure.runner import run_case
+    from gpubench.measure.standalone import StandaloneBenchmark, write_benchmark_json
+    from gpubench.train.build import Unsupported
+    from gpubench.train.config import GENERATED_DATASETS
+    from gpubench.workloads.datasets import default_data_dir
+
+    device, profile = _resolve(args.device, args.profile)
+    if args.data_dir:
+        os.environ["GPUBENCH_DATA_DIR"] = args.data_dir  # inherited by worker processes
+    check_specs((args.model,), profile)
+    cfg = config_from_args(args, profile=profile, device=device)
+    out = check_output("-o/--out", args.out, is_file=True)  # before the case runs
+    bench = StandaloneBenchmark(f"case[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
+    bench.extra_info["group"] = "case"
+    print(f"gpubench case: {cfg.id} ({profile}, {device}) ...", flush=True)
+    from gpubench.util.progress import with_progress
+
+    try:  # a live "case: round i/n" line on stderr, where that is a terminal
+        run_case(with_progress(bench, cfg.id), cfg, rounds=args.rounds,
+                 warmup_rounds=args.warmup, timeout_s=args.timeout, max_time_s=args.max_time)
+    except Unsupported as why:
+        print(f"gpubench case: {cfg.id} cannot run here: {why}", file=sys.stderr)
+        return 3
+    except WorkerError as err:  # a rank died or hung: which, and how, on one line
+        if os.environ.get("GPUBENCH_DEBUG"):
+            raise
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        cause = f" ... {lines[-1]}" if len(lines) > 1 else ""  # a rank's own traceback
+        print(f"gpubench case: {cfg.id} failed: {lines[0] if lines else err}{cause}",
+              file=sys.stderr)
+        return 1
+    # The storage probe of the data folder, for a case that reads the workload's own files.
+    on_disk = cfg.loader.dataset not in GENERATED_DATASETS
+    write_benchmark_json(out, [bench], machine_info(
+        device, storage_dir=default_data_dir() if on_disk else None))
+    info = bench.extra_info
+    print(f"gpubench case: {cfg.id}: median step {info['step_time_s'] * 1e3:.2f} ms, "
+          f"{info['samples_per_s']:.1f} samples/s, peak memory "
+          f"{(info['peak_memory_bytes'] or 0) / 2**20:.1f} MiB; wrote {out}")
+    return 0
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    from gpubench.report.memory import memory_main
+
+    if args.out:
+        check_output("--out", args.out)
+    return memory_main(args)
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from gpubench.cli.parity import parity_main
+
+    return parity_main(args)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from gpubench.analysis.compare import write_github_json
+
+    check_output("--github-json", args.github_json)
+    for path in write_github_json(load_results(result_files([args.file])), args.github_json):
+        print(path)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from gpubench.analysis.compare import compare_main
+
+    if args.markdown:
+        check_output("--markdown", args.markdown, is_file=True)
+    if args.github_json:
+        check_output("--github-json", args.github_json)
+    return compare_main(args)
+
+
+def _add_run_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default="auto", choices=("auto", *PROFILES),
+                   help="problem size (default: cpu, or gpu-small when CUDA is present)")
+    p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    p.add_argument("--models", default="",
+                   help="comma-separated workloads (default: the profile's built-in models); "
+                   "each a " + SPEC_HELP)
+    p.add_argument("--model", dest="model_list", action="append", metavar="SPEC",
+                   help="a workload to run (repeatable): " + SPEC_HELP)
+    p.add_argument("--groups", default="",
+                   help=f"comma-separated case groups from {', '.join(GROUPS)} (default: all)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(  # errors on one line; its subcommand parsers are OneLineParsers
+        prog="gpubench", description="Benchmark PyTorch training acceleration techniques."
+    )
+    from gpubench import __version__
+
+    parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a benchmark profile; write JSON, summary and charts")
+    _add_run_selection(run)
+    run.add_argument("--out", help="results folder (default: results/<profile>)")
+    run.add_argument("--rounds", type=non_negative_int, default=0,
+                     help="timed rounds per case (default, or 0: per profile)")
+    run.add_argument("--warmup", type=non_negative_int, default=None,
+                     help="untimed warm-up rounds per case (default: per profile)")
+    run.add_argument("--max-time", type=non_negative, default=None,
+                     help="seconds of timed rounds per case; slower cases run fewer rounds, "
+                     "at least 6 (default: per profile; 0: always the full rounds)")
+    run.add_argument("--min-time", type=non_negative, default=None,
+                     help="seconds of timed rounds a fast case runs at least: more rounds, up "
+                     "to 4 times --rounds (default: cpu 0.6, other profiles 0; 0 when --rounds "
+                     "is given)")
+    run.add_argument("--timeout", type=positive, default=None,
+                     help="seconds each command of a case (its build, data, check, steps; in "
+                     "this process or in a rank) may take before the case fails as hung "
+                     "(default 300)")
+    run.add_argument("--threads", type=non_negative_int, default=0,
+                     help="torch.set_num_threads (default, or 0: torch's choice)")
+    run.add_argument("--unpaired", action="store_true",
+                     help="no paired baseline round before each timed round (faster; speedups "
+                     "then compare cases measured minutes apart)")
+    run.add_argument("--slow", action="store_true", help="include slow cases (torch.compile)")
+    run.add_argument("--data-dir", help="folder for generated on-disk datasets "
+                     "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
+    run.add_argument("--no-storage-probe", action="store_true",
+                     help="skip the read-throughput probe of the data folder's disk (64 MB "
+                     "written, read back cold; about a second)")
+    run.add_argument("-k", help="pytest -k expression selecting cases by id")
+    run.add_argument("--trace", action="store_true",
+                     help="after each case's timed rounds, profile a few steps: a Chrome trace "
+                     "per case (and rank) in <out>/traces/ and its top operators in the record")
+    run.add_argument("--parity", action="store_true",
+                     help="also train each model's techniques for convergence parity (gpubench "
+                     "parity's default techniques and steps: minutes per model on a CPU): "
+                     "parity.json and a chart per model, and the accuracy verdict in the advice")
+    run.add_argument("--no-charts", action="store_true", help="skip the charts and report")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --out that stopped (interrupted, killed, a "
+                     "failing machine): its finished cases are kept and not run again; "
+                     "refused when that run had another profile, device, models or options")
+    run.set_defaults(func=cmd_run)
+
+    lst = sub.add_parser("list", help="list the cases of a profile")
+    _add_run_selection(lst)
+    lst.set_defaults(func=cmd_list)
+
+    summ = sub.add_parser("summary", help="print the summary table of result files")
+    summ.add_argument("files", nargs="+", help="benchmark JSON files, or results folders")
+    summ.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    summ.set_defaults(func=cmd_summary)
+
+    rep = sub.add_parser("report", help="charts and a Markdown/HTML report from result files")
+    rep.add_argument("files", nargs="+", help="benchmark JSON files, or results folders")
+    rep.add_argument("-o", "--out", required=True, help="folder for charts and report")
+    rep.set_defaults(func=cmd_report)
+
+    cmp_ = sub.add_parser("compare", help="regression check of NEW against BASE")
+    from gpubench.cli.compare import add_compare_arguments
+
+    add_compare_arguments(cmp_)
+    cmp_.set_defaults(func=cmd_compare)
+
+    adv = sub.add_parser("advise", help="verdicts on common speed-up claims, measured here")
+    adv.add_argument("--model", default="",
+                     help="workload to check (runs its cases unless --results is given): "
+                     + SPEC_HELP)
+    adv.add_argument("--results", help="use this benchmark JSON instead of running")
+    adv.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
+    adv.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    adv.add_argument("--budget", type=byte_size,
+                     help="memory budget for the recommendation, e.g. 8G; " + BYTE_SIZE_HELP)
+    adv.add_argument("--memory", action="append", metavar="FILE",
+                     help="a memory.json of gpubench memory (repeatable): its OOM frontier and "
+                     "no_grad / del measurements answer the memory claims (default: a "
+                     "memory.json beside the results, if any)")
+    adv.add_argument("--parity", action="append", metavar="FILE",
+                     help="a parity.json of gpubench parity (repeatable): its loss curves answer "
+                     "whether AMP, DDP and accumulation leave training accuracy unaffected "
+                     "(default: a parity.json beside the results, if any)")
+    adv.add_argument("--out", help="folder for advice.md (default: beside the results)")
+    adv.set_defaults(func=cmd_advise)
+
+    case = sub.add_parser(
+        "case", help="run one configuration given field by field; write pytest-benchmark JSON",
+        description="Run any single configuration (one flag per RunConfig/LoaderConfig field) "
+        "and write the same JSON as 'gpubench run' (summary, report and compare read it).")
+    from gpubench.cli.case import add_config_arguments
+
+    add_config_arguments(case)
+    case.add_argument("--rounds", type=positive_int, default=10,
+                      help="timed rounds (default 10)")
+    case.add_argument("--warmup", type=non_negative_int, default=1,
+                      help="untimed warm-up rounds (default 1)")
+    case.add_argument("--max-time", type=non_negative, default=None,
+                      help="seconds of timed rounds; slower steps run fewer rounds, at least 6")
+    case.add_argument("--timeout", type=positive, default=300.0,
+                      help="seconds each command of the case (build, data, check, steps; in "
+                      "this process or in a rank) may take before it fails as hung (default 300)")
+    case.add_argument("--data-dir", help="folder for generated on-disk datasets "
+                      "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
+    case.add_argument("-o", "--out", required=True, help="pytest-benchmark JSON file to write")
+    case.set_defaults(func=cmd_case)
+
+    mem = sub.add_parser("memory", help="OOM frontier, leak check and allocator figures")
+    from gpubench.report.memory import add_memory_arguments
+
+    add_memory_arguments(mem)
+    mem.set_defaults(func=cmd_memory)
+
+    par = sub.add_parser("parity", help="convergence parity: loss curves of AMP, DDP and "
+                         "accumulation against FP32 from the same weights and data")
+    from gpubench.cli.parity import add_parity_arguments
+
+    add_parity_arguments(par)
+    par.set_defaults(func=cmd_parity)
+
+    exp = sub.add_parser("export", help="a result file's figures for github-action-benchmark")
+    exp.add_argument("file")
+    exp.add_argument("--github-json", required=True, metavar="DIR",
+                     help="writes smaller_is_better.json and bigger_is_better.json into DIR")
+    exp.set_defaults(func=cmd_export)
+
+    from gpubench.cli.torchrun import add_dist_arguments, dist_main
+
+    dst = sub.add_parser("dist", help="one DDP/FSDP/pipeline case as a rank of a torchrun job")
+    add_dist_arguments(dst)
+    dst.set_defaults(func=dist_main)
+    return parser
+
+
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """``warnings.formatwarning`` for the command line: one line, without the source line
+    Python prints under a warning (``gpubench: warning: <message>``; where the warning is not
+    gpubench's own ``UserWarning``, its category and origin too)."""
+    text = " ".join(str(message).split())
+    if category is UserWarning:
+        return f"gpubench: warning: {text}\n"
+    return f"gpubench: {category.__name__}: {text} ({Path(filename).name}:{lineno})\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    args = build_parser().parse_args(argv)
+    previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
+    try:
+        code = args.func(args)
+    except ValueError as err:  # bad input: results files, workload specs, configurations
+        if os.environ.get("GPUBENCH_DEBUG"):
+            raise
+        print(f"gpubench: {err}", file=sys.stderr)
+        code = 2
+    finally:
+        warnings.formatwarning = previous
+    if argv is None:  # the command line, not a caller of main(): a workload's stray thread
+        from gpubench.util.signals import exit_despite_stray_threads  # does not keep it alive
+
+        exit_despite_stray_threads(code, what="gpubench")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""Processes that run steps: worker and rank pools, torch.distributed set-up.
+"""

@@ -1,0 +1,322 @@
+"""Worker processes for multi-process cases: one per rank, driven by commands over pipes.
+
+The parent hosts the rendezvous store on a port the OS picks, so two suites started at once
+never collide. The store listens on the loopback address only (a socket bound to 127.0.0.1
+whose descriptor the store takes over), and the ranks pin gloo and NCCL to the loopback
+interface: a single-host case opens no port to the network. (Multi-node jobs under
+``torchrun``, ``gpubench dist``, use the interfaces the user configures.)
+
+A rank that raises reports its traceback and the whole group fails at once; a rank that does
+not answer within the timeout fails the group too; a rank that dies is reported with its exit
+status or signal. Ranks die with their parent (parent-death signal plus a watchdog, armed
+before the rank imports torch), so no worker process outlives the group, whatever kills it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing.connection as mpc
+import os
+import pickle
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gpubench.util.signals import describe_exit, guarded_call
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Seconds a command may take on every rank before the group is declared hung."""
+
+START_TIMEOUT_S = 180.0
+"""Seconds for workers to start (import torch, build the model, join the process group)."""
+
+REPORT_GRACE_S = 5.0
+"""Seconds (at most half the timeout) the host waits past a command's timeout for the ranks'
+reports: a rank whose collective timed out (the process group has the same timeout) then says
+so, and the message names the ranks it waited for (the hung ones), not every rank."""
+
+LOOPBACK = "127.0.0.1"
+
+STAGES = {
+    "spawning": "starting (Python, importing torch and the rank program)",
+    "joining": "joining the process group",
+    "building": "building its program (model, data, optimizer)",
+}
+"""Start-up stages a rank reports, in order, with what it is doing in each."""
+
+
+REBUILD = "__rebuild__"
+"""The command that replaces a rank's program (``WorkerGroup.rebuild``)."""
+
+
+class WorkerError(RuntimeError):
+    """A rank failed; the message carries its traceback."""
+
+
+class WorkerTimeout(WorkerError):
+    """A rank did not answer in time."""
+
+
+def _is_timeout(error_line: str) -> bool:
+    """Whether a rank's last error line is a collective or store that timed out (gloo "Timed
+    out waiting ...", NCCL's watchdog "... timeout", c10d's ``DistStoreError``)."""
+    text = error_line.lower()
+    return "timed out" in text or "timeout" in text
+
+
+def loopback_interface() -> str:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return next((n for n in names if n.startswith("lo")), "lo")
+
+
+def pin_to_loopback() -> None:
+    """Make gloo and NCCL in this process use the loopback interface only (single host)."""
+    iface = loopback_interface()
+    os.environ["GLOO_SOCKET_IFNAME"] = iface
+    os.environ["NCCL_SOCKET_IFNAME"] = iface
+
+
+def loopback_store(timeout_s: float) -> dist.TCPStore:
+    """A master ``TCPStore`` on a free port that listens on 127.0.0.1 only (``TCPStore`` on
+    its own binds every interface)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, 0))
+        sock.listen(128)
+        store = dist.TCPStore(LOOPBACK, sock.getsockname()[1], is_master=True,
+                              wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s),
+                              master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns and closes the descriptor now
+    return store
+
+
+def _rank_main(conn, payload: bytes) -> None:
+    """A rank, once ``guarded_call`` has armed its parent-death watch: join the process group,
+    build ``factory(rank, world_size, *args)``, then run commands until "stop"."""
+    try:
+        rank, world_size, port, backend, factory, args, timeout_s = pickle.loads(payload)
+        pin_to_loopback()
+        conn.send(("stage", "joining"))
+        store = dist.TCPStore(LOOPBACK, port, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        conn.send(("stage", "building"))
+        handler = factory(rank, world_size, *args)
+        conn.send(("ok", None))
+        while True:
+            command, payload = conn.recv()
+            if command == "stop":
+                break
+            if command == REBUILD:  # a new program in this rank (WorkerGroup.rebuild)
+                close = getattr(handler, "close", None)
+                handler = None
+                if close is not None:
+                    close()
+                factory, args = payload
+                handler = factory(rank, world_size, *args)
+                conn.send(("ok", None))
+                continue
+            conn.send(("ok", getattr(handler, command)(*payload)))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except (BrokenPipeError, OSError):
+            pass
+        os._exit(1)  # skip teardown that could block on peers that are gone
+
+
+class WorkerGroup:
+    """``world_size`` processes, each running ``factory(rank, world_size, *args)``, the object
+    whose methods ``call`` invokes on every rank.
+
+    ``factory`` and ``args`` must pickle (the ranks are spawned, not forked). ``env``: variables
+    set in each rank before it imports torch (``guarded_call``), e.g. the CUDA allocator's
+    settings (``RunConfig.worker_env``); this process's environment is left as it is."""
+
+    def __init__(self, world_size: int, factory: Callable[..., Any], args: tuple = (), *,
+                 backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 start_timeout_s: float = START_TIMEOUT_S, env: dict[str, str] | None = None):
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive integer; got {world_size!r}")
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.conns, self.procs = [], []
+        self.stages: list[str] = []
+        self.store = loopback_store(timeout_s)
+        ctx = mp.get_context("spawn")
+        # The kernel's parent-death signal follows the thread that starts the child: only
+        # use it when that thread lives as long as the process.
+        main_thread = threading.current_thread() is threading.main_thread()
+        try:
+            for rank in range(world_size):
+                parent, child = ctx.Pipe()
+                payload = pickle.dumps((rank, world_size, self.store.port, backend, factory,
+                                        args, timeout_s))
+                proc = ctx.Process(
+                    target=guarded_call,
+                    args=(os.getpid(), main_thread, f"{__name__}:_rank_main", child, payload),
+                    kwargs={"env": dict(env or {})},
+                    name=f"gpubench-rank{rank}",
+                )
+                # Tracked before it starts: an interrupt right after start() must not leave
+                # an untracked rank for multiprocessing's exit handler to wait on forever.
+                self.conns.append(parent)
+                self.procs.append(proc)
+                self.stages.append("spawning")
+                proc.start()
+                child.close()
+            self._collect("start", start_timeout_s)
+        except BaseException:
+            self.close(graceful=False)
+            raise
+
+    def call(self, command: str, *payload: Any, timeout_s: float | None = None) -> list[Any]:
+        """Run ``command`` on every rank; return the results in rank order."""
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send((command, payload))
+            except (BrokenPipeError, OSError):
+                self._fail_dead_rank(rank, command)
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        return self._collect(command, limit, grace_s=min(REPORT_GRACE_S, 0.5 * limit))
+
+    def rebuild(self, factory: Callable[..., Any], args: tuple = ()) -> None:
+        """Close each rank's program (its ``close``, if any) and build
+        ``factory(rank, world_size, *args)`` in its place, in the same processes and process
+        group: the next case of a run without starting, importing and joining again (about 3
+        s per case on a 2-core machine)."""
+        self.call(REBUILD, factory, args)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the ranks are running (a failure or ``close`` stops them all)."""
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
+
+    def _exit_status(self, rank: int) -> str:
+        proc = self.procs[rank]
+        proc.join(5)  # the pipe closes a moment before the exit status is known
+        return describe_exit(proc.exitcode)
+
+    def _fail_dead_rank(self, rank: int, command: str):
+        status = self._exit_status(rank)
+        self.close(graceful=False)
+        raise WorkerError(f"rank {rank} {status} during {command!r} without a report") from None
+
+    def _start_culprits(self, pending: dict) -> list[int]:
+        """The pending ranks at the earliest start-up stage: those the others wait for."""
+        order = list(STAGES)
+        earliest = min(order.index(self.stages[r]) for r in pending)
+        return [r for r in sorted(pending) if order.index(self.stages[r]) == earliest]
+
+    def _collect(self, command: str, timeout_s: float, grace_s: float = 0.0) -> list[Any]:
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s + grace_s
+        pending = dict(enumerate(self.conns))
+        while pending:
+            remaining = deadline - time.monotonic()
+            ready = mpc.wait(list(pending.values()), timeout=max(0.0, remaining))
+            if not ready:
+                raise self._timeout(command, timeout_s, pending)
+            for rank, conn in list(pending.items()):
+                if conn not in ready:
+                    continue
+                try:
+                    status, value = conn.recv()
+                except (EOFError, OSError):
+                    self._fail_dead_rank(rank, command)
+                if status == "stage":
+                    self.stages[rank] = value
+                    continue
+                if status == "error":
+                    raise self._failure(command, rank, value, pending)
+                results[rank] = value
+                del pending[rank]
+        return [results[r] for r in range(self.world_size)]
+
+    def _timeout(self, command: str, timeout_s: float, pending: dict) -> WorkerTimeout:
+        self.close(graceful=False)
+        if command != "start":
+            return WorkerTimeout(
+                f"rank(s) {', '.join(map(str, sorted(pending)))} did not finish "
+                f"{command!r} within {timeout_s:g} s (hung?); all workers stopped"
+            )
+        culprits = self._start_culprits(pending)
+        waiting = [r for r in sorted(pending) if r not in culprits]
+        stage = STAGES[self.stages[culprits[0]]] if culprits else "?"
+        msg = (f"rank(s) {', '.join(map(str, culprits))} did not start within {timeout_s:g} s "
+               f"(stuck {stage}; hung?)")
+        if waiting:
+            msg += f"; rank(s) {', '.join(map(str, waiting))} waited for it"
+        return WorkerTimeout(msg + "; all workers stopped")
+
+    def _failure(self, command: str, rank: int, tb: str, pending: dict) -> WorkerError:
+        culprits = self._start_culprits(pending) if command == "start" else []
+        self.close(graceful=False)
+        if command == "start" and self.stages[rank] == "joining" and rank not in culprits:
+            # A healthy rank gave up waiting in the process group for one that never came.
+            lagging = ", ".join(map(str, culprits))
+            last = tb.strip().splitlines()[-1] if tb.strip() else ""
+            return WorkerTimeout(
+                f"rank(s) {lagging} did not start (stuck {STAGES[self.stages[culprits[0]]]}); "
+                f"rank {rank} gave up waiting for it to join the process group: {last}"
+            )
+        last = tb.strip().splitlines()[-1] if tb.strip() else ""
+        silent = [r for r in sorted(pending) if r != rank]
+        if silent and _is_timeout(last):
+            # A collective timed out on this rank while others had not answered: they hung
+            # (stopped, deadlocked), this rank only gave up waiting for them.
+            return WorkerTimeout(
+                f"rank(s) {', '.join(map(str, silent))} did not finish {command!r} (hung?); "
+                f"rank {rank} gave up waiting for it in a collective: {last}")
+        return WorkerError(f"rank {rank} failed during {command!r}:\n{tb}")
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop every worker: ask politely (``graceful``), then terminate, then kill."""
+        started = [(c, p) for c, p in zip(self.conns, self.procs, strict=False)
+                   if p.pid is not None]  # an interrupt can come between tracking and start
+        procs = [p for _, p in started]
+        for conn, proc in started:
+            if graceful and proc.is_alive():
+                try:
+                    conn.send(("stop", ()))
+                except (BrokenPipeError, OSError):
+                    pass
+        deadline = time.monotonic() + (5 if graceful else 0)
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+        self.conns, self.procs = [], []
+
+    def __enter__(self) -> WorkerGroup:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(graceful=exc_type is None)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]

@@ -1,0 +1,278 @@
+"""FLOPs of a step (counted, not estimated) and the device's measured matmul peak per precision.
+
+FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add, forward,
+backward and recompute: *hardware* FLOPs; *model* FLOPs leave the recomputation out, see
+``FlopCount.model_total``), with formulas added for ops it has none for but that do heavy work in
+the built-in workloads: the CPU attention kernel
+``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward, counted as torch counts
+the GPU attention kernels (``sdpa_flop_count``, ``sdpa_backward_flop_count``: the full score
+matrix even for causal attention, and the backward with its recompute of the scores).
+``count_flops_detailed`` also names the heavy ops that ran and were counted as zero, so that a
+count that misses work says so.
+
+MFU here is achieved FLOP/s divided by the *measured* throughput of a large matmul at the step's
+precision on this very device, not a datasheet figure: it says how close the step comes to what
+this machine's matmul path actually delivers.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+from gpubench.train.precision import Precision
+
+aten = torch.ops.aten
+
+
+def _cpu_attention_flop(query_shape, key_shape, value_shape, *args, out_shape=None,
+                        **kwargs) -> int:
+    """``_scaled_dot_product_flash_attention_for_cpu(query, key, value, ...)``."""
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_attention_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                                 out_shape=None, **kwargs) -> int:
+    """``_scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value,
+    ...)``."""
+    return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape,
+                                                 value_shape)
+
+
+def _extra_formulas() -> dict:
+    """Formulas for ops torch's flop registry lacks (those this torch has are left to torch)."""
+    wanted = {
+        "_scaled_dot_product_flash_attention_for_cpu": _cpu_attention_flop,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_attention_backward_flop,
+    }
+    out = {}
+    for name, formula in wanted.items():
+        op = getattr(aten, name, None)
+        if op is not None and op not in flop_counter.flop_registry:
+            out[op] = formula
+    return out
+
+
+EXTRA_FLOP_FORMULAS = _extra_formulas()
+"""The formulas gpubench adds to ``FlopCounterMode``'s (``custom_mapping``)."""
+
+_HEAVY_TOKENS = {
+    "mm", "bmm", "matmul", "mv", "dot", "vdot", "ger", "outer", "addr", "addmm", "addbmm",
+    "baddbmm", "addmv", "einsum", "tensordot", "linear", "bilinear", "cdist", "lstm", "gru",
+    "rnn", "attention", "attn", "sdpa", "fft", "ifft", "rfft", "irfft", "hfft",
+}
+
+
+def is_heavy_op(name: str) -> bool:
+    """Whether an op (``"aten.mm"``, ``"mkldnn._convolution_pointwise"``) is heavy work by its
+    name: a matrix product, a convolution, attention, einsum, a recurrent layer, an FFT.
+    Interpolation (``upsample_bilinear2d``) and conversions (``_convert_...``) are not."""
+    base = name.rsplit(".", 1)[-1].lower()
+    if "upsample" in base or "interp" in base:
+        return False
+    tokens = [t for t in base.split("_") if t]
+    for token in tokens:
+        stripped = re.sub(r"\d+[a-z]?$", "", token)  # conv2d -> conv, int8pack -> int, fft2
+        if token in _HEAVY_TOKENS or stripped in _HEAVY_TOKENS:
+            return True
+        if token.startswith("conv") and not token.startswith("convert"):
+            return True
+        if token.endswith("mm") or "attention" in token:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """What ``count_flops_detailed`` counted.
+
+    ``uncounted_ops``: the ops that ran (after ``FlopCounterMode``'s decompositions, e.g.
+    ``aten.linear`` into ``aten.mm``), have no FLOP formula and are heavy by name
+    (``is_heavy_op``): work the total misses. Elementwise ops, norms, softmax, embedding and
+    losses are not counted by design (as in every FLOP/MFU convention) and are not listed.
+    ``no_formula_ops`` lists every op that ran without a formula, heavy or not."""
+
+    total: int
+    by_op: dict[str, int] = field(default_factory=dict)
+    uncounted_ops: list[str] = field(default_factory=list)
+    no_formula_ops: list[str] = field(default_factory=list)
+    recomputed: int = 0
+    """FLOPs of recomputation inside ``total``: the forward of checkpointed blocks run again
+    in backward (``torch.utils.checkpoint``), and the fused attention backward's recompute of
+    its score matrix (one of its five matmuls)."""
+
+    @property
+    def model_total(self) -> int:
+        """Model FLOPs: what the model needs (``total`` without recomputation, attention in
+        full), the convention of published MFU figures (PaLM's appendix B; nanoGPT's
+        6N + 12LHQT per token)."""
+        return self.total - self.recomputed
+
+
+ATTENTION_BACKWARD_RECOMPUTE = 1 / 5
+"""Share of a fused attention backward's counted FLOPs that recompute the scores (QK^T): torch's
+``sdpa_backward_flop_count`` adds that matmul to the four of the gradients (dV, dP, dQ, dK), all
+of one size when queries and values have the same head size."""
+
+
+def _attention_recompute(by_op: dict[str, int]) -> int:
+    return int(sum(n for op, n in by_op.items() if op.endswith("attention_backward")
+                   or op.endswith("attention_for_cpu_backward"))
+               * ATTENTION_BACKWARD_RECOMPUTE)
+
+
+class _Recomputation:
+    """FLOPs that ``counter`` counts while ``torch.utils.checkpoint`` recomputes a forward in
+    backward: its non-reentrant recomputation runs inside a ``_recomputation_hook`` context,
+    whose entry and exit are wrapped while the count runs (where this torch has it;
+    ``supported`` says so)."""
+
+    def __init__(self, counter: FlopCounterMode):
+        import torch.utils.checkpoint as ckpt
+
+        self.counter, self.flops, self._depth, self._start = counter, 0, 0, 0
+        self._hook = getattr(ckpt, "_recomputation_hook", None)
+        self.supported = self._hook is not None and hasattr(self._hook, "__enter__")
+        self._saved = None
+
+    def __enter__(self):
+        if not self.supported:
+            return self
+        hook, tracker = self._hook, self
+        enter, leave = hook.__enter__, hook.__exit__
+        self._saved = (enter, leave)
+
+        def entered(h):
+            if tracker._depth == 0:
+                tracker._start = tracker.counter.get_total_flops()
+            tracker._depth += 1
+            return enter(h)
+
+        def left(h, *exc):
+            try:
+                return leave(h, *exc)
+            finally:
+                tracker._depth -= 1
+                if tracker._depth == 0:
+                    tracker.flops += tracker.counter.get_total_flops() - tracker._start
+
+        hook.__enter__, hook.__exit__ = entered, left
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            self._hook.__enter__, self._hook.__exit__ = self._saved
+            self._saved = None
+
+
+class _Counter(FlopCounterMode):
+    """``FlopCounterMode`` with gpubench's formulas, noting the ops it has no formula for."""
+
+    def __init__(self, custom_mapping: dict | None = None):
+        super().__init__(display=False, custom_mapping=custom_mapping)
+        self.no_formula: set[str] = set()
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        if func_packet not in self.flop_registry:
+            self.no_formula.add(str(func_packet))
+        return super()._count_flops(func_packet, out, args, kwargs)
+
+
+class counting_flops:
+    """``with counting_flops() as counted: ...``: the FLOPs of what the block runs, in
+    ``counted.result`` (a ``FlopCount``) once it ends. ``custom_mapping`` replaces gpubench's
+    extra formulas (``{}``: torch's registry alone)."""
+
+    def __init__(self, custom_mapping: dict | None = None):
+        self._counter = _Counter(EXTRA_FLOP_FORMULAS if custom_mapping is None
+                                 else custom_mapping)
+        self.result: FlopCount | None = None
+
+    def __enter__(self) -> counting_flops:
+        self._counter.__enter__()
+        self._recomputation = _Recomputation(self._counter).__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        counter = self._counter
+        self._recomputation.__exit__(*exc)
+        counter.__exit__(*exc)
+        by_op = {str(op): int(n)
+                 for op, n in counter.get_flop_counts().get("Global", {}).items()}
+        no_formula = sorted(counter.no_formula)
+        recomputed = self._recomputation.flops + _attention_recompute(by_op)
+        self.result = FlopCount(int(counter.get_total_flops()), by_op,
+                                [op for op in no_formula if is_heavy_op(op)], no_formula,
+                                int(recomputed))
+
+
+def count_flops_detailed(fn: Callable[[], object],
+                         custom_mapping: dict | None = None) -> FlopCount:
+    """FLOPs of what ``fn`` runs (forward, backward and recompute), per op, and the heavy ops
+    counted as zero (``counting_flops`` around a call of ``fn``)."""
+    with counting_flops(custom_mapping) as counted:
+        fn()
+    return counted.result
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of the matmuls, convolutions and attention ``fn`` runs (forward, backward and
+    recompute); ``count_flops_detailed`` says also which heavy ops went uncounted."""
+    return count_flops_detailed(fn).total
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_peak_flops(device_str: str, precision: str) -> float:
+    """The ceiling MFU divides by: the matmul peak of the step's precision. Under autocast some
+    ops stay in float32, so the ceiling is the faster of the autocast dtype's and fp32's peaks
+    (on a CPU without fp16 units, fp32 is the faster path and autocast uses it for many ops)."""
+    peak = matmul_peak_flops(device_str, precision)
+    if precision in ("fp16", "bf16"):
+        peak = max(peak, matmul_peak_flops(device_str, "fp32"))
+    return peak
+
+
+@functools.cache
+def matmul_peak_flops(device_str: str, precision: str) -> float:
+    """Best FLOP/s of a square matmul at ``precision`` on ``device``, measured once per process.
+
+    The side grows until one matmul takes >= 20 ms (or a cap is hit), so slow paths (fp16 on a
+    CPU without half-precision units) stay quick to measure and fast ones reach their plateau.
+    """
+    device = torch.device(device_str)
+    policy = Precision(precision, device.type)
+    dtype = policy.autocast_dtype or torch.float32
+    cap = 8192 if device.type == "cuda" else 2048
+    n, elapsed = 256, 0.0
+    with policy.math_mode():
+        while True:
+            a = torch.randn(n, n, device=device, dtype=dtype)
+            b = torch.randn(n, n, device=device, dtype=dtype)
+            a @ b  # warm-up: kernel selection, allocator
+            _sync(device)
+            start = time.perf_counter()
+            a @ b
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= 0.02 or n >= cap:
+                break
+            n *= 2
+        reps = max(3, min(50, int(0.3 / max(elapsed, 1e-6))))
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            a @ b
+            _sync(device)
+            best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best

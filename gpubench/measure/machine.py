@@ -1,0 +1,81 @@
+"""What the results were measured on: library versions, device, CPU, threads, measured peaks."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+
+import torch
+
+from gpubench.measure.flops import matmul_peak_flops
+from gpubench.train.config import PRECISIONS
+from gpubench.train.precision import unsupported_reason
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's marketing name from py-cpuinfo (``brand_raw``, the name pytest-benchmark
+    records in ``machine_info.cpu``), else what platform knows."""
+    try:
+        import cpuinfo  # py-cpuinfo, installed with pytest-benchmark
+
+        name = cpuinfo.get_cpu_info().get("brand_raw")
+    except Exception:  # a probe of the machine: fall back, never fail a run
+        name = None
+    return name or platform.processor() or platform.machine()
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+
+
+
+
+def measured_peaks_tflops(device: str) -> dict[str, float | None]:
+    """Measured matmul peak per precision, TFLOP/s (None where the precision cannot run)."""
+    return {
+        p: None if unsupported_reason(p, device) else matmul_peak_flops(device, p) / 1e12
+        for p in PRECISIONS
+    }
+
+
+def machine_info(device: str, storage_dir: str | os.PathLike | None = None) -> dict:
+    """Versions, device, CPU, threads and measured matmul peaks; with ``storage_dir``, also
+    the storage probe of that folder's disk (``storage``:
+    ``gpubench.workloads.storage.probe_storage``)."""
+    dev = torch.device(device)
+    info = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device": device,
+        "device_name": device_name(dev),
+        "device_count": torch.cuda.device_count() if dev.type == "cuda" else 1,
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "matmul_peak_tflops": measured_peaks_tflops(device),
+    }
+    if storage_dir is not None:
+        from gpubench.workloads.storage import probe_storage
+
+        info["storage"] = probe_storage(storage_dir)
+    try:
+        import torchvision
+        import transformers
+
+        info["torchvision"] = torchvision.__version__
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover - both are install requirements
+        pass
+    return info

@@ -1,0 +1,664 @@
+"""The one measurement path: every case is checked, counted, timed and measured by one protocol.
+
+A ``CaseProgram`` is one process's part of a case: the whole case for single-device, dp and
+model-parallel cases, one rank for DDP and pipeline cases. Its methods are the protocol's
+commands. A *launcher* sends each command to every process and returns their answers in rank
+order, through the same ``call(command)`` interface:
+
+- ``InProcess``: the program runs here (single, dp, model; the claims pairs; frontier tries);
+- ``gpubench.launchers.workers.WorkerGroup``: one spawned worker process per rank (DDP, pipeline);
+- ``gpubench.launchers.distributed.LocalRanks``: this process is one rank of a torchrun job.
+
+``measure`` drives the protocol (like optimum-benchmark's launcher / scenario / tracker split):
+prepare the data, check that the technique still trains, count FLOPs and saved activations,
+warm up, time the rounds under the pytest-benchmark fixture, read the memory peaks, and
+combine the processes' figures into one record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gpubench.launchers.workers import DEFAULT_TIMEOUT_S, WorkerTimeout
+from gpubench.measure.flops import counting_flops
+from gpubench.measure.memory import (
+    SavedActivations,
+    allocator_counters,
+    freeze_long_lived,
+    read_peak,
+    release_free_memory,
+    reset_peak,
+    state_breakdown,
+)
+from gpubench.measure.telemetry import Sampler
+from gpubench.train.build import build
+from gpubench.train.checks import check_case
+from gpubench.train.config import RunConfig
+from gpubench.train.data import measure_loader
+from gpubench.util.watchdog import time_limit
+
+LOADER_PROBE_BATCHES = 10
+"""Batches the loader-only measurement reads after its first one."""
+
+MIN_ROUNDS = 6
+"""Timed rounds a case keeps however slow its step: the statistics need a sample (with 5 paired
+rounds the Wilcoxon signed-rank test can never reach p < 0.05; with 6 it can)."""
+
+
+EXTEND_FACTOR = 4
+"""A fast case's timed rounds grow to at most this many times ``rounds`` (``budget_rounds``)."""
+
+
+def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None,
+                  min_time_s: float | None = None) -> int:
+    """Timed rounds for a step of ``step_time_s``: ``rounds``, raised for a fast step until the
+    timed rounds take ``min_time_s`` (at most ``EXTEND_FACTOR`` times ``rounds``), and reduced
+    for a slow one (never below ``MIN_ROUNDS``) so that they take about ``max_time_s``, like
+    pytest-benchmark's --benchmark-max-time. More rounds of a fast step cost little and
+    tighten its paired interval: the median of 40 per-round ratios moves about half as much
+    from run to run as that of 12."""
+    if step_time_s <= 0:
+        return rounds
+    if min_time_s:
+        rounds = max(rounds, min(EXTEND_FACTOR * rounds, math.ceil(min_time_s / step_time_s)))
+    if max_time_s:
+        rounds = max(min(rounds, MIN_ROUNDS), min(rounds, int(max_time_s / step_time_s)))
+    return rounds
+
+
+def counted_step(case) -> tuple:
+    """(model, step): the model and the training step (a function of no arguments) whose FLOPs
+    and saved activations ``count`` measures.
+
+    ``FlopCounterMode`` and ``saved_tensors_hooks`` see only the thread they were entered in,
+    and ``nn.DataParallel`` runs each replica's forward in a thread of its own: counted
+    through the wrapper, a DataParallel step would miss its forward FLOPs and all its saved
+    activations (and count the replicas' broadcast weights as activations). The replicas
+    compute the wrapped model's function on shards of the micro-batch, so for dp cases one
+    step of the unwrapped model (``DataParallelLoss.dp.module``) on the full micro-batches, in
+    this thread, counts the same FLOPs and the saved bytes of all replicas together. Like the
+    wrapped step, it trains the case's own parameters with the case's optimizer and batches."""
+    model = case.model
+    if case.cfg.parallel != "dp":
+        return model, case.step
+    from gpubench.train.step import train_step
+
+    inner = getattr(model, "_orig_mod", model).dp.module  # torch.compile wraps as _orig_mod
+
+    def step():
+        return train_step(inner, case.optimizer, case.batches, precision=case.precision,
+                          accum_steps=case.cfg.accum_steps,
+                          set_to_none=case.cfg.zero_grad_set_to_none,
+                          after_step=case.after_step)
+
+    return inner, step
+
+
+_LAST_COUNT: dict = {}
+"""The last FLOP and saved-activation count in this process, by ``count_key``: one entry, as a
+run's cases of a model follow one another."""
+
+
+def count_key(cfg: RunConfig, rank: int) -> tuple:
+    """What a step's FLOPs and saved activations depend on: ``cfg`` less the choices that change
+    neither the ops a step runs nor the tensors autograd saves (the optimizer and its form,
+    zero_grad's mode, ``empty_cache``, the allocator settings, TF32's math mode, and how the
+    batches are loaded, except which dataset), and the rank. The optimizer's own arithmetic is
+    no matmul, convolution or attention: FLOP counting leaves it out either way."""
+    from gpubench.train.config import LoaderConfig
+
+    loader = cfg.loader
+    return (rank, cfg.with_(
+        precision="fp32" if cfg.precision == "tf32" else cfg.precision,
+        optimizer="sgd", optimizer_impl="default", zero_grad_set_to_none=True,
+        empty_cache=False, expandable_segments=False,
+        loader=LoaderConfig(dataset=loader.dataset, dataset_size=loader.dataset_size)))
+
+
+class CaseProgram:
+    """One process's part of a case; each method is a command of the measurement protocol."""
+
+    def __init__(self, rank: int, world_size: int, cfg: RunConfig,
+                 local_rank: int | None = None, local_world_size: int | None = None,
+                 data_dir: str | Path | None = None):
+        local_rank = rank if local_rank is None else local_rank
+        if cfg.multiprocess:
+            if cfg.device == "cuda":
+                torch.cuda.set_device(local_rank)
+            # The ranks of a machine share its CPU cores (on CUDA too: the host side of each
+            # step, the loader's collation, the optimizer's CPU work): split them instead of
+            # every rank starting a thread per core.
+            per_machine = local_world_size or world_size
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
+        self.rank = rank
+        freeze_long_lived()  # gc.collect() in every reset_peak scans only what cases create
+        self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
+        self.start_bytes: list[int | None] = []
+        self.start_counters: list[dict | None] = []
+        self.times: list[float] = []
+        self.waits_at_reset = 0
+        self.last_loss: torch.Tensor | None = None
+        self._counted: dict | None = None  # what the check's first step counted
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.case.cfg
+
+    def prepare(self) -> dict:
+        """Bring the data path to its steady state and measure the loader alone: a decoded-sample
+        cache is filled by one epoch (where the loading process survives the epoch: no workers,
+        or persistent workers); then time to first batch, loader-only samples/s, epoch restart."""
+        if self.cfg.loader.cached:
+            for _ in self.case.loader:
+                pass
+        evictor = self.case.evictor
+        info = measure_loader(self.case.loader, LOADER_PROBE_BATCHES, evictor)
+        if evictor is not None:
+            # Whether the files really left the page cache (a filesystem may ignore the drop).
+            info["cold_resident_fraction"] = evictor.resident_after_eviction()
+            info["cold_evict_s"] = statistics.median(evictor.evict_s)
+            info["cold_files"] = len(evictor.files)
+        return info
+
+    def check(self) -> dict:
+        """The training check (``gpubench.train.checks.check_case``). Its first training step also
+        counts the case's FLOPs and saved activations (``count`` then returns them), unless
+        the previous case's count is this one's (``count_key``), the case is DataParallel
+        (counted on the unwrapped model, ``counted_step``) or a pipeline, whose first step
+        sets its stages up with ``autograd.grad`` calls that saved-tensor hooks do not allow
+        (it is counted over a step of its own)."""
+        self._counted = None
+        counting = (self.cfg.parallel not in ("dp", "pipeline")
+                    and count_key(self.cfg, self.rank) not in _LAST_COUNT)
+        with self.case.precision.math_mode():
+            result = check_case(self.case,
+                                around_first_step=self._counting if counting else None)
+        return dataclasses.asdict(result)
+
+    @contextlib.contextmanager
+    def _counting(self, model=None):
+        """Count the FLOPs and saved activations of what runs inside (on ``model``, default the
+        case's) into ``self._counted``."""
+        with SavedActivations(model or self.case.model) as saved, counting_flops() as counted:
+            yield
+        self._counted = {"flops": counted.result.total,
+                         "model_flops": counted.result.model_total,
+                         "uncounted_ops": counted.result.uncounted_ops,
+                         "activation_bytes": saved.per_micro_batch_bytes}
+
+    def count(self) -> dict:
+        """FLOPs of one step (ops counted as zero listed) and the saved activations of its
+        largest micro-batch, on this process: those the check's first step counted, else the
+        previous case's where they are this one's (``count_key``: an optimizer form, a memory
+        or loader knob; ``count_reused``), else counted over one more step. DataParallel
+        cases are counted on the unwrapped model (``counted_step``)."""
+        key = count_key(self.cfg, self.rank)
+        if self._counted is None and key in _LAST_COUNT:
+            return dict(_LAST_COUNT[key], count_reused=True)
+        if self._counted is None:
+            model, step = counted_step(self.case)
+            with self.case.precision.math_mode(), self._counting(model):
+                step()
+        _LAST_COUNT.clear()
+        _LAST_COUNT[key] = self._counted
+        return self._counted
+
+    def step(self) -> float:
+        """One synchronized training step; returns its seconds."""
+        with self.case.precision.math_mode():
+            start = time.perf_counter()
+            loss = self.case.synced_step()
+            elapsed = time.perf_counter() - start
+        self.times.append(elapsed)
+        self.last_loss = loss
+        return elapsed
+
+    def reset_peak(self) -> None:
+        """Start the measured window: memory peaks, step times and loader waits."""
+        self.times = []
+        self.waits_at_reset = len(self.case.batches.waits)
+        self.start_bytes = [reset_peak(d) for d in self.case.devices]
+        self.start_counters = [allocator_counters(d) for d in self.case.devices]
+
+    def reset_window(self) -> None:
+        """Start a timed window whose memory an earlier window measured (an in-process case
+        paired in this process): step times and loader waits restart; garbage is collected,
+        but no freed memory is handed back to the system (which ``reset_peak`` does, and which
+        makes the next step fault its pages in again)."""
+        gc.collect()
+        self.times = []
+        self.waits_at_reset = len(self.case.batches.waits)
+
+    def read_peak(self) -> dict:
+        """Figures of the measured window on this process: each device's peak memory (on CUDA
+        with the allocator's health over the window, ``gpubench.measure.memory.read_peak``), the
+        exact
+        state breakdown, the median step time and the loader's waits."""
+        waits = list(self.case.batches.waits)[self.waits_at_reset:]
+        loss = None if self.last_loss is None else self.last_loss.float().item()
+        return {
+            "devices": [read_peak(d, s, c) for d, s, c in zip(
+                self.case.devices, self.start_bytes, self.start_counters, strict=True)],
+            **state_breakdown(self.case.model, self.case.optimizer),
+            "rank_step_time_s": statistics.median(self.times) if self.times else None,
+            "loader_wait_s": sum(waits) / len(self.times) if self.times else None,
+            "loader_stall_fraction": sum(waits) / sum(self.times) if self.times else None,
+            "last_loss": loss,
+        }
+
+    def allreduce_probe(self, repeats: int = 5) -> float:
+        """Median seconds of one all-reduce of a buffer the size of this rank's gradients: the
+        communication one synchronized DDP backward performs (measured in isolation)."""
+        numel = sum(p.numel() for p in self.case.model.parameters() if p.requires_grad)
+        buf = torch.zeros(numel, device=self.case.device)
+        times = []
+        for _ in range(repeats + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(buf)
+            if buf.is_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])  # the first includes connection setup
+
+    def noop(self) -> None:
+        """Nothing: timing it measures gpubench's per-step process-management cost."""
+
+    def trace(self, path_prefix: str) -> dict:
+        """Profile a few steps, after the timed rounds: a Chrome trace ``<path_prefix>.json``
+        (``-rank<r>.json`` per rank of a multi-process case) and this process's top operators
+        (``gpubench.measure.trace``)."""
+        from gpubench.measure.trace import trace_steps
+
+        return trace_steps(self, path_prefix)
+
+    def close(self) -> None:
+        self.case.close()
+
+
+def stop_loader_workers() -> None:
+    """Stop the DataLoader workers of this process's live loader iterators at once (those of a
+    case that timed out, ``InProcess``): torch's own shutdown waits 5 s for each worker stuck
+    in the dataset before it terminates it. Each is terminated after its pids are taken out
+    of torch's SIGCHLD check (which would raise about them later, anywhere), then the
+    iterator's shutdown runs. Rank processes and other children are left alone."""
+    import gc
+
+    from torch.utils.data import _utils
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    for it in [o for o in gc.get_objects() if isinstance(o, _MultiProcessingDataLoaderIter)]:
+        try:
+            if getattr(it, "_shutdown", True):
+                continue
+            if getattr(it, "_worker_pids_set", False):
+                _utils.signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+            for worker in getattr(it, "_workers", []):
+                if worker.is_alive():
+                    worker.terminate()
+            it._shutdown_workers()
+        except Exception:  # noqa: BLE001 - never hide the timeout behind a clean-up error
+            pass
+
+
+class CaseTimeout(WorkerTimeout):
+    """A command of an in-process case did not finish within the timeout (``InProcess``)."""
+
+
+PHASES = {
+    "build": "building the case (model, data, optimizer)",
+    "prepare": "preparing its data (the loader's first batches)",
+    "check": "the training check",
+    "count": "counting FLOPs",
+    "step": "a training step",
+    "read_peak": "reading its memory peaks",
+    "trace": "profiling steps",
+    "close": "closing the case (its loader workers)",
+}
+"""What each command of the protocol is doing, for the timeout's message."""
+
+
+class InProcess:
+    """The launcher of a single-process case: the program runs in this process. Like a rank's,
+    each of its commands (the build, data preparation, check, count, every step, the close)
+    must finish within ``timeout_s`` (``--timeout``; None: no limit), else the case fails with
+    ``CaseTimeout``, one line naming the case and what hung (``gpubench.util.watchdog``: a call that
+    cannot be interrupted ends the process instead)."""
+
+    def __init__(self, cfg: RunConfig, data_dir: str | Path | None = None,
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S):
+        self.cfg, self.timeout_s = cfg, timeout_s
+        self._id = cfg.id  # a computed property (~50 us): not in every step's limit
+        self._in_rounds = False
+        self.program = self._bounded("build", CaseProgram, 0, 1, cfg, data_dir=data_dir)
+
+    @contextlib.contextmanager
+    def timed_rounds(self, steps: int):
+        """One limit for a block of ``steps`` timed steps (``timeout_s`` each) instead of one
+        per step: arming a limit costs about 25 us, which the case's rounds (timed from
+        outside) would carry and its paired baseline's (timed inside the step) would not."""
+        if not self.timeout_s:
+            yield
+            return
+        seconds = self.timeout_s * max(1, steps)
+        self._in_rounds = True
+        try:
+            with time_limit(seconds, f"{self._id}: its timed rounds did not finish within "
+                            f"{seconds:g} s (hung?); --timeout sets the limit per step",
+                            error=CaseTimeout):
+                yield
+        except CaseTimeout:
+            stop_loader_workers()
+            raise
+        finally:
+            self._in_rounds = False
+
+    def _bounded(self, command: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` within the timeout; past it, the case's loader workers are
+        stopped too (their own shutdown would wait 5 s for each worker stuck in the data).
+        Inside ``timed_rounds`` the block's own limit holds."""
+        if not self.timeout_s or self._in_rounds:
+            return fn(*args, **kwargs)
+        what = PHASES.get(command, f"its {command!r} command")
+        try:
+            with time_limit(self.timeout_s,
+                            f"{self._id}: {what} did not finish within {self.timeout_s:g} s "
+                            "(hung?); --timeout sets the limit", error=CaseTimeout):
+                return fn(*args, **kwargs)
+        except CaseTimeout:
+            stop_loader_workers()
+            raise
+
+    def call(self, command: str, *payload) -> list:
+        return [self._bounded(command, getattr(self.program, command), *payload)]
+
+    def close(self) -> None:
+        self._bounded("close", self.program.close)
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the case failed already: that failure is the one to report
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+WINDOW_WARMUP_ROUNDS = 1
+"""Untimed rounds at the start of a measured window (after a peak reset, which returns freed
+memory to the system on the CPU and empties the allocator cache on CUDA, so the first step
+after it allocates afresh and would read slow)."""
+
+class PairedBaseline:
+    """The model's FP32 baseline, stepped right before every timed round of a case
+    (pytest-benchmark's untimed ``setup``), so that each round of the case has a baseline round
+    measured under the same machine conditions a moment earlier. Machine drift (other jobs,
+    clocks, thermal state) then cancels in the per-round ratios, which a baseline measured
+    minutes apart cannot offer.
+
+    Where it runs: a case measured in this process (single device, dp, model parallel) gets a
+    partner built in this same process (``local``), after the case's memory window so its peaks
+    stay the case's own: two processes running the very same step can differ by several percent
+    for their whole lives on a shared machine (heap state, page placement), which no pairing
+    of rounds removes. Multi-process cases (DDP, pipeline: fresh rank processes) pair with one
+    baseline worker process, started on first use and kept while consecutive cases share it."""
+
+    def __init__(self, cfg: RunConfig, timeout_s: float, warmup_rounds: int = 2,
+                 spare=None):
+        """``spare``: the worker of a previous ``PairedBaseline`` (``handoff``), which builds
+        this baseline in place of starting a process of its own."""
+        self.cfg = cfg.baseline
+        self.timeout_s, self.warmup_rounds = timeout_s, max(1, warmup_rounds)
+        self.group = None
+        self.spare = spare
+        self.times: list[float] = []
+
+    def matches(self, cfg: RunConfig) -> bool:
+        return cfg.baseline == self.cfg
+
+    def step(self) -> None:
+        """One baseline step in the worker (pytest-benchmark calls this untimed before each
+        timed round)."""
+        if self.group is None:
+            from gpubench.launchers.workers import WorkerGroup
+
+            spare, self.spare = self.spare, None
+            if spare is not None and spare.alive and spare.timeout_s == self.timeout_s:
+                spare.rebuild(CaseProgram, (self.cfg,))
+                self.group = spare
+            else:
+                if spare is not None:
+                    spare.close()
+                self.group = WorkerGroup(1, CaseProgram, (self.cfg,), backend="gloo",
+                                         timeout_s=self.timeout_s)
+            for _ in range(self.warmup_rounds):
+                self.group.call("step")
+        self.times.append(self.group.call("step")[0])
+
+    def local(self) -> LocalBaseline:
+        """A partner in this process (``LocalBaseline``), built and warmed up (one step; the
+        timed window's warm-up round steps it again) now."""
+        return LocalBaseline(self.cfg, 1, self.timeout_s)
+
+    def handoff(self):
+        """This baseline's worker process, for the next model's baseline (``spare``), or
+        None; this one then holds none."""
+        group, self.group = self.group, None
+        if group is None:
+            group, self.spare = self.spare, None
+        return group
+
+    def close(self) -> None:
+        for group in (self.group, self.spare):
+            if group is not None:
+                group.close()
+        self.group = self.spare = None
+
+
+class LocalBaseline:
+    """The baseline built in this process beside an in-process case, for its timed rounds
+    (``PairedBaseline``); ``close`` frees it."""
+
+    def __init__(self, cfg: RunConfig, warmup_rounds: int,
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S):
+        self.cfg = cfg
+        self.times: list[float] = []
+        self.partner = InProcess(cfg, timeout_s=timeout_s)
+        try:
+            for _ in range(max(1, warmup_rounds)):
+                self.partner.call("step")
+        except BaseException:
+            self.close()
+            raise
+
+    def step(self) -> None:
+        self.times.append(self.partner.call("step")[0])
+
+    def close(self) -> None:
+        if self.partner is not None:
+            partner, self.partner = self.partner, None
+            partner.close()
+
+
+def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
+            memories: list[dict]) -> dict:
+    """One record from all processes. Time is measured by the launcher (a step ends when the
+    slowest rank has finished it); memory is per device plus the fullest one, whose state
+    breakdown is reported; FLOPs add up over ranks, saved activations are the largest rank's; the
+    training check is the loss-computing rank's; the loader figures are rank 0's, its stall the
+    worst rank's."""
+    devices = [d for m in memories for d in m["devices"]]
+    top_device = max(range(len(devices)), key=lambda i: devices[i]["peak_memory_bytes"] or 0)
+    top_rank = max(range(len(memories)), key=lambda r: max(
+        (d["peak_memory_bytes"] or 0) for d in memories[r]["devices"]))
+    with_loss = [c for c in checks if c["first_loss"] is not None]
+    check = with_loss[-1]
+    last_losses = [m["last_loss"] for m in memories if m["last_loss"] is not None]
+    stalls = [m["loader_stall_fraction"] for m in memories
+              if m["loader_stall_fraction"] is not None]
+    flops = [c["flops"] for c in counts]
+    info = {
+        **prepared[0],
+        **devices[top_device],
+        "param_bytes": memories[top_rank]["param_bytes"],
+        "grad_bytes": memories[top_rank]["grad_bytes"],
+        "optimizer_state_bytes": memories[top_rank]["optimizer_state_bytes"],
+        "flops_per_step": sum(flops),  # hardware FLOPs, as before they had a name
+        "hardware_flops_per_step": sum(flops),
+        "model_flops_per_step": sum(c.get("model_flops", c["flops"]) for c in counts),
+        "uncounted_ops": sorted({op for c in counts for op in c["uncounted_ops"]}),
+        "activation_bytes": max(c["activation_bytes"] for c in counts),
+        # taken from the previous case, whose count this one's equals (``count_key``)
+        "count_reused": all(c.get("count_reused", False) for c in counts),
+        "loader_wait_s": max((m["loader_wait_s"] or 0) for m in memories),
+        "loader_stall_fraction": max(stalls) if stalls else None,
+        "loss_reference": check["reference_loss"],
+        "loss_first": check["first_loss"],
+        "loss_rtol": check["rtol"],
+        "check_losses": check["losses"],
+        "check_skipped_steps": check["skipped_steps"],
+        "last_loss": last_losses[-1] if last_losses else None,
+    }
+    # The gradient check of every rank (pipeline: each its own stage): the worst agreement.
+    for what in ("grad", "update"):
+        rows = [c for c in checks if c.get(f"{what}_cosine") is not None]
+        if rows:
+            info[f"check_{what}_cosine"] = min(c[f"{what}_cosine"] for c in rows)
+            info[f"check_{what}_norm_ratio"] = max(
+                (c[f"{what}_norm_ratio"] for c in rows), key=lambda r: abs(r - 1))
+    if len(devices) > 1:
+        info["device_peak_memory_bytes"] = [d["peak_memory_bytes"] for d in devices]
+    if len(memories) > 1:
+        info["rank_peak_memory_bytes"] = [max((d["peak_memory_bytes"] or 0)
+                                              for d in m["devices"]) for m in memories]
+        info["rank_step_memory_bytes"] = [max((d["step_memory_bytes"] or 0)
+                                              for d in m["devices"]) for m in memories]
+        info["rank_step_time_s"] = [m["rank_step_time_s"] for m in memories]
+        info["rank_flops_per_step"] = flops
+    return info
+
+
+class Phases:
+    """Wall seconds of each part of a case's measurement (``harness_s`` in the record): where a
+    profile's time goes besides the timed rounds (``gpubench summary`` totals them)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """Charge the time since the previous lap to ``name``."""
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+
+def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
+            max_time_s: float | None = None, baseline: PairedBaseline | None = None,
+            phases: Phases | None = None, min_time_s: float | None = None) -> dict:
+    """Drive the protocol through ``group.call`` (any launcher) and return the combined figures.
+
+    The warm-up rounds (at least one) run before the measured window, so peaks, loader waits and
+    per-rank times cover the timed rounds only; ``rounds`` grows for fast steps and shrinks for
+    slow ones (``budget_rounds``, from the last warm-up round's time).
+    With ``baseline`` (a ``PairedBaseline``), every timed round is preceded by an untimed
+    baseline step: in this process for an in-process case, whose peaks then come from its
+    warm-up rounds, measured before the partner is built; in the baseline worker for
+    multi-process cases. The paired times are recorded as
+    ``paired_baseline_rounds_s``, round i paired with the case's round i. ``phases`` (a
+    ``Phases``) is charged with each part's wall time."""
+    phases = phases or Phases()
+    prepared = group.call("prepare")
+    phases.lap("prepare")
+    checks = group.call("check")
+    phases.lap("check")
+    counts = group.call("count")
+    phases.lap("count")
+    local = baseline is not None and isinstance(group, InProcess)
+    if local:
+        # The case's memory window: its warm-up rounds, the case alone in this process.
+        group.call("reset_peak")
+    # Warm-up rounds (at least one: the check's steps ran on other code paths' state), the
+    # last of which sizes the timed rounds.
+    for _ in range(max(1, warmup_rounds)):
+        start = time.perf_counter()
+        group.call("step")
+    rounds = budget_rounds(rounds, time.perf_counter() - start, max_time_s, min_time_s)
+    partner, memory = baseline, None
+    if local:
+        memory = group.call("read_peak")
+    phases.lap("warmup")
+    if local:
+        partner = _local_partner(baseline)  # built beside the case only now
+        phases.lap("partner")
+    if isinstance(partner, LocalBaseline):
+        # Memory was measured in the case's own window: the timed one only restarts the
+        # times, and with no memory handed back there is nothing for a warm-up round to
+        # re-fault (the partner's first paired step is its second: its grads and optimizer
+        # state exist).
+        group.call("reset_window")
+        window_warmup = 0
+    else:
+        group.call("reset_peak")  # the timed window, which is also the memory window
+        window_warmup = WINDOW_WARMUP_ROUNDS
+    try:
+        bounded = (group.timed_rounds(2 * (rounds + window_warmup))  # the partner's steps too
+                   if isinstance(group, InProcess) else contextlib.nullcontext())
+        with Sampler.for_case(cfg, group, partner, rounds) as telemetry, bounded:
+            if partner is None:
+                benchmark.pedantic(group.call, args=("step",), rounds=rounds,
+                                   warmup_rounds=window_warmup, iterations=1)
+            else:
+                partner.times = []
+                benchmark.pedantic(group.call, args=("step",),
+                                   setup=telemetry.untimed(partner.step), rounds=rounds,
+                                   warmup_rounds=window_warmup, iterations=1)
+                partner.times = partner.times[-rounds:]  # a warm-up round's pair left out
+        phases.lap("rounds")
+        timing = group.call("read_peak")
+    finally:
+        if isinstance(partner, LocalBaseline):
+            partner.close()
+    if memory is not None:  # memory from the case's own window, the rest from the timed one
+        timing = [{**t, **{k: m[k] for k in ("devices", "param_bytes", "grad_bytes",
+                                              "optimizer_state_bytes")}}
+                  for t, m in zip(timing, memory, strict=True)]
+    info = combine(prepared, checks, counts, timing)
+    info.update(telemetry.summary())
+    if partner is not None:
+        info["paired_baseline_rounds_s"] = list(partner.times)
+        info["paired_baseline_case_id"] = partner.cfg.id
+        info["paired_partner"] = ("this process" if isinstance(partner, LocalBaseline)
+                                  else "worker process")
+    if cfg.parallel == "ddp":
+        allreduce_s = max(group.call("allreduce_probe"))
+        syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
+        info["allreduce_time_s"] = allreduce_s
+        info["comm_time_s"] = allreduce_s * syncs
+    phases.lap("finish")
+    return info
+
+
+def _local_partner(baseline: PairedBaseline):
+    """The in-process partner; the worker where it does not fit beside the case (a device
+    out of memory), so a large case is still measured."""
+    try:
+        return baseline.local()
+    except torch.OutOfMemoryError:
+        release_free_memory()
+        return baseline

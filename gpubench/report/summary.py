@@ -1,0 +1,271 @@
+"""The readable summary table of a run: one line per case, the baseline's figures as reference."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from gpubench.analysis.results import with_baseline_ratios
+from gpubench.util import tables
+from gpubench.util.tables import figures_table
+
+COLUMNS = {
+    "case_id": "case",
+    "step_time_ms": "median step (ms)",
+    "iqr_ms": "IQR (ms)",
+    "samples_per_s": "samples/s",
+    "peak_memory_mib": "peak mem (MiB)",
+    "step_memory_mib": "step mem (MiB)",
+    "speedup": "speedup vs fp32",  # throughput ratio
+    "speedup_ci": "95% interval",
+    "memory_ratio": "train mem vs fp32",
+    "mfu": "MFU",
+    "scaling_efficiency": "scaling eff.",
+    "flags": "flags",
+}
+
+
+def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The summary columns, sorted by run, model and speedup (fastest first)."""
+    df = with_baseline_ratios(df[df["step_time_s"].notna()])
+    paired = df.get("speedup_paired", pd.Series(math.nan, index=df.index)).astype(float)
+    own_ratio = (df["is_baseline"] == True) & (df["speedup_method"] == "paired")  # noqa: E712
+    out = pd.DataFrame(
+        {
+            "run": df["run"],
+            "model": df["model"],
+            "case_id": df["case_id"],
+            "step_time_ms": df["step_time_s"] * 1e3,
+            "iqr_ms": df.get("step_time_iqr_s", pd.Series(math.nan, index=df.index)) * 1e3,
+            "samples_per_s": df["samples_per_s"],
+            "peak_memory_mib": df["peak_memory_bytes"].astype(float) / 2**20,
+            "step_memory_mib": df.get("step_memory_bytes", pd.Series(math.nan, index=df.index))
+            .astype(float)
+            / 2**20,
+            # The baseline's row shows its measured ratio against its own copy (the run's
+            # noise floor) beside that ratio's interval, not 1.00x beside an interval that
+            # may exclude 1.
+            "speedup": df["speedup"].where(~(own_ratio & paired.notna()), paired),
+            "speedup_ci": [
+                f"{lo:.2f}-{hi:.2f}" if method == "paired" and lo == lo else
+                (("separate runs" if run == base_run else f"separate runs (baseline: {base_run})")
+                 if sp == sp else "-")
+                for lo, hi, method, sp, run, base_run in zip(
+                    df["speedup_low"], df["speedup_high"], df["speedup_method"], df["speedup"],
+                    df["run"], df["baseline_run"], strict=True)],
+            "memory_ratio": df["memory_ratio"],
+            "mfu": [_mfu_shown(m, ops, h) for m, ops, h in zip(
+                df["mfu"], df["uncounted_ops"] if "uncounted_ops" in df else [None] * len(df),
+                df["hfu"] if "hfu" in df else [None] * len(df), strict=True)],
+            # Single-device cases scale perfectly by definition: show the figure only where
+            # it says something.
+            "scaling_efficiency": df["scaling_efficiency"].where(df["parallel"] != "single"),
+            "flags": df["flags"],
+        }
+    )
+    return out.sort_values(["run", "model", "speedup"], ascending=[True, True, False])
+
+
+def _mfu_shown(mfu, uncounted, hfu=None) -> object:
+    """The MFU figure (model FLOPs), with the HFU (hardware FLOPs) beside it where the two
+    differ by more than 1% (recomputation: checkpointing, fused attention); or "n/a" naming
+    the heavy ops the FLOP count missed (an LSTM's ``aten.mkldnn_rnn_layer``): a count that
+    leaves out the work makes any MFU wrong."""
+    if isinstance(uncounted, list | tuple) and uncounted:
+        return f"n/a ({', '.join(uncounted)} not counted)"
+    if (isinstance(mfu, float) and isinstance(hfu, float) and mfu == mfu and hfu == hfu
+            and mfu > 0 and abs(hfu / mfu - 1) > 0.01):
+        return f"{100 * mfu:.1f}% (HFU {100 * hfu:.1f}%)"
+    return mfu
+
+
+
+
+
+
+
+
+def _set(frame: pd.DataFrame, column: str) -> pd.Series:
+    """A boolean column as plain bools (missing or <NA>: False)."""
+    if column not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame[column].astype(object).eq(True)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(value)
+
+
+def storage_markdown(df: pd.DataFrame) -> str:
+    """Per run: the storage probe of the data folder (``machine_info.gpubench.storage``) and
+    each cold loader case (``LoaderConfig.cold``) beside its warm twin (same dataset and
+    workers): step time, stall, and the share of the files' pages the eviction left cached.
+    Empty when a run has neither."""
+    parts = []
+    for run, g in df.groupby("run", sort=False):
+        lines = []
+        probe = g[g["storage_read_mb_s"].notna()] if "storage_read_mb_s" in g else g.iloc[:0]
+        if not probe.empty:
+            r = probe.iloc[0]
+            text = f"Data folder's disk ({run}): {r['storage_read_mb_s']:,.0f} MB/s sequential"
+            for column, what in (("storage_cached_mb_s", "MB/s from the page cache"),
+                                 ("storage_random_iops", "random 4 KiB reads/s (cold)")):
+                if _number(r.get(column)) is not None:
+                    text += f", {r[column]:,.0f} {what}"
+            if isinstance(r.get("storage_fs"), str):
+                text += f"; {r['storage_fs']}"
+            if isinstance(r.get("storage_note"), str):
+                text += f"; {r['storage_note']}"
+            lines.append(text + ".\n")
+        cold = g[_set(g, "cold") & g["step_time_s"].notna()]
+        rows = []
+        for _, c in cold.iterrows():
+            warm = g[(g["model"] == c["model"]).fillna(False)
+                     & (g["dataset"] == c["dataset"]).fillna(False)
+                     & (g["num_workers"] == c["num_workers"]).fillna(False)
+                     & (g["micro_batch"] == c["micro_batch"]).fillna(False)
+                     & ~_set(g, "cold") & ~_set(g, "cached") & ~_set(g, "pin_memory")
+                     & ~_set(g, "persistent_workers") & g["prefetch_factor"].isna()
+                     & g["step_time_s"].notna()]
+            w = warm.iloc[0] if not warm.empty else None
+            rows.append({
+                "case_id": c["case_id"],
+                "cold_ms": c["step_time_s"] * 1e3,
+                "warm_ms": w["step_time_s"] * 1e3 if w is not None else math.nan,
+                "cold_stall": c.get("loader_stall_fraction"),
+                "warm_stall": w.get("loader_stall_fraction") if w is not None else math.nan,
+                "resident": c.get("cold_resident_fraction"),
+            })
+        if rows:
+            frame = pd.DataFrame(rows).astype({k: float for k in ("cold_stall", "warm_stall",
+                                                                    "resident")})
+            for k in ("cold_stall", "warm_stall", "resident"):
+                frame[k] = [f"{v:.0%}" if v == v else "-" for v in frame[k]]
+            lines.append(figures_table(frame, {
+                "case_id": "cold case", "cold_ms": "median step (ms)",
+                "warm_ms": "warm twin (ms)", "cold_stall": "stall", "warm_stall": "warm stall",
+                "resident": "cached after eviction"}) + "\n")
+        if lines:
+            parts.append("\n".join(lines))
+    if not parts:
+        return ""
+    return ("### Storage: the data folder's disk, and the loader read cold\n\n"
+            + "\n".join(parts))
+
+
+PHASES = {
+    "build": "building cases (rank processes started where not reused)",
+    "prepare": "data path to steady state, loader probe",
+    "check": "training check (FP32 reference, 3 steps; the first counts FLOPs)",
+    "count": "FLOP and saved-activation count (where the check did not)",
+    "warmup": "warm-up rounds (the in-process case's memory window)",
+    "partner": "building the paired baseline beside the case",
+    "untimed_rounds": "in the timed window, untimed (warm-up pair, baseline worker start)",
+    "finish": "all-reduce probe, records",
+    "close": "closing cases",
+    "trace": "profiling (--trace)",
+}
+"""The parts of each case's measurement (``harness_s`` in its record, ``measure.Phases``)."""
+
+
+def timed_seconds(frame: pd.DataFrame) -> tuple[float, float]:
+    """(seconds of the records' own timed rounds, seconds of their paired baseline rounds)."""
+    own = sum(sum(r) for r in frame["rounds_s"].dropna())
+    paired = (sum(sum(r) for r in frame["paired_baseline_rounds_s"].dropna())
+              if "paired_baseline_rounds_s" in frame else 0.0)
+    return own, paired
+
+
+def run_cost(df: pd.DataFrame) -> pd.DataFrame:
+    """Per run, seconds of the cases' timed rounds, of their paired baseline rounds and of each
+    untimed part (``PHASES``), summed over the step records, with each one's share."""
+    steps = df[(df["kind"] == "step") & df["step_time_s"].notna()] if "kind" in df else df.iloc[:0]
+    if steps.empty or "harness_s" not in steps:
+        return pd.DataFrame(columns=["run", "part", "seconds", "share"])
+    rows = []
+    for run, group in steps.groupby("run", sort=False):
+        phases: dict[str, float] = {}
+        for h in group["harness_s"].dropna():
+            for k, v in h.items():
+                phases[k] = phases.get(k, 0.0) + float(v)
+        if not phases:
+            continue
+        timed, paired = timed_seconds(group)
+        parts = {"timed rounds of the cases": timed, "paired baseline rounds": paired}
+        phases["untimed_rounds"] = max(0.0, phases.pop("rounds", 0.0) - timed - paired)
+        parts.update({PHASES.get(k, k): v for k, v in phases.items() if v > 0})
+        total = sum(parts.values())
+        rows += [{"run": run, "part": k, "seconds": v, "share": v / total}
+                 for k, v in parts.items()]
+    return pd.DataFrame(rows)
+
+
+def run_cost_markdown(df: pd.DataFrame) -> str:
+    """Where the cases' time went (``run_cost``), one table per run; empty without records of
+    their phases (results written before they were recorded)."""
+    cost = run_cost(df)
+    parts = []
+    for run, group in cost.groupby("run", sort=False):
+        total = group["seconds"].sum()
+        timed = group["seconds"].iloc[:2].sum()
+        cells = group.assign(seconds=group["seconds"].map(lambda v: f"{v:.1f}"),
+                             share=group["share"].map(lambda v: f"{v:.0%}"))
+        parts.append(
+            f"### Where the cases' time went ({run})\n\n"
+            f"{total:.0f} s in the step cases, {timed / total:.0%} of it timed rounds (the "
+            "cases' and their paired baseline's); pytest's start, the claims pairs and the "
+            "harness checks come on top.\n\n"
+            + tables.markdown_table(cells[["part", "seconds", "share"]],
+                                    ["left", "right", "right"]) + "\n")
+    return "\n".join(parts)
+
+
+def summary_markdown(df: pd.DataFrame) -> str:
+    """One Markdown section per run and model, then the storage section (``storage_markdown``)
+    where a run has one."""
+    frame = summary_frame(df)
+    parts = []
+    for (run, model), group in frame.groupby(["run", "model"], sort=False):
+        parts.append(f"### {model} ({run})\n\n{figures_table(group, COLUMNS)}\n")
+    storage = storage_markdown(df)
+    if storage:
+        parts.append(storage)
+    over = df.dropna(subset=["harness_overhead"]) if "harness_overhead" in df else df.iloc[:0]
+    if not over.empty:
+        cols = {"case_id": "case", "gpubench_ms": "gpubench step (ms)",
+                "handwritten_ms": "hand-written step (ms)", "harness_overhead": "overhead"}
+        over = over.assign(gpubench_ms=over["gpubench_step_time_s"] * 1e3,
+                           handwritten_ms=over["handwritten_step_time_s"] * 1e3)
+        parts.append("### Harness overhead (interleaved rounds)\n\n"
+                     + figures_table(over, cols) + "\n")
+    if "telemetry_overhead" in df:
+        tele = df.dropna(subset=["telemetry_overhead"])
+        if not tele.empty:
+            tele = tele.assign(on_ms=tele["telemetry_on_step_time_s"] * 1e3,
+                               off_ms=tele["telemetry_off_step_time_s"] * 1e3,
+                               sample_us=tele["telemetry_sample_cpu_s"] * 1e6,
+                               harness_overhead=tele["telemetry_overhead"])
+            cols = {"case_id": "case", "on_ms": "step, sampling (ms)",
+                    "off_ms": "step, not sampling (ms)", "harness_overhead": "overhead",
+                    "sample_us": "CPU per sample (us)"}
+            parts.append("### Telemetry sampling cost (alternating rounds)\n\n"
+                         + figures_table(tele, cols) + "\n")
+    procs = (df.dropna(subset=["process_overhead_s"]) if "process_overhead_s" in df
+             else df.iloc[:0])
+    if not procs.empty:
+        procs = procs.assign(overhead_us=procs["process_overhead_s"] * 1e6)
+        cols = {"case_id": "case", "world_size": "processes",
+                "overhead_us": "per-step command round trip (us)"}
+        parts.append("### Multi-process machinery (no-op step)\n\n"
+                     + figures_table(procs, cols) + "\n")
+    cost = run_cost_markdown(df)
+    if cost:
+        parts.append(cost)
+    if not parts:
+        return "No measured cases.\n"
+    return "\n".join(parts)
+
+

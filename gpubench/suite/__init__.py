@@ -1,0 +1,2 @@
+"""What is measured: the curated cases per profile and the claims they answer.
+"""

@@ -1,0 +1,3 @@
+"""One training step and the techniques that configure it: ``RunConfig``, precision, parallel
+strategies, data loading, building a case, its training check.
+"""

@@ -1,0 +1,371 @@
+"""Turn a ``RunConfig`` into runnable objects: the one place strings become objects."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from gpubench.train.config import ALLOC_CONF_VARS, GENERATED_DATASETS, RunConfig
+from gpubench.train.data import (
+    Batch,
+    Placement,
+    WaitTimer,
+    build_loader,
+    endless,
+    seed_worker,
+    shared_memory_reason,
+)
+from gpubench.train.parallel import (
+    FSDP,
+    DataParallel,
+    DistributedDataParallel,
+    ModelParallel,
+    Pipeline,
+    Single,
+)
+from gpubench.train.precision import Precision
+from gpubench.train.precision import unsupported_reason as precision_reason
+from gpubench.train.step import train_step
+from gpubench.workloads.api import (
+    BatchDataset,
+    DataRequest,
+    TrainModule,
+    Workload,
+    build_train_module,
+    initial_train_module,
+)
+from gpubench.workloads.datasets import CachedDataset, default_data_dir
+from gpubench.workloads.storage import Evictor, dataset_files, eviction_unsupported_reason
+
+LEARNING_RATES = {"sgd": 0.01, "adam": 1e-3, "adamw": 1e-3}
+"""Chosen so that every model's loss falls within a few steps on a fixed batch."""
+
+EPOCH_STEPS = 4
+"""The synthetic dataset holds this many optimizer steps of samples; the loader then re-iterates."""
+
+
+def build_optimizer(name: str, impl: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    impl_kwargs = {} if impl == "default" else {impl: True}
+    lr = LEARNING_RATES[name]
+    match name:
+        case "sgd":
+            return torch.optim.SGD(params, lr=lr, momentum=0.9, **impl_kwargs)
+        case "adam":
+            return torch.optim.Adam(params, lr=lr, **impl_kwargs)
+        case "adamw":
+            return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, **impl_kwargs)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def resolve_micro_batch(cfg: RunConfig) -> int:
+    return cfg.resolved_micro_batch
+
+
+def check_world_size(cfg: RunConfig) -> None:
+    """Raise before any process starts when the machine has too few devices for ``cfg``."""
+    need = cfg.parallelism.devices_needed(cfg.device)
+    have = torch.cuda.device_count() if cfg.device == "cuda" else 0
+    if need > have:
+        raise ValueError(
+            f"world_size {cfg.world_size} with parallel {cfg.parallel!r} needs {need} CUDA "
+            f"devices; this machine has {have}"
+        )
+
+
+@functools.cache
+def _stage_error(spec: str, profile: str, n: int) -> str | None:
+    """Why the workload cannot be split into ``n`` stages (its ``stages`` raised), or None."""
+    from gpubench.workloads.registry import resolve
+
+    workload = resolve(spec, profile)
+    try:
+        workload.stages(build_train_module(workload).net, n)
+    except ValueError as err:
+        return f"{workload.name} cannot be split into {n} stages: {err}"
+    return None
+
+
+class Unsupported(Exception):
+    """This machine cannot run the case; the message says why (benchmarks skip with it)."""
+
+
+def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | None:
+    """Why this machine cannot run ``cfg`` (the case is then skipped with it), or None.
+    ``check_devices=False`` leaves out the device count (a torchrun job spans machines)."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        return "needs a CUDA device; none is available"
+    if cfg.parallel == "dp" and cfg.device != "cuda":
+        return "DataParallel needs CUDA devices"
+    if cfg.expandable_segments and cfg.device != "cuda":
+        return ("expandable_segments configures the CUDA caching allocator; the CPU allocator "
+                "has no segments")
+    reason = shared_memory_reason(cfg)
+    if reason:
+        return reason
+    if cfg.loader.cold and eviction_unsupported_reason():
+        return eviction_unsupported_reason()
+    try:
+        if check_devices:
+            check_world_size(cfg)
+    except ValueError as err:
+        return str(err)
+    if cfg.parallel == "pipeline":
+        if cfg.precision == "fp16":
+            return "fp16 GradScaler is not wired into pipelining schedules; use bf16"
+        if not cfg.workload.facts.single_tensor_input:
+            return "pipeline stages take one input tensor; this workload's inputs are not one"
+        if cfg.resolved_micro_batch % cfg.chunks:
+            return f"micro_batch {cfg.resolved_micro_batch} does not split into {cfg.chunks} chunks"
+    if cfg.checkpointing and cfg.workload.checkpointing is None and not cfg.workload.facts.blocks:
+        from gpubench.workloads.api import NO_BLOCKS
+
+        return f"activation checkpointing of {cfg.name}: {NO_BLOCKS}"
+    if cfg.parallelism.splits_model:
+        reason = _stage_error(cfg.model, cfg.profile, cfg.world_size)
+        if reason:
+            return reason
+    reason = precision_reason(cfg.precision, cfg.device)
+    if reason:
+        return reason
+    if cfg.optimizer_impl != "default":
+        try:
+            probe = nn.Parameter(torch.zeros(2, device=cfg.device))
+            opt = build_optimizer(cfg.optimizer, cfg.optimizer_impl, [probe])
+            probe.grad = torch.zeros_like(probe)
+            opt.step()
+        except RuntimeError as err:
+            return f"{cfg.optimizer} {cfg.optimizer_impl} is not supported on {cfg.device}: {err}"
+    return None
+
+
+@dataclass
+class Case:
+    """Everything one benchmark case (or one rank of it) runs, built and ready. Use it as a
+    context manager: it enters the precision's math mode and closes the loader on exit."""
+
+    cfg: RunConfig
+    workload: Workload
+    device: torch.device
+    """This process's (first) device."""
+    devices: list[torch.device]
+    """Every device this process's step runs on (several for dp and model parallelism)."""
+    reference_model: nn.Module | None
+    """The plain FP32 model the check compares with (None on pipeline ranks without the loss;
+    FSDP: an unsharded copy of the initial model)."""
+    model: nn.Module
+    """The model as trained: wrapped by the parallel strategy, possibly compiled."""
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    strategy: Single
+    batches: WaitTimer
+    """Placed batches; ``batches.waits`` holds how long each one took to arrive."""
+    loader: DataLoader
+    after_step: Callable[[], None]
+    micro_batch: int
+    evictor: Evictor | None = None
+    """Cold cases (``LoaderConfig.cold``): drops the dataset's files from the page cache
+    before each epoch."""
+
+    def __enter__(self) -> Case:
+        self._math = self.precision.math_mode()
+        self._math.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._math.__exit__(*exc)
+        finally:
+            self.close()
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks (pipeline stages share one batch)."""
+        return self.cfg.global_batch
+
+    @property
+    def input_shape(self) -> list[int]:
+        return self.workload.input_shape(self.micro_batch)
+
+    def step(self, batches: Iterator[Batch] | None = None) -> torch.Tensor | None:
+        """One training step on the next batches from the loader (or on ``batches``)."""
+        return train_step(
+            self.model,
+            self.optimizer,
+            self.batches if batches is None else batches,
+            precision=self.precision,
+            accum_steps=self.cfg.accum_steps,
+            set_to_none=self.cfg.zero_grad_set_to_none,
+            after_step=self.after_step,
+            strategy=self.strategy,
+        )
+
+    def synchronize(self) -> None:
+        """Wait until every device of this process has finished its queued work."""
+        if self.device.type == "cuda":
+            for device in self.devices:
+                torch.cuda.synchronize(device)
+
+    def synced_step(self) -> torch.Tensor | None:
+        """A step whose device work has finished when it returns: what a timer may measure."""
+        loss = self.step()
+        self.synchronize()
+        return loss
+
+    def close(self) -> None:
+        """End the loader's iteration so its worker processes exit with the case."""
+        self.batches.close()
+        iterator = getattr(self.loader, "_iterator", None)  # persistent workers live here
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+    def fixed_batches(self) -> list[Batch]:
+        """The next ``accum_steps`` micro-batches, already on the device, to train on repeatedly."""
+        return list(itertools.islice(self.batches, self.cfg.accum_steps))
+
+
+def _empty_cache(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return torch.cuda.empty_cache
+    return lambda: None  # the CPU allocator has no cache to release
+
+
+def _strategy(cfg: RunConfig, rank: int, devices: list[torch.device],
+              precision: Precision) -> Single:
+    workload = cfg.workload
+    match cfg.parallel:
+        case "single":
+            return Single()
+        case "dp":
+            return DataParallel(cfg.world_size)
+        case "ddp":
+            return DistributedDataParallel(rank, cfg.world_size, devices[0], cfg.ddp_no_sync)
+        case "fsdp":
+            return FSDP(rank, cfg.world_size, devices[0], cfg.fsdp_mixed_precision)
+        case "model":
+            if cfg.device != "cuda":  # the stages share the CPU
+                devices = devices * cfg.world_size
+            return ModelParallel(devices, workload.stages, workload.loss_fn)
+        case "pipeline":
+            return Pipeline(rank, cfg.world_size, devices[0], cfg.chunks, cfg.schedule,
+                            precision, cfg.accum_steps, workload.stages, workload.loss_fn)
+    raise ValueError(f"unknown parallel {cfg.parallel!r}")
+
+
+DATASET_SIZES = {"smoke": 64, "cpu": 512, "gpu-small": 4096, "gpu-full": 8192}
+"""Samples a workload's own dataset is asked for per profile (``LoaderConfig.dataset_size``
+overrides it); at least what the loader cases read."""
+
+
+def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset:
+    """The dataset of ``cfg.loader``: ``length`` samples from ``make_batch``, or the
+    workload's own dataset (generated into ``data_dir`` on first use)."""
+    loader = cfg.loader
+    if loader.dataset in GENERATED_DATASETS:
+        return BatchDataset(cfg.workload, length, cfg.seed)
+    size = loader.dataset_size or max(DATASET_SIZES[cfg.profile], length)
+    request = DataRequest(root=data_dir or default_data_dir(), size=size, seed=cfg.seed)
+    dataset = cfg.workload.dataset_factory(loader.dataset)(request)
+    if loader.cached:
+        return CachedDataset(dataset, loader.cache_items or len(dataset))
+    return dataset
+
+
+def _batches(cfg: RunConfig, loader: DataLoader, placement: Placement,
+             before_epoch: Callable[[], None] | None = None) -> WaitTimer:
+    if cfg.loader.dataset == "device-resident":
+        # One optimizer step of micro-batches, placed on the device once and reused every step:
+        # no collation or host-to-device copy in a timed round (and, held across the step, as
+        # little extra device memory as one step's inputs).
+        resident = [placement(b) for b in itertools.islice(endless(loader), cfg.accum_steps)]
+        return WaitTimer(itertools.cycle(resident), lambda batch: batch)
+    return WaitTimer(endless(loader, before_epoch), placement)
+
+
+def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
+          data_dir: Path | None = None) -> Case:
+    """Build the model, optimizer, precision policy, strategy and data stream for ``cfg`` (as
+    ``rank`` of a multi-process case, on the machine's device ``local_rank`` (default: rank);
+    its process group must already be initialised). On-disk datasets live in ``data_dir``
+    (default ``$GPUBENCH_DATA_DIR`` or ``~/.cache/gpubench/data``)."""
+    workload = cfg.workload
+    if cfg.expandable_segments and cfg.device == "cuda" and not any(
+            "expandable_segments:True" in os.environ.get(v, "") for v in ALLOC_CONF_VARS):
+        # The allocator took its settings when CUDA started; building here would measure the
+        # default allocator under this case's name.
+        raise RuntimeError(f"{cfg.id}: expandable_segments needs PYTORCH_CUDA_ALLOC_CONF="
+                           "expandable_segments:True before CUDA starts: run it in a worker "
+                           "process started with it (gpubench.measure.runner.launcher)")
+    local = rank if local_rank is None else local_rank
+    devices = [torch.device(d) for d in cfg.parallelism.process_devices(cfg.device, local)]
+    device = devices[0]
+    micro_batch = cfg.resolved_micro_batch
+    precision = Precision(cfg.precision, device.type, sharded=cfg.parallel == "fsdp")
+    strategy = _strategy(cfg, rank, devices, precision)
+    # Every rank and case of a model starts from the same weights (initialised once).
+    eager: TrainModule = initial_train_module(workload, cfg.seed, cfg.checkpointing)
+    memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
+    eager = eager.to(device=device, memory_format=memory_format).train()
+    # FSDP shards the model in place (and cannot be copied after): the check's unsharded
+    # reference is copied first, and dropped after the check.
+    unsharded = copy.deepcopy(eager) if cfg.parallel == "fsdp" else None
+    wrapped = strategy.wrap(eager)
+    match cfg.parallel:
+        case "model":
+            reference = wrapped  # the split model computes exactly the unsplit function
+        case "pipeline":
+            reference = eager  # every rank checks its stage's gradients; dropped after the check
+        case "fsdp":
+            reference = unsharded
+        case _:
+            reference = eager
+    if cfg.compile:
+        # A fresh dynamo per compiled case: no compiled code, cache-size limit or recompile
+        # record (``guard_failures``, read into the record as ``dynamo_recompiles``) carried over.
+        torch._dynamo.reset()
+    model = torch.compile(wrapped) if cfg.compile else wrapped
+    optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(wrapped.parameters()))
+    replicas = cfg.parallelism.replicas
+    # Device-resident batches are one optimizer step, made once: build only those samples
+    # (four steps of ResNet-50 accum4 at batch 256 were 2.5 GB of host memory).
+    steps = 1 if cfg.loader.dataset == "device-resident" else EPOCH_STEPS
+    dataset = build_dataset(cfg, micro_batch * cfg.accum_steps * steps * replicas, data_dir)
+    evictor = (Evictor(dataset_files(dataset, data_dir or default_data_dir()))
+               if cfg.loader.cold else None)
+    sampler = None
+    if replicas > 1:
+        # Each replica reads its own shard; the seed makes the shuffle agree across ranks.
+        sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank,
+                                     shuffle=True, seed=cfg.seed, drop_last=True)
+    loader = build_loader(
+        dataset, cfg.loader, micro_batch, cfg.seed, sampler=sampler,
+        worker_init_fn=functools.partial(seed_worker, base_seed=cfg.seed, rank=rank),
+    )
+    first_device = strategy.devices[0] if cfg.parallel == "model" else device
+    placement = Placement(
+        first_device, non_blocking=cfg.loader.non_blocking, channels_last=cfg.channels_last
+    )
+    return Case(
+        cfg=cfg,
+        workload=workload,
+        device=device,
+        devices=devices,
+        reference_model=reference,
+        model=model,
+        optimizer=optimizer,
+        precision=precision,
+        strategy=strategy,
+        batches=_batches(cfg, loader, placement, evictor),
+        loader=loader,
+        after_step=_empty_cache(device) if cfg.empty_cache else (lambda: None),
+        micro_batch=micro_batch,
+        evictor=evictor,
+    )

@@ -1,0 +1,473 @@
+"""What to run: one frozen, validated configuration per benchmark case.
+
+Strings become objects only in ``gpubench.train.build``; here they are checked against the valid
+choices so that a typo fails at once with a message naming the bad value and the valid ones.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when used: this module stays light (no torch) for the CLI
+    from gpubench.workloads.api import Workload
+
+PROFILES = ("smoke", "cpu", "gpu-small", "gpu-full")
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+PARALLELS = ("single", "dp", "ddp", "fsdp", "model", "pipeline")
+MULTIPROCESS_PARALLELS = ("ddp", "fsdp", "pipeline")
+"""Strategies that run one process per rank (DDP and FSDP replicas, pipeline stages)."""
+SPLIT_PARALLELS = ("model", "pipeline")
+"""Strategies that split the model into stages (workloads with ``stages``)."""
+GENERATED_DATASETS = ("device-resident", "synthetic")
+"""Datasets every workload has: batches made by its ``make_batch`` and placed on the device once
+(the default: the technique groups measure the step, not the host), or samples held in host
+memory, collated by the loader and copied each step. Other names are the workload's own."""
+SCHEDULES = ("gpipe", "1f1b")
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""The CUDA caching allocator's settings (``PYTORCH_ALLOC_CONF`` is the newer, device-neutral
+name), read once, when CUDA starts."""
+
+
+def _check_choice(name: str, value: object, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+
+
+def _check_positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """How batches reach the training step (a ``torch.utils.data.DataLoader``)."""
+
+    dataset: str = "device-resident"
+    """Where samples come from: ``device-resident`` (the default: one optimizer step of batches
+    made by the workload's ``make_batch``, placed on the device once and reused, so that a timed
+    step measures the technique, not collation and host-to-device copies; the no-loading upper
+    bound of the loader cases); ``synthetic`` (the same samples held in host memory, collated by
+    the loader and copied every step); or one of the workload's own datasets by name (the
+    built-in image models: ``images-jpeg`` / ``images-png``, encoded files decoded with PIL and
+    augmented with torchvision; the built-in token models: ``tokens-mmap``, windows of a
+    memory-mapped token file)."""
+    dataset_size: int | None = None
+    """Samples on disk for the on-disk datasets (None: the profile's default)."""
+    cached: bool = False
+    """Keep decoded samples in a bounded in-memory cache (the workload's own datasets)."""
+    cache_items: int | None = None
+    """Bound of the decoded-sample cache, per loading process (None: the whole dataset)."""
+    num_workers: int = 0
+    """DataLoader worker processes; 0 loads in the training process."""
+    pin_memory: bool = False
+    """Collate batches into page-locked host memory (faster, asynchronous host-to-device copies)."""
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead; only valid with ``num_workers > 0`` (torch default 2)."""
+    persistent_workers: bool = False
+    """Keep workers alive between epochs; only valid with ``num_workers > 0``."""
+    non_blocking: bool = False
+    """Copy batches to the device with ``non_blocking=True`` (overlaps with compute if pinned)."""
+    cold: bool = False
+    """Drop the dataset's files from the page cache before each epoch
+    (``posix_fadvise(POSIX_FADV_DONTNEED)``, ``gpubench.workloads.storage``), so that every file is
+    read
+    from the disk, as with a dataset larger than RAM; the workload's own datasets only."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dataset, str) or not self.dataset:
+            raise ValueError(f"dataset must be a dataset name; got {self.dataset!r}")
+        for name in ("cached", "pin_memory", "persistent_workers", "non_blocking", "cold"):
+            _check_bool(name, getattr(self, name))
+        if self.cold and self.dataset in GENERATED_DATASETS:
+            raise ValueError(
+                f"cold applies to a workload's own (on-disk) datasets; got dataset {self.dataset!r}"
+            )
+        if (not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool)
+                or self.num_workers < 0):
+            raise ValueError(f"num_workers must be an integer >= 0; got {self.num_workers!r}")
+        _check_positive_int("prefetch_factor", self.prefetch_factor, allow_none=True)
+        _check_positive_int("dataset_size", self.dataset_size, allow_none=True)
+        _check_positive_int("cache_items", self.cache_items, allow_none=True)
+        if self.cached and self.dataset in GENERATED_DATASETS:
+            raise ValueError(
+                f"cached applies to a workload's own datasets; got dataset {self.dataset!r}"
+            )
+        resident = self.dataset == "device-resident"
+        if resident and replace(self, dataset="synthetic") != LoaderConfig(dataset="synthetic"):
+            raise ValueError(
+                "dataset 'device-resident' (the default) bypasses the loader: loader settings "
+                "need dataset 'synthetic' or one of the workload's own datasets; got "
+                + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                            if f.name != "dataset"
+                            and getattr(self, f.name) != getattr(LoaderConfig(), f.name)))
+        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
+            raise ValueError(
+                "prefetch_factor and persistent_workers need num_workers > 0; "
+                f"got num_workers=0, prefetch_factor={self.prefetch_factor!r}, "
+                f"persistent_workers={self.persistent_workers!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One benchmark case: a model through one training step under a set of techniques.
+
+    Every field's default is the technique's "off" form, so ``RunConfig(model=...)`` is the FP32
+    single-device baseline the other cases are compared with.
+    """
+
+    model: str
+    """The workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY,
+    MODULE:FACTORY, torchvision:NAME or transformers:TYPE (see ``gpubench.workloads.api``)."""
+    profile: str = "cpu"
+    """Problem size: smoke (tests), cpu (2-core laptop scale), gpu-small, gpu-full."""
+    device: str = "cpu"
+    """Where the step runs: cpu or cuda."""
+    precision: str = "fp32"
+    """fp32; tf32 (TF32 matmul/conv on CUDA, same as fp32 elsewhere); fp16 (autocast + GradScaler);
+    bf16 (autocast)."""
+    accum_steps: int = 1
+    """Micro-batches whose gradients are accumulated before one optimizer step."""
+    micro_batch: int | None = None
+    """Samples per forward/backward; None takes the profile's default batch size."""
+    optimizer: str = "sgd"
+    """sgd (momentum 0.9), adam or adamw."""
+    optimizer_impl: str = "default"
+    """default (torch picks), foreach (multi-tensor) or fused (single kernel)."""
+    zero_grad_set_to_none: bool = True
+    """``optimizer.zero_grad(set_to_none=...)``: None frees gradient memory, False zero-fills."""
+    empty_cache: bool = False
+    """Call ``torch.cuda.empty_cache()`` after every step (a no-op on the CPU)."""
+    expandable_segments: bool = False
+    """The CUDA caching allocator with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``:
+    segments that grow in place instead of new fixed-size ones, against fragmentation (CUDA
+    only). The allocator reads the setting when CUDA starts, so such a case runs in a worker
+    process of its own started with it (``worker_env``)."""
+    checkpointing: bool = False
+    """Activation checkpointing of the model's blocks (``torch.utils.checkpoint``)."""
+    channels_last: bool = False
+    """NHWC memory format (workloads whose input is one 4-D tensor)."""
+    compile: bool = False
+    """Wrap the model in ``torch.compile`` (needs a C++ compiler on the CPU)."""
+    parallel: str = "single"
+    """How the step is spread over devices: single; dp (``nn.DataParallel``, one process, CUDA
+    only); ddp (``DistributedDataParallel``, one process per rank); fsdp (FSDP2's
+    ``fully_shard``, one process per rank: parameters, gradients and optimizer state sharded over
+    the ranks, each block gathered for its forward and backward; with accumulation, gradients
+    are reduced on the last micro-batch only); model (the workload's stages over devices in one
+    process); pipeline (stages in one process each, fed micro-batches by a
+    ``torch.distributed.pipelining`` schedule)."""
+    world_size: int = 1
+    """Devices (dp, model) or processes (ddp, fsdp, pipeline) taking part in the step."""
+    ddp_no_sync: bool = False
+    """DDP with accumulation: skip the gradient all-reduce on all but the last micro-batch."""
+    fsdp_mixed_precision: bool = False
+    """FSDP's own mixed precision (``MixedPrecisionPolicy``: bf16 parameters for forward and
+    backward, gradients reduced in fp32, fp32 sharded parameters for the optimizer) instead of
+    autocast; needs parallel fsdp and precision fp32."""
+    chunks: int = 1
+    """Pipeline micro-batches per micro-batch (the schedule splits each batch into this many)."""
+    schedule: str = "gpipe"
+    """Pipeline schedule: gpipe or 1f1b."""
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    """DataLoader settings."""
+    seed: int = 0
+    """Seeds model weights and data, so that cases of one model start from identical state."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:  # a list: TypeError in resolve
+            raise ValueError(f"model must be a workload spec (a non-empty string); "
+                             f"got {self.model!r}")
+        _check_choice("profile", self.profile, PROFILES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        _check_choice("parallel", self.parallel, PARALLELS)
+        for name in ("zero_grad_set_to_none", "empty_cache", "expandable_segments",
+                     "checkpointing", "channels_last", "compile", "ddp_no_sync",
+                     "fsdp_mixed_precision"):
+            _check_bool(name, getattr(self, name))
+        _check_positive_int("accum_steps", self.accum_steps)
+        _check_positive_int("micro_batch", self.micro_batch, allow_none=True)
+        _check_positive_int("world_size", self.world_size)
+        _check_positive_int("chunks", self.chunks)
+        _check_choice("schedule", self.schedule, SCHEDULES)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0; got {self.seed!r}")
+        workload = self.workload  # resolves the spec: a bad one fails here, on one line
+        if self.parallel == "single" and self.world_size != 1:
+            raise ValueError(f"parallel 'single' needs world_size 1; got {self.world_size!r}")
+        if self.parallel in SPLIT_PARALLELS:
+            if workload.stages is None or workload.loss_fn is None:
+                raise ValueError(
+                    f"parallel {self.parallel!r} splits the model into stages; workload "
+                    f"{workload.name} defines no stages() (and loss_fn for the last stage)"
+                )
+            if self.world_size < 2:
+                raise ValueError(f"parallel {self.parallel!r} needs world_size >= 2 (stages); "
+                                 f"got {self.world_size!r}")
+        if self.ddp_no_sync and self.parallel != "ddp":
+            raise ValueError(f"ddp_no_sync needs parallel 'ddp'; got {self.parallel!r}")
+        if self.fsdp_mixed_precision and (self.parallel != "fsdp" or self.precision != "fp32"):
+            raise ValueError("fsdp_mixed_precision needs parallel 'fsdp' and precision 'fp32'; "
+                             f"got parallel {self.parallel!r}, precision {self.precision!r}")
+        if self.parallel != "pipeline" and (self.chunks != 1 or self.schedule != "gpipe"):
+            raise ValueError(
+                f"chunks and schedule apply to parallel 'pipeline'; got {self.parallel!r}"
+            )
+        if self.channels_last and not workload.uses_channels_last:
+            raise ValueError(
+                f"channels_last applies to workloads whose input is one 4-D tensor; "
+                f"got model {workload.name!r}"
+            )
+        if not isinstance(self.loader, LoaderConfig):
+            raise ValueError(f"loader must be a LoaderConfig; got {self.loader!r}")
+        valid = (*GENERATED_DATASETS, *workload.dataset_names)
+        if self.loader.dataset not in valid:
+            raise ValueError(f"dataset must be one of {', '.join(valid)} for model "
+                             f"{workload.name!r}; got {self.loader.dataset!r}")
+
+    @property
+    def workload(self) -> Workload:
+        """The workload ``model`` names, sized for ``profile``."""
+        from gpubench.workloads.registry import resolve
+
+        return resolve(self.model, self.profile)
+
+    @property
+    def name(self) -> str:
+        """The workload's short name (case ids, charts, the ``model`` column of results)."""
+        return self.workload.name
+
+    @property
+    def parallelism(self) -> Parallelism:
+        return Parallelism(self.parallel, self.world_size)
+
+    @property
+    def resolved_micro_batch(self) -> int:
+        """Samples per micro-batch: ``micro_batch``, or the workload's default."""
+        return self.micro_batch or self.workload.micro_batch
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over every replica."""
+        return self.resolved_micro_batch * self.accum_steps * self.parallelism.replicas
+
+    @property
+    def is_baseline(self) -> bool:
+        """True for the FP32 single-device case every other case of the model is compared to."""
+        return self == self.baseline
+
+    @property
+    def baseline(self) -> RunConfig:
+        """The FP32 single-device case of the same workload, profile, device and seed."""
+        return RunConfig(model=self.model, profile=self.profile, device=self.device,
+                         seed=self.seed)
+
+    @property
+    def inert_techniques(self) -> list[str]:
+        """Techniques of this config that do nothing on its device (each with the reason)."""
+        return inert_techniques(self.flatten())
+
+    @property
+    def multiprocess(self) -> bool:
+        """True when the case runs one worker process per rank."""
+        return self.parallelism.multiprocess
+
+    @property
+    def in_workers(self) -> bool:
+        """True when the case runs in worker processes of its own: one per rank
+        (``multiprocess``), or one for a case whose CUDA caching allocator must be its own:
+        configured before CUDA starts (``expandable_segments``, see ``worker_env``), or emptied
+        every step (``empty_cache`` on CUDA: in the process of its paired baseline it would
+        free the baseline's cached blocks too, and the baseline, re-allocating its step,
+        would hide the case's own cost)."""
+        return (self.multiprocess or self.expandable_segments
+                or (self.empty_cache and self.device == "cuda"))
+
+    def worker_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment variables the case's worker processes must have before they import
+        torch: ``PYTORCH_CUDA_ALLOC_CONF`` with ``expandable_segments:True`` for
+        ``expandable_segments`` (added to the allocator options already set in ``environ``,
+        default ``os.environ``, and to ``PYTORCH_ALLOC_CONF``, its newer name, where that is
+        set); empty otherwise."""
+        if not self.expandable_segments:
+            return {}
+        environ = os.environ if environ is None else environ
+        env = {}
+        for var in ALLOC_CONF_VARS:
+            if var != ALLOC_CONF_VARS[0] and var not in environ:
+                continue
+            options = [o for o in environ.get(var, "").split(",")
+                       if o.strip() and o.split(":")[0].strip() != "expandable_segments"]
+            env[var] = ",".join([*options, "expandable_segments:True"])
+        return env
+
+    @property
+    def id(self) -> str:
+        """A readable name listing only what differs from the baseline: ``resnet18-bf16-accum4``."""
+        parts = [self.name, self.precision]
+        if self.accum_steps != 1:
+            parts.append(f"accum{self.accum_steps}")
+        if self.micro_batch is not None:
+            parts.append(f"mb{self.micro_batch}")
+        if self.optimizer != "sgd" or self.optimizer_impl != "default":
+            impl = "" if self.optimizer_impl == "default" else f"_{self.optimizer_impl}"
+            parts.append(f"{self.optimizer}{impl}")
+        if not self.zero_grad_set_to_none:
+            parts.append("zerofill")
+        if self.empty_cache:
+            parts.append("emptycache")
+        if self.expandable_segments:
+            parts.append("expseg")
+        if self.checkpointing:
+            parts.append("ckpt")
+        if self.channels_last:
+            parts.append("cl")
+        if self.compile:
+            parts.append("compile")
+        if self.parallel != "single":
+            parts.append(f"{self.parallel}{self.world_size}")
+        if self.ddp_no_sync:
+            parts.append("nosync")
+        if self.fsdp_mixed_precision:
+            parts.append("mp")
+        if self.chunks != 1:
+            parts.append(f"chunks{self.chunks}")
+        if self.schedule != "gpipe":
+            parts.append(self.schedule)
+        if self.loader != LoaderConfig():
+            parts.append(loader_id(self.loader))
+        return "-".join(parts)
+
+    def with_(self, **changes) -> RunConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return replace(self, **changes)
+
+    def flatten(self) -> dict:
+        """The config as one flat dict of plain values, the loader's fields inlined (``model``
+        is the spec; records replace it with the short name and keep the spec as
+        ``workload``)."""
+        flat = {k: v for k, v in asdict(self).items() if k != "loader"}
+        flat.update(asdict(self.loader))
+        return flat
+
+
+def inert_techniques(flat: dict) -> list[str]:
+    """Techniques of a flattened config (or a result record) that do nothing on its device."""
+    if flat.get("device") == "cuda":
+        return []
+    inert = []
+    if flat.get("precision") == "tf32":
+        inert.append("tf32 (TF32 exists only on CUDA: identical to fp32)")
+    if flat.get("empty_cache") is True:
+        inert.append("empty_cache (the CPU allocator keeps no cache)")
+    if flat.get("pin_memory") is True or flat.get("non_blocking") is True:
+        inert.append("pin_memory/non_blocking (no accelerator to copy to)")
+    return inert
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """The one answer to the parallel questions of a case: processes, replicas, devices."""
+
+    kind: str
+    world_size: int
+
+    @property
+    def multiprocess(self) -> bool:
+        """One worker process per rank (DDP and FSDP replicas, pipeline stages)."""
+        return self.kind in MULTIPROCESS_PARALLELS
+
+    @property
+    def processes(self) -> int:
+        return self.world_size if self.multiprocess else 1
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas that each consume their own micro-batches (DDP, FSDP: each rank a
+        data-parallel replica, FSDP's holding a shard of the state); DataParallel splits one
+        micro-batch over its devices, model and pipeline stages share one."""
+        return self.world_size if self.kind in ("ddp", "fsdp") else 1
+
+    @property
+    def splits_model(self) -> bool:
+        return self.kind in SPLIT_PARALLELS
+
+    @property
+    def devices(self) -> int:
+        """Devices the case occupies (MFU is against all of their peaks)."""
+        return self.world_size if self.kind != "single" else 1
+
+    def devices_needed(self, device: str) -> int:
+        """CUDA devices the case needs on one machine."""
+        return 0 if device != "cuda" else self.devices
+
+    def process_devices(self, device: str, local_rank: int) -> list[str]:
+        """The devices one process's step runs on (several for dp and model parallelism)."""
+        if device != "cuda":
+            return ["cpu"]
+        if self.multiprocess:
+            return [f"cuda:{local_rank}"]
+        if self.kind in ("dp", "model"):
+            return [f"cuda:{i}" for i in range(self.world_size)]
+        return ["cuda:0"]
+
+
+def config_from_record(record: dict) -> RunConfig:
+    """The ``RunConfig`` a result record was measured with (the inverse of ``flatten``). The
+    record's ``workload`` (the spec) names the model; older records only have ``model``."""
+
+    def plain(value):
+        if hasattr(value, "item"):  # numpy scalars from pandas
+            value = value.item()
+        if isinstance(value, float) and value != value:  # NaN: the field's None
+            return None
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
+
+    loader = {f.name: plain(record[f.name]) for f in fields(LoaderConfig) if f.name in record}
+    run = {f.name: plain(record[f.name]) for f in fields(RunConfig)
+           if f.name != "loader" and f.name in record}
+    if isinstance(record.get("workload"), str) and record["workload"]:
+        run["model"] = record["workload"]
+    cfg = RunConfig(**run, loader=LoaderConfig(**loader))
+    # Records hold the resolved micro-batch; the config said None when it was the default.
+    default = cfg.with_(micro_batch=None)
+    return default if default.id == record.get("case_id") else cfg
+
+
+def loader_id(loader: LoaderConfig) -> str:
+    parts = [loader.dataset] if loader.dataset != "device-resident" else []
+    if loader.dataset_size is not None:
+        parts.append(f"n{loader.dataset_size}")
+    if loader.cached:
+        parts.append("cached" if loader.cache_items is None else f"cached{loader.cache_items}")
+    if loader.num_workers:
+        parts.append(f"w{loader.num_workers}")
+    if loader.pin_memory:
+        parts.append("pin")
+    if loader.prefetch_factor is not None:
+        parts.append(f"pf{loader.prefetch_factor}")
+    if loader.persistent_workers:
+        parts.append("persist")
+    if loader.non_blocking:
+        parts.append("nb")
+    if loader.cold:
+        parts.append("cold")
+    return "-".join(parts)

@@ -1,0 +1,3 @@
+"""Helpers every layer may use: atomic files, progress, tables, statistics, argument types, time
+limits, signals.
+"""

@@ -1,0 +1,42 @@
+"""Output paths checked before any work is done."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a folder gpubench writes into, or None: it is a writable folder,
+    or it can be created (the nearest existing folder above it is writable). Creates nothing."""
+
+    probe = path
+    while not probe.is_dir():
+        if probe.exists() or probe.is_symlink():
+            if probe == path:
+                return "is a file, not a folder" if probe.is_file() else "is not a folder"
+            return f"lies under {probe}, which is not a folder"
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".gpubench-probe.", dir=probe))
+    except OSError as err:
+        where = "" if probe == path else f" (cannot create it in {probe})"
+        return f"is not writable{where}: {err.strerror or err}"
+    return None
+
+
+def check_output(option: str, path, *, is_file: bool = False) -> Path:
+    """``path`` of an output option (a folder, or with ``is_file`` a file), checked before any
+    work: a one-line ``ValueError`` naming the option and the path when it cannot be written
+    (a file where a folder goes, under a file, read-only). Creates nothing."""
+    path = Path(path)
+    if is_file and path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file name")
+    problem = folder_problem(path.parent if is_file else path)
+    if problem:
+        where = f" (its folder {path.parent})" if is_file else ""
+        raise ValueError(f"{option} {path}{where} {problem}; nothing was done")
+    return path
