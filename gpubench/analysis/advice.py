@@ -186,9 +186,6 @@ class _Cases:
             # (and every technique case) read "synthetic" samples through the loader.
             self.defaults["dataset"] = base["dataset"].iloc[0]
 
-    def get(self, suffix: str) -> pd.Series | None:
-        return self.rows.get(f"{self.model}-{suffix}")
-
     def find(self, **fields) -> pd.Series | None:
         """The measured case whose configuration has ``fields`` and otherwise the baseline's
         (single device, device-resident batches, SGD, fp32, ...): cases are found by

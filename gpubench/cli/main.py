@@ -38,7 +38,6 @@ def summary_markdown(df):
 
     return markdown(df)
 
-BUILTIN_MODELS = ("resnet18", "resnet50", "bert", "gpt2")
 SPEC_HELP = ("workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY, "
              "MODULE:FACTORY, torchvision:NAME or transformers:TYPE[?key=value&...]")
 

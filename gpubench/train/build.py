@@ -66,8 +66,6 @@ def build_optimizer(name: str, impl: str, params: list[nn.Parameter]) -> torch.o
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def resolve_micro_batch(cfg: RunConfig) -> int:
-    return cfg.resolved_micro_batch
 
 
 def check_world_size(cfg: RunConfig) -> None:
