@@ -239,14 +239,14 @@ def test_unusable_output_path_is_one_line_before_any_work(command, where, tmp_pa
                                                           monkeypatch):
     """A file or a path under a file as the output folder (or, for file options, a path under
     a file) was a FileExistsError / NotADirectoryError traceback after the work was done."""
+    import gpubench.cli.memory
     import gpubench.measure.runner
-    import gpubench.report.memory
 
     def no_work(*args, **kwargs):
         raise AssertionError("the work started before the output path was checked")
 
     monkeypatch.setattr(gpubench.measure.runner, "run_case", no_work)
-    monkeypatch.setattr(gpubench.report.memory, "memory_main", no_work)
+    monkeypatch.setattr(gpubench.cli.memory, "memory_main", no_work)
     results = _result_file(tmp_path)
     a_file = tmp_path / "a-file"
     a_file.write_text("keep me")

@@ -126,7 +126,7 @@ def test_frontier_treats_a_cublas_allocation_failure_as_does_not_fit(monkeypatch
 
 
 def test_memory_report_searches_up_to_an_h200_on_cuda():
-    from gpubench.report.memory import MAX_BATCH
+    from gpubench.cli.memory import MAX_BATCH
 
     assert MAX_BATCH["cuda"] >= 65536 and MAX_BATCH["cpu"] == 1024
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from gpubench.cli import main as cli
+from gpubench.cli.memory import TECHNIQUES, technique_config
 from gpubench.diagnostics import hygiene
-from gpubench.report.memory import TECHNIQUES, technique_config
 from gpubench.suite.cases import baseline
 
 

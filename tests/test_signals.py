@@ -179,12 +179,12 @@ def test_a_failure_after_the_cases_is_one_line_and_keeps_them(fake_pytest, previ
     fake_pytest(_results(_bench("new")))
     import errno
 
-    import gpubench.report.memory
+    import gpubench.cli.memory
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "memory.json"))
 
-    monkeypatch.setattr(gpubench.report.memory, "hygiene_reports", full)
+    monkeypatch.setattr(gpubench.cli.memory, "hygiene_reports", full)
     assert cli.main([*RUN, "--out", str(out)]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"gpubench: cannot write {out / 'memory.json'}: No space left on device; the 1 "

@@ -10,8 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpubench.suite.cases import GROUPS, default_profile, profile_cases
-from gpubench.train.config import DEVICES, PROFILES
+from gpubench.cli.options import SPEC_HELP, add_target_arguments, resolve_target
+from gpubench.suite.cases import GROUPS, profile_cases
 from gpubench.util import atomic
 from gpubench.util.argtypes import (
     BYTE_SIZE_HELP,
@@ -37,9 +37,6 @@ def summary_markdown(df):
     from gpubench.report.summary import summary_markdown as markdown
 
     return markdown(df)
-
-SPEC_HELP = ("workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY, "
-             "MODULE:FACTORY, torchvision:NAME or transformers:TYPE[?key=value&...]")
 
 
 def default_device() -> str:
@@ -85,13 +82,8 @@ def find_benchmarks_dir() -> Path:
     )
 
 
-def _resolve(device: str, profile: str) -> tuple[str, str]:
-    device = default_device() if device == "auto" else device
-    return device, default_profile(device) if profile == "auto" else profile
-
-
 def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
-    device, profile = _resolve(args.device, args.profile)
+    device, profile = resolve_target(args.device, args.profile)
     cmd = [
         sys.executable, "-m", "pytest", str(find_benchmarks_dir()), "-v", "-p", "no:cacheprovider",
         f"--rootdir={find_benchmarks_dir().parent}",
@@ -276,7 +268,7 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
     )
     from gpubench.workloads.datasets import default_data_dir, remove_stale_partials
 
-    device, profile = _resolve(args.device, args.profile)
+    device, profile = resolve_target(args.device, args.profile)
     if device == "cuda" and default_device() != "cuda":
         print("gpubench: --device cuda, but no CUDA device is available here "
               "(torch.cuda.is_available() is False); nothing was run", file=sys.stderr)
@@ -398,7 +390,7 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     text = summary_markdown(df) + failures_markdown(failures)
     atomic.write_text(out / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
     from gpubench.analysis.advice import advice_markdown
-    from gpubench.report.memory import hygiene_reports
+    from gpubench.cli.memory import hygiene_reports
 
     state["stage"] = "measuring no_grad and del"
     named = df[df["model"].notna()]  # records of no model (loader workers' overhead)
@@ -440,7 +432,7 @@ def _run_cost_line(df, wall_s: float) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    device, profile = _resolve(args.device, args.profile)
+    device, profile = resolve_target(args.device, args.profile)
     models = check_specs(model_specs(args), profile) or None
     for case in profile_cases(profile, device, models, group_list(args.groups) or None):
         reason = case.skip_reason()
@@ -498,7 +490,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     else:
         if not args.model:
             raise ValueError("advise needs --model SPEC (to run its cases) or --results FILE")
-        device, profile = _resolve(args.device, args.profile)
+        device, profile = resolve_target(args.device, args.profile)
         check_specs((args.model,), profile)
         from gpubench.workloads.registry import resolve
 
@@ -566,7 +558,7 @@ def cmd_case(args: argparse.Namespace) -> int:
     from gpubench.train.config import GENERATED_DATASETS
     from gpubench.workloads.datasets import default_data_dir
 
-    device, profile = _resolve(args.device, args.profile)
+    device, profile = resolve_target(args.device, args.profile)
     if args.data_dir:
         os.environ["GPUBENCH_DATA_DIR"] = args.data_dir  # inherited by worker processes
     check_specs((args.model,), profile)
@@ -603,7 +595,7 @@ def cmd_case(args: argparse.Namespace) -> int:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    from gpubench.report.memory import memory_main
+    from gpubench.cli.memory import memory_main
 
     if args.out:
         check_output("--out", args.out)
@@ -636,9 +628,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _add_run_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default="auto", choices=("auto", *PROFILES),
-                   help="problem size (default: cpu, or gpu-small when CUDA is present)")
-    p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    add_target_arguments(p)
     p.add_argument("--models", default="",
                    help="comma-separated workloads (default: the profile's built-in models); "
                    "each a " + SPEC_HELP)
@@ -726,8 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="workload to check (runs its cases unless --results is given): "
                      + SPEC_HELP)
     adv.add_argument("--results", help="use this benchmark JSON instead of running")
-    adv.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
-    adv.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    add_target_arguments(adv)
     adv.add_argument("--budget", type=byte_size,
                      help="memory budget for the recommendation, e.g. 8G; " + BYTE_SIZE_HELP)
     adv.add_argument("--memory", action="append", metavar="FILE",
@@ -763,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     case.set_defaults(func=cmd_case)
 
     mem = sub.add_parser("memory", help="OOM frontier, leak check and allocator figures")
-    from gpubench.report.memory import add_memory_arguments
+    from gpubench.cli.memory import add_memory_arguments
 
     add_memory_arguments(mem)
     mem.set_defaults(func=cmd_memory)

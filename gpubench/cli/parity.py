@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from gpubench.analysis.parity import judge, parity_markdown, write_parity
+from gpubench.cli.options import add_target_arguments, resolve_target
 from gpubench.diagnostics.parity import DEFAULT_STEPS, TECHNIQUES
-from gpubench.train.config import DEVICES, PROFILES
 
 
 def _progress_bar():
@@ -67,11 +67,7 @@ def technique_list(text: str) -> list[str]:
 def add_parity_arguments(p: argparse.ArgumentParser) -> None:
     from gpubench.util.argtypes import non_negative_int, positive, positive_int
 
-    p.add_argument("--model", required=True,
-                   help="workload: a built-in name (resnet18, resnet50, bert, gpt2), "
-                   "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE")
-    p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
-    p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    add_target_arguments(p, model=True)
     p.add_argument("--techniques", type=technique_list, default=None,
                    help=f"comma-separated, from {', '.join(TECHNIQUES)}; fp32 (the reference) "
                    "is always trained (default: all; on a CPU that emulates fp16, all but fp16)")
@@ -92,13 +88,10 @@ def add_parity_arguments(p: argparse.ArgumentParser) -> None:
 
 def parity_main(args: argparse.Namespace) -> int:
     from gpubench.diagnostics.parity import run_parity
-    from gpubench.measure.machine import default_device
-    from gpubench.suite.cases import default_profile
     from gpubench.workloads.api import validate
     from gpubench.workloads.registry import resolve
 
-    device = default_device() if args.device == "auto" else args.device
-    profile = default_profile(device) if args.profile == "auto" else args.profile
+    device, profile = resolve_target(args.device, args.profile)
     workload = resolve(args.model, profile)
     validate(workload)  # a bad spec: one line, exit 2, nothing trained
     out = Path(args.out or f"results/parity-{workload.name}-{profile}")

@@ -15,12 +15,11 @@ import contextlib
 import os
 import sys
 
+from gpubench.cli.options import add_target_arguments, resolve_target
 from gpubench.train.config import (
-    DEVICES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
-    PROFILES,
     SCHEDULES,
     RunConfig,
 )
@@ -40,11 +39,7 @@ reason."""
 
 
 def add_dist_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True,
-                   help="workload: a built-in name (resnet18, resnet50, bert, gpt2), "
-                   "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE")
-    p.add_argument("--profile", default="auto", choices=("auto", *PROFILES))
-    p.add_argument("--device", default="auto", choices=("auto", *DEVICES))
+    add_target_arguments(p, model=True)
     p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp", "pipeline"))
     p.add_argument("--precision", default="fp32", choices=PRECISIONS)
     p.add_argument("--accum-steps", type=positive_int, default=1)
@@ -100,7 +95,7 @@ def dist_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from gpubench.launchers.distributed import LocalRanks, backend_for
-    from gpubench.measure.machine import default_device, machine_info
+    from gpubench.measure.machine import machine_info
     from gpubench.measure.protocol import CaseProgram
     from gpubench.measure.runner import run_case
     from gpubench.measure.standalone import StandaloneBenchmark, write_benchmark_json
@@ -117,9 +112,7 @@ def dist_main(args: argparse.Namespace) -> int:
     from gpubench.util.paths import check_output
 
     check_output("--out", args.out, is_file=True)  # rank 0 writes it, after every round
-    device = default_device() if args.device == "auto" else args.device
-    profile = args.profile if args.profile != "auto" else (
-        "gpu-small" if device == "cuda" else "cpu")
+    device, profile = resolve_target(args.device, args.profile)
     # Every argument is checked before the process group: a bad one is one line and exit 2 on
     # each rank, not a hang at the rendezvous or a traceback per rank.
     try:
