@@ -34,7 +34,7 @@ import pandas as pd
 from gpubench.analysis.results import with_baseline_ratios
 from gpubench.analysis.verdicts import ALPHA, FAILED, MIN_EFFECT, combine_parts
 from gpubench.suite.claims import CLAIMS
-from gpubench.train.config import config_from_record, inert_techniques
+from gpubench.train.config import baseline_fields, config_from_record, inert_techniques
 from gpubench.util.stats import compare_independent, compare_paired
 
 MIN_MEMORY_EFFECT = 0.05
@@ -129,15 +129,7 @@ def compare_paired_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
     return SpeedComparison(est.ratio, est.p_value, est.low, est.high, est.test)
 
 
-BASELINE_FIELDS = {
-    "precision": "fp32", "accum_steps": 1, "optimizer": "sgd", "optimizer_impl": "default",
-    "zero_grad_set_to_none": True, "empty_cache": False, "expandable_segments": False,
-    "checkpointing": False, "channels_last": False, "compile": False, "parallel": "single",
-    "dataset": "device-resident",
-    "num_workers": 0, "cached": False, "pin_memory": False, "non_blocking": False,
-    "prefetch_factor": None, "persistent_workers": False, "ddp_no_sync": False,
-    "fsdp_mixed_precision": False, "cold": False,
-}
+BASELINE_FIELDS = baseline_fields()
 """The baseline's configuration: ``_Cases.find`` matches every field not named otherwise."""
 
 _ANY = object()

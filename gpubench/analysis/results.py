@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from gpubench.train.techniques import TECHNIQUES, column_type
+
 REQUIRED_FIELDS = (
     "model", "profile", "device", "precision", "accum_steps", "micro_batch", "global_batch",
     "optimizer", "parallel", "world_size", "input_shape", "case_id", "is_baseline",
@@ -34,24 +36,22 @@ STORAGE_COLUMNS = ("storage_read_mb_s", "storage_cached_mb_s", "storage_random_i
 # Each known ``extra_info`` field: (type, constraint). Types: "str", "int", "bool", "float",
 # "ints" / "floats" (lists). Constraints: ">0", ">=0", ">=1", "any" (finite), "loss" (any number,
 # NaN allowed: a diverged loss is a measurement).
-_STR = ("model", "profile", "device", "precision", "optimizer", "optimizer_impl", "parallel",
-        "case_id", "kind", "group", "note", "dataset", "schedule", "claim", "peak_memory_method",
+# The techniques' own fields (RunConfig and LoaderConfig) take their types from their
+# declarations (gpubench.train.techniques); these are the record's other fields.
+_STR = ("model", "profile", "device",
+        "case_id", "kind", "group", "note", "claim", "peak_memory_method",
         "device_name", "single_case_id", "case_id_base", "case_id_new", "workload",
         "paired_baseline_case_id", "contention_reason", "telemetry_note", "top_ops_time",
         "launcher", "speedup_paired_test", "paired_partner", "storage_fs", "storage_note")
-_BOOL = ("is_baseline", "cached", "channels_last", "checkpointing", "compile", "ddp_no_sync",
-         "fsdp_mixed_precision", "empty_cache", "non_blocking", "persistent_workers", "pin_memory",
-         "zero_grad_set_to_none", "timed", "contended", "cudnn_benchmark", "expandable_segments",
-         "cold", "count_reused")
-_COUNTS = ("accum_steps", "micro_batch", "global_batch", "world_size", "chunks",
-           "accum_steps_new", "global_batch_base", "global_batch_new", "prefetch_factor")
+_BOOL = ("is_baseline", "timed", "contended", "cudnn_benchmark", "count_reused")
+_COUNTS = ("global_batch", "accum_steps_new", "global_batch_base", "global_batch_new")
 _SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
           "activation_bytes", "activation_bytes_base", "activation_bytes_new",
           "step_memory_bytes", "peak_reserved_bytes", "flops_per_step",
-          "model_flops_per_step", "hardware_flops_per_step", "num_workers",
+          "model_flops_per_step", "hardware_flops_per_step",
           # CUDA allocator health over the memory window (gpubench.measure.memory.allocator_health)
           "alloc_retries", "alloc_ooms", "peak_active_bytes",
-          "check_skipped_steps", "cache_items", "dataset_size", "dynamo_recompiles",
+          "check_skipped_steps", "dynamo_recompiles",
           "cold_files",
           # kind "transfer" (benchmarks/test_transfer.py): host-to-device copies
           "bytes", "copies_per_round", "matmuls_per_round")
@@ -80,6 +80,7 @@ _NON_NEGATIVE = ("tflops", "mfu", "hfu", "hardware_tflops", "peak_tflops", "allr
 _LOSSES = ("loss_first", "last_loss", "loss_reference", "loss_rtol", "check_grad_cosine",
            "check_grad_norm_ratio", "check_update_cosine", "check_update_norm_ratio")
 EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
+    **{t.field: column_type(t) for t in TECHNIQUES},
     **{f: ("str", "any") for f in _STR},
     **{f: ("bool", "any") for f in _BOOL},
     **{f: ("int", ">=1") for f in _COUNTS},

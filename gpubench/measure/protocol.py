@@ -43,7 +43,7 @@ from gpubench.measure.memory import (
 from gpubench.measure.telemetry import Sampler
 from gpubench.train.build import build
 from gpubench.train.checks import check_case
-from gpubench.train.config import RunConfig
+from gpubench.train.config import RunConfig, count_config
 from gpubench.train.data import measure_loader
 from gpubench.util.watchdog import time_limit
 
@@ -110,19 +110,11 @@ run's cases of a model follow one another."""
 
 
 def count_key(cfg: RunConfig, rank: int) -> tuple:
-    """What a step's FLOPs and saved activations depend on: ``cfg`` less the choices that change
-    neither the ops a step runs nor the tensors autograd saves (the optimizer and its form,
-    zero_grad's mode, ``empty_cache``, the allocator settings, TF32's math mode, and how the
-    batches are loaded, except which dataset), and the rank. The optimizer's own arithmetic is
-    no matmul, convolution or attention: FLOP counting leaves it out either way."""
-    from gpubench.train.config import LoaderConfig
-
-    loader = cfg.loader
-    return (rank, cfg.with_(
-        precision="fp32" if cfg.precision == "tf32" else cfg.precision,
-        optimizer="sgd", optimizer_impl="default", zero_grad_set_to_none=True,
-        empty_cache=False, expandable_segments=False,
-        loader=LoaderConfig(dataset=loader.dataset, dataset_size=loader.dataset_size)))
+    """What a step's FLOPs and saved activations depend on: ``cfg`` less the techniques that
+    change neither the ops a step runs nor the tensors autograd saves (``count_config``, from
+    their declarations in ``gpubench.train.techniques``), and the rank. The optimizer's own
+    arithmetic is no matmul, convolution or attention: FLOP counting leaves it out either way."""
+    return (rank, count_config(cfg))
 
 
 class CaseProgram:

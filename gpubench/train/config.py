@@ -11,15 +11,21 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
+from gpubench.train.techniques import (  # noqa: F401 - the choices, for every caller
+    BY_FIELD,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PARALLELS,
+    PRECISIONS,
+    SCHEDULES,
+    TECHNIQUES,
+)
+
 if TYPE_CHECKING:  # imported when used: this module stays light (no torch) for the CLI
     from gpubench.workloads.api import Workload
 
 PROFILES = ("smoke", "cpu", "gpu-small", "gpu-full")
 DEVICES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-OPTIMIZERS = ("sgd", "adam", "adamw")
-OPTIMIZER_IMPLS = ("default", "foreach", "fused")
-PARALLELS = ("single", "dp", "ddp", "fsdp", "model", "pipeline")
 MULTIPROCESS_PARALLELS = ("ddp", "fsdp", "pipeline")
 """Strategies that run one process per rank (DDP and FSDP replicas, pipeline stages)."""
 SPLIT_PARALLELS = ("model", "pipeline")
@@ -28,7 +34,6 @@ GENERATED_DATASETS = ("device-resident", "synthetic")
 """Datasets every workload has: batches made by its ``make_batch`` and placed on the device once
 (the default: the technique groups measure the step, not the host), or samples held in host
 memory, collated by the loader and copied each step. Other names are the workload's own."""
-SCHEDULES = ("gpipe", "1f1b")
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 """The CUDA caching allocator's settings (``PYTORCH_ALLOC_CONF`` is the newer, device-neutral
 name), read once, when CUDA starts."""
@@ -37,18 +42,6 @@ name), read once, when CUDA starts."""
 def _check_choice(name: str, value: object, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False; got {value!r}")
-
-
-def _check_positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,20 +80,11 @@ class LoaderConfig:
     from the disk, as with a dataset larger than RAM; the workload's own datasets only."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dataset, str) or not self.dataset:
-            raise ValueError(f"dataset must be a dataset name; got {self.dataset!r}")
-        for name in ("cached", "pin_memory", "persistent_workers", "non_blocking", "cold"):
-            _check_bool(name, getattr(self, name))
+        _check_techniques(self, loader=True)
         if self.cold and self.dataset in GENERATED_DATASETS:
             raise ValueError(
                 f"cold applies to a workload's own (on-disk) datasets; got dataset {self.dataset!r}"
             )
-        if (not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool)
-                or self.num_workers < 0):
-            raise ValueError(f"num_workers must be an integer >= 0; got {self.num_workers!r}")
-        _check_positive_int("prefetch_factor", self.prefetch_factor, allow_none=True)
-        _check_positive_int("dataset_size", self.dataset_size, allow_none=True)
-        _check_positive_int("cache_items", self.cache_items, allow_none=True)
         if self.cached and self.dataset in GENERATED_DATASETS:
             raise ValueError(
                 f"cached applies to a workload's own datasets; got dataset {self.dataset!r}"
@@ -193,19 +177,7 @@ class RunConfig:
                              f"got {self.model!r}")
         _check_choice("profile", self.profile, PROFILES)
         _check_choice("device", self.device, DEVICES)
-        _check_choice("precision", self.precision, PRECISIONS)
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
-        _check_choice("parallel", self.parallel, PARALLELS)
-        for name in ("zero_grad_set_to_none", "empty_cache", "expandable_segments",
-                     "checkpointing", "channels_last", "compile", "ddp_no_sync",
-                     "fsdp_mixed_precision"):
-            _check_bool(name, getattr(self, name))
-        _check_positive_int("accum_steps", self.accum_steps)
-        _check_positive_int("micro_batch", self.micro_batch, allow_none=True)
-        _check_positive_int("world_size", self.world_size)
-        _check_positive_int("chunks", self.chunks)
-        _check_choice("schedule", self.schedule, SCHEDULES)
+        _check_techniques(self, loader=False)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0; got {self.seed!r}")
         workload = self.workload  # resolves the spec: a bad one fails here, on one line
@@ -320,36 +292,7 @@ class RunConfig:
     @property
     def id(self) -> str:
         """A readable name listing only what differs from the baseline: ``resnet18-bf16-accum4``."""
-        parts = [self.name, self.precision]
-        if self.accum_steps != 1:
-            parts.append(f"accum{self.accum_steps}")
-        if self.micro_batch is not None:
-            parts.append(f"mb{self.micro_batch}")
-        if self.optimizer != "sgd" or self.optimizer_impl != "default":
-            impl = "" if self.optimizer_impl == "default" else f"_{self.optimizer_impl}"
-            parts.append(f"{self.optimizer}{impl}")
-        if not self.zero_grad_set_to_none:
-            parts.append("zerofill")
-        if self.empty_cache:
-            parts.append("emptycache")
-        if self.expandable_segments:
-            parts.append("expseg")
-        if self.checkpointing:
-            parts.append("ckpt")
-        if self.channels_last:
-            parts.append("cl")
-        if self.compile:
-            parts.append("compile")
-        if self.parallel != "single":
-            parts.append(f"{self.parallel}{self.world_size}")
-        if self.ddp_no_sync:
-            parts.append("nosync")
-        if self.fsdp_mixed_precision:
-            parts.append("mp")
-        if self.chunks != 1:
-            parts.append(f"chunks{self.chunks}")
-        if self.schedule != "gpipe":
-            parts.append(self.schedule)
+        parts = [self.name, *_id_parts(self, loader=False)]
         if self.loader != LoaderConfig():
             parts.append(loader_id(self.loader))
         return "-".join(parts)
@@ -371,14 +314,48 @@ def inert_techniques(flat: dict) -> list[str]:
     """Techniques of a flattened config (or a result record) that do nothing on its device."""
     if flat.get("device") == "cuda":
         return []
-    inert = []
-    if flat.get("precision") == "tf32":
-        inert.append("tf32 (TF32 exists only on CUDA: identical to fp32)")
-    if flat.get("empty_cache") is True:
-        inert.append("empty_cache (the CPU allocator keeps no cache)")
-    if flat.get("pin_memory") is True or flat.get("non_blocking") is True:
-        inert.append("pin_memory/non_blocking (no accelerator to copy to)")
-    return inert
+    reasons = (t.inert_on_cpu(flat.get(t.field)) for t in TECHNIQUES if t.inert_on_cpu)
+    return [r for r in reasons if r]
+
+
+def _defaults(loader: bool) -> dict:
+    return {f.name: f.default for f in fields(LoaderConfig if loader else RunConfig)}
+
+
+def _check_techniques(config, loader: bool) -> None:
+    defaults = _defaults(loader)
+    for t in TECHNIQUES:
+        if t.loader == loader:
+            t.check(getattr(config, t.field), defaults[t.field])
+
+
+def _id_parts(config, loader: bool) -> list[str]:
+    defaults = _defaults(loader)
+    parts = (t.id_part(getattr(config, t.field), defaults[t.field], config)
+             for t in TECHNIQUES if t.loader == loader)
+    return [p for p in parts if p]
+
+
+def count_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every technique that changes neither the ops a step runs nor the tensors
+    autograd saves set to its default, and the counted ones to the value they count as: two
+    cases with equal ``count_config`` have equal FLOP and saved-activation counts."""
+    changes = {"run": {}, "loader": {}}
+    for t in TECHNIQUES:
+        side = "loader" if t.loader else "run"
+        value = getattr(cfg.loader if t.loader else cfg, t.field)
+        if not t.counted:
+            changes[side][t.field] = _defaults(t.loader)[t.field]
+        elif t.count_as is not None:
+            changes[side][t.field] = t.count_as(value)
+    loader = replace(cfg.loader, **changes["loader"])
+    return replace(cfg, loader=loader, **changes["run"])
+
+
+def baseline_fields() -> dict:
+    """The baseline's value of every technique that finding a case by configuration matches
+    (flattened: the loader's fields inlined)."""
+    return {t.field: _defaults(t.loader)[t.field] for t in TECHNIQUES if t.matched}
 
 
 @dataclass(frozen=True)
@@ -453,21 +430,5 @@ def config_from_record(record: dict) -> RunConfig:
 
 
 def loader_id(loader: LoaderConfig) -> str:
-    parts = [loader.dataset] if loader.dataset != "device-resident" else []
-    if loader.dataset_size is not None:
-        parts.append(f"n{loader.dataset_size}")
-    if loader.cached:
-        parts.append("cached" if loader.cache_items is None else f"cached{loader.cache_items}")
-    if loader.num_workers:
-        parts.append(f"w{loader.num_workers}")
-    if loader.pin_memory:
-        parts.append("pin")
-    if loader.prefetch_factor is not None:
-        parts.append(f"pf{loader.prefetch_factor}")
-    if loader.persistent_workers:
-        parts.append("persist")
-    if loader.non_blocking:
-        parts.append("nb")
-    if loader.cold:
-        parts.append("cold")
+    parts = _id_parts(loader, loader=True)
     return "-".join(parts)
