@@ -12,9 +12,9 @@ from gpubench.measure.machine import default_device
 from gpubench.measure.machine import machine_info as describe_machine
 from gpubench.suite.cases import GROUPS, PROFILE_MODELS, default_profile, profile_cases
 from gpubench.train.config import DEVICES, GENERATED_DATASETS, PROFILES
-from gpubench.workloads.api import WorkloadError, validate
+from gpubench.workloads.api import WorkloadError
 from gpubench.workloads.datasets import default_data_dir
-from gpubench.workloads.registry import builtin_names, resolve
+from gpubench.workloads.registry import builtin_names, checked, resolve
 
 ROUNDS = {"smoke": (3, 1), "cpu": (12, 1), "gpu-small": (30, 5), "gpu-full": (30, 5)}
 """Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
@@ -108,7 +108,7 @@ class Options:
         self.models = names or PROFILE_MODELS[self.profile]
         for spec in self.models:  # a bad spec fails here, before any case runs
             try:
-                validate(resolve(spec, self.profile))
+                checked(spec, self.profile)
             except WorkloadError as err:
                 raise pytest.UsageError(f"--gpubench-models: {err}") from None
         self.model_names = tuple(resolve(spec, self.profile).name for spec in self.models)

@@ -30,10 +30,11 @@ from gpubench.measure.journal import (
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILING = f"{ROOT / 'tests' / 'data' / 'failing_workload.py'}:workload"
-# Seven in-process bert cases of the smoke profile (a second or two each; the claims pairs and
-# harness checks left out): long enough to stop in the middle.
+# Seven in-process bert cases of the smoke profile (a second or two each; the claims pairs,
+# harness checks and no_grad/del measurement left out): long enough to stop in the middle.
 SEVEN = ["--profile", "smoke", "--models", "bert", "--groups",
-         "precision,accumulation,optimizer,memory", "-k", "test_step", "--no-charts"]
+         "precision,accumulation,optimizer,memory", "--no-hygiene", "-k", "test_step",
+         "--no-charts"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -249,7 +250,7 @@ def tmpfs(tmp_path):
 
 
 ONE_CASE = ["run", "--profile", "smoke", "--models", "bert", "-k", "bert-fp32-zerofill",
-            "--no-charts"]
+            "--no-charts", "--no-hygiene"]
 
 
 @pytest.mark.slow
@@ -266,6 +267,7 @@ def test_out_on_another_filesystem_works(tmp_path, tmpfs, kind):
                           capture_output=True, text=True, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert _cases_in(out) == 1 and (disk / "summary.md").is_file()
+    assert not (disk / "memory.json").exists()  # --no-hygiene: no no_grad/del measurement
     assert (disk / "previous" / "benchmark.json").read_text() == "{}"
     assert out.is_symlink() == (kind == "symlink")
 

@@ -216,3 +216,10 @@ def test_initial_weights_are_built_once_and_copied_with_the_rng_where_a_build_le
     for a, b, c in zip(fresh.parameters(), first.parameters(), second.parameters(), strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
     assert second is not first and next(second.parameters()) is not next(first.parameters())
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "bert", "gpt2"])
+def test_every_builtin_workload_passes_validation(name):
+    """The commands skip validating built-in names (a model build each, before any case):
+    this is where they are validated."""
+    validate(resolve(name, "smoke"))

@@ -54,11 +54,10 @@ def model_specs(args: argparse.Namespace) -> tuple[str, ...]:
 
 def check_specs(specs: tuple[str, ...], profile: str) -> tuple[str, ...]:
     """Resolve and validate every spec before anything runs: a bad one is a one-line error."""
-    from gpubench.workloads.api import validate
-    from gpubench.workloads.registry import resolve
+    from gpubench.workloads.registry import checked
 
     for spec in specs:
-        validate(resolve(spec, profile))
+        checked(spec, profile)
     return specs
 
 
@@ -72,7 +71,7 @@ def group_list(text: str) -> tuple[str, ...]:
 
 def find_benchmarks_dir() -> Path:
     """The suite's ``benchmarks/`` folder: in the working directory, else beside the package."""
-    beside_package = Path(__file__).resolve().parents[1] / "benchmarks"
+    beside_package = Path(__file__).resolve().parents[2] / "benchmarks"
     for candidate in (Path.cwd() / "benchmarks", beside_package):
         if (candidate / "conftest.py").is_file():
             return candidate
@@ -392,11 +391,13 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     from gpubench.analysis.advice import advice_markdown
     from gpubench.cli.memory import hygiene_reports
 
-    state["stage"] = "measuring no_grad and del"
     named = df[df["model"].notna()]  # records of no model (loader workers' overhead)
     models = dict(zip(named["model"], named["workload"].fillna(named["model"]), strict=True))
-    reports = hygiene_reports(models, profile, device)
-    atomic.write_text(out / "memory.json", json.dumps(reports, indent=1))
+    reports = None
+    if not getattr(args, "no_hygiene", False):
+        state["stage"] = "measuring no_grad and del"
+        reports = hygiene_reports(models, profile, device)
+        atomic.write_text(out / "memory.json", json.dumps(reports, indent=1))
     state["stage"] = "writing the summary and charts"
     parity = None
     if getattr(args, "parity", False):  # opt-in: N training steps per technique and model
@@ -685,6 +686,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "parity's default techniques and steps: minutes per model on a CPU): "
                      "parity.json and a chart per model, and the accuracy verdict in the advice")
     run.add_argument("--no-charts", action="store_true", help="skip the charts and report")
+    run.add_argument("--no-hygiene", action="store_true",
+                     help="skip the no_grad / del measurement of each model after the cases "
+                     "(a few seconds per model; the advice then has no verdict on them)")
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --out that stopped (interrupted, killed, a "
                      "failing machine): its finished cases are kept and not run again; "

@@ -88,12 +88,10 @@ def add_parity_arguments(p: argparse.ArgumentParser) -> None:
 
 def parity_main(args: argparse.Namespace) -> int:
     from gpubench.diagnostics.parity import run_parity
-    from gpubench.workloads.api import validate
-    from gpubench.workloads.registry import resolve
+    from gpubench.workloads.registry import checked
 
     device, profile = resolve_target(args.device, args.profile)
-    workload = resolve(args.model, profile)
-    validate(workload)  # a bad spec: one line, exit 2, nothing trained
+    workload = checked(args.model, profile)  # a bad spec: one line, exit 2, nothing trained
     out = Path(args.out or f"results/parity-{workload.name}-{profile}")
     if args.threads:
         import torch

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision.transforms import v2
 
 from gpubench.util import atomic
 
@@ -239,6 +238,9 @@ class ImageFolderDataset(Dataset):
         self.labels = [manifest["labels"][n] for n in self.names]
         # A small set (SMALL_SETS) holds fewer files than samples: sample i is file i mod n.
         self.samples = manifest.get("samples", len(self.names))
+        from torchvision.transforms import v2  # imported when used: torchvision starts slowly
+
+        self.to_image = v2.functional.to_image
         self.transform = v2.Compose([
             v2.RandomResizedCrop(image_size, antialias=True),
             v2.RandomHorizontalFlip(),
@@ -263,7 +265,7 @@ class ImageFolderDataset(Dataset):
 
     def finish(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, torch.Tensor]:
         image, label = sample
-        return self.transform(v2.functional.to_image(image)), torch.tensor(label)
+        return self.transform(self.to_image(image)), torch.tensor(label)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.finish(self.load(index))

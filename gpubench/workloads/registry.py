@@ -118,3 +118,16 @@ def resolve(spec: str, profile: str) -> Workload:
     if workload.spec != spec:
         object.__setattr__(workload, "spec", spec)
     return workload
+
+
+def checked(spec: str, profile: str) -> Workload:
+    """``resolve(spec, profile)``, validated (``gpubench.workloads.api.validate``: one forward
+    and backward on the CPU) unless it is a built-in name, which the project's tests validate:
+    a bad spec is a one-line ``WorkloadError`` before anything runs, and a built-in one costs
+    no model build."""
+    from gpubench.workloads.api import validate
+
+    workload = resolve(spec, profile)
+    if spec not in builtin_names():
+        validate(workload)
+    return workload
