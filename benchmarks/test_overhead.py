@@ -107,8 +107,7 @@ def test_harness_overhead(benchmark, overhead_model, options):
 
 def test_telemetry_overhead(benchmark, overhead_model, options):
     """What the telemetry sampler (``gpubench.measure.telemetry``) costs a step: the same case's
-    steps
-    with the sampling thread sampling and paused, in alternating rounds of one run."""
+    steps with the sampling thread sampling and paused, in alternating rounds of one run."""
     from gpubench.measure.telemetry import PERIOD_S, sampling_cost
 
     profile = options.profile

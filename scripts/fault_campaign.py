@@ -25,8 +25,7 @@ scenarios need ``mount`` (root); where it fails they are skipped with a note.
 The generated part builds ``RunConfig``/``LoaderConfig`` with random field values of every
 type (only ``ValueError`` may be raised; accepted values must have the declared types) and reads
 randomly damaged result files through ``gpubench.analysis.results`` (only ``ResultsError`` may be
-raised;
-an accepted file must summarize). Everything is written under temporary folders; the summary
+raised; an accepted file must summarize). Everything is written under temporary folders; the summary
 goes to ``--out``.
 
 The result-file matrix (every damaged file through summary, report, compare as NEW and as BASE,

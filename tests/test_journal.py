@@ -1,7 +1,6 @@
 """Nothing measured is lost: every finished case is in ``<out>/`` the moment it finishes
 (``gpubench.measure.journal``), whatever stops the run (SIGKILL of either process or both, Ctrl-C
-once
-or twice, a full disk), on any filesystem; ``--resume`` continues a stopped run; one run per
+once or twice, a full disk), on any filesystem; ``--resume`` continues a stopped run; one run per
 folder; failed cases are results too."""
 
 from __future__ import annotations

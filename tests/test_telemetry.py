@@ -1,6 +1,5 @@
 """Device telemetry during the timed rounds (``gpubench.measure.telemetry``): the CPU fields of a
-real
-case, contention from a busy neighbour, NVML's absence reported cleanly, the GPU path against a
+real case, contention from a busy neighbour, NVML's absence reported cleanly, the GPU path against a
 stand-in NVML, and the flags the summary and advice raise for a contended case."""
 
 from __future__ import annotations

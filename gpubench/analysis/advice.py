@@ -760,8 +760,7 @@ def check_empty_cache_oom(c: _Cases) -> list[Verdict]:
 
 def _hygiene_ratio(new: dict, base: dict) -> tuple[float, str]:
     """``new`` over ``base`` (``gpubench.diagnostics.hygiene`` figures): the CUDA allocator's peaks
-    where
-    measured, else the exact bytes held (saved activations at their peak + kept tensors)."""
+    where measured, else the exact bytes held (saved activations at their peak + kept tensors)."""
     if new.get("peak_bytes") is not None and base.get("peak_bytes"):
         return new["peak_bytes"] / base["peak_bytes"], "CUDA allocator peak"
     held = base.get("held_bytes")

@@ -1,6 +1,5 @@
 """``gpubench parity``: the verdicts on convergence parity (``gpubench.diagnostics.parity``), its
-tables,
-its chart of the loss curves, and ``parity.json``, which ``gpubench advise --parity`` judges
+tables, its chart of the loss curves, and ``parity.json``, which ``gpubench advise --parity`` judges
 beside a run's results.
 
 The tolerance: a technique keeps FP32's accuracy when its *final loss* (the mean training loss

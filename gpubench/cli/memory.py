@@ -69,8 +69,7 @@ def technique_list(text: str) -> str:
 def hygiene_reports(models: dict[str, str], profile: str, device: str) -> list[dict]:
     """``gpubench run``'s memory reports: the loop-hygiene measurements (``no_grad``, ``del``:
     ``gpubench.diagnostics.hygiene``, seconds per model) of each model (name -> workload spec),
-    with no
-    frontier (``gpubench memory`` searches it). A model whose measurement fails is left out
+    with no frontier (``gpubench memory`` searches it). A model whose measurement fails is left out
     with a one-line warning."""
     from gpubench.diagnostics.hygiene import measure
 

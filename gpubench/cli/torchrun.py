@@ -29,8 +29,7 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 DEFAULT_TIMEOUT_S = 300.0
 """``--timeout``'s default, that of ``gpubench run`` (``gpubench.launchers.workers``, not imported
-here:
-the command line's --help stays fast)."""
+here: the command line's --help stays fast)."""
 
 STUCK_GRACE_S = 5.0
 """Seconds (at most ``--timeout`` again) past ``--timeout`` before a rank stuck joining (in C

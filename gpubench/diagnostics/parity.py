@@ -184,8 +184,7 @@ class _InProcess:
 
 def launcher(cfg: RunConfig, plan: DataPlan, timeout_s: float):
     """Worker processes per rank for multi-process techniques (``gpubench.launchers.workers``, as
-    the
-    benchmark cases run them), this process otherwise."""
+    the benchmark cases run them), this process otherwise."""
     if cfg.multiprocess:
         from gpubench.launchers.distributed import backend_for
         from gpubench.launchers.workers import WorkerGroup

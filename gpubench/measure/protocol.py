@@ -234,8 +234,7 @@ class CaseProgram:
     def read_peak(self) -> dict:
         """Figures of the measured window on this process: each device's peak memory (on CUDA
         with the allocator's health over the window, ``gpubench.measure.memory.read_peak``), the
-        exact
-        state breakdown, the median step time and the loader's waits."""
+        exact state breakdown, the median step time and the loader's waits."""
         waits = list(self.case.batches.waits)[self.waits_at_reset:]
         loss = None if self.last_loss is None else self.last_loss.float().item()
         return {

@@ -123,8 +123,7 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
     of ``cfg.baseline``) pairs every timed round with a baseline round (drift-robust speedup).
     With ``trace_dir``, a few more steps are profiled after the timed rounds
     (``gpubench.measure.trace``: a trace per case and rank in that folder, ``top_ops`` in the
-    record).
-    ``ranks`` (a ``RankPool``) lends a multi-process case rank processes kept from the
+    record). ``ranks`` (a ``RankPool``) lends a multi-process case rank processes kept from the
     previous case."""
     reason = unsupported_reason(cfg, check_devices=group is None)
     if reason:

@@ -32,8 +32,7 @@ def _double_batch(base: RunConfig) -> int:
 def _knob_workers(base) -> int:
     """The worker count the loader knobs are measured at (``cases.knob_workers``); a baseline
     described from records (``gpubench.analysis.advice``) carries the count its records were
-    measured
-    at as ``knob_workers``."""
+    measured at as ``knob_workers``."""
     known = getattr(base, "knob_workers", None)
     if known is not None:
         return known

@@ -76,8 +76,7 @@ class LoaderConfig:
     cold: bool = False
     """Drop the dataset's files from the page cache before each epoch
     (``posix_fadvise(POSIX_FADV_DONTNEED)``, ``gpubench.workloads.storage``), so that every file is
-    read
-    from the disk, as with a dataset larger than RAM; the workload's own datasets only."""
+    read from the disk, as with a dataset larger than RAM; the workload's own datasets only."""
 
     def __post_init__(self) -> None:
         _check_techniques(self, loader=True)
