@@ -309,3 +309,24 @@ def test_export_without_gpubench_records_raises(tmp_path):
     with pytest.raises(ResultsError, match="no measured gpubench case"):
         write_github_json(df, tmp_path / "gh")
     assert not (tmp_path / "gh").exists()
+
+
+def test_a_machine_that_got_slower_everywhere_is_said_in_one_line(tmp_path, capsys):
+    """A speed offset common to all cases (a throttled or busier machine) is the machine's:
+    compare says so once, and points to --normalized; a single case's regression is not."""
+    from gpubench.analysis.compare import common_shift
+
+    names = {"base": 1.0, "a": 0.5, "b": 0.8, "c": 0.3}
+    slower = compare_runs(_frame(names), _frame(names, scale=1.5))
+    line = common_shift(slower)
+    assert line and "50% slower across the board" in line and "--normalized" in line
+    one = compare_runs(_frame(names), _frame({**names, "a": 0.75}))
+    assert (one.set_index("case_id").loc["a", "status"] == "regression"
+            and common_shift(one) is None)
+    base = _write(tmp_path / "base.json", [_record(n, _rounds(i, 1.0), baseline=n == "base")
+                                           for i, n in enumerate(names)])
+    new = _write(tmp_path / "new.json", [_record(n, _rounds(9 + i, 1.6), baseline=n == "base")
+                                         for i, n in enumerate(names)])
+    assert compare_main(_args(str(base), str(new), "--report-only")) == 0
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "across the board" in ln]
+    assert len(warned) == 1 and warned[0].startswith("warning: the new run is 60% slower")

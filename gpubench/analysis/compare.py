@@ -196,6 +196,31 @@ def compare_runs(
                                        "new_rounds", "time_verdict", "memory_verdict", "note"])
 
 
+COMMON_SHARE = 0.75
+"""Share of the compared cases that must move the same way for a shift to count as the
+machine's (``common_shift``) rather than the cases'."""
+
+
+def common_shift(table: pd.DataFrame, th: Thresholds = Thresholds()) -> str | None:
+    """One line when the new run's times moved together (a machine-state change: clocks, load,
+    a thermal or power state, another machine of the same name), or None: the median time
+    change over the compared cases exceeds the time threshold and at least ``COMMON_SHARE`` of
+    them moved that way. Per-case verdicts then mostly measure the machine."""
+    changes = pd.to_numeric(table.get("time_change"), errors="coerce").dropna() \
+        if "time_change" in table else pd.Series(dtype=float)
+    if len(changes) < 3:
+        return None
+    median = float(changes.median())
+    same_way = float((np.sign(changes) == np.sign(median)).mean())
+    if abs(median) <= th.time or same_way < COMMON_SHARE:
+        return None
+    how = "slower" if median > 0 else "faster"
+    return (f"the new run is {abs(median):.0%} {how} across the board (median time change "
+            f"{median:+.1%} over {len(changes)} cases, {same_way:.0%} of them {how}): a change "
+            "of machine state (clocks, load, thermals, another machine), not of each case; "
+            "--normalized compares each case with its own run's FP32 baseline")
+
+
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
               "avx512vnni", "avx512_bf16", "avx512_fp16", "avx512fp16", "avx_vnni", "amx_tile",
               "amx_bf16", "amx_int8", "amx_fp16", "sve", "sve2", "asimd")
@@ -379,6 +404,9 @@ def compare_main(args: argparse.Namespace) -> int:
     table = compare_runs(base, new, th, normalized=args.normalized)
     if args.new_only:
         table = table[table["status"] != "removed"]
+    shift = common_shift(table, th)
+    if shift:
+        print(f"warning: {shift}", file=sys.stderr)
     text = compare_markdown(table)
     print(text)
     counts = table["status"].value_counts().to_dict()
