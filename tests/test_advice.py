@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpubench.analysis.advice import advise, compare_speed, recommend
+from gpubench.analysis.advice import advise
+from gpubench.analysis.recommend import recommend
+from gpubench.analysis.speed import compare_speed
 
 RNG = np.random.default_rng(0)
 

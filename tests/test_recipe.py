@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 from test_advice import _row as _noisy_row
 
-from gpubench.analysis.advice import advise, recommend
+from gpubench.analysis.advice import advise
+from gpubench.analysis.recommend import recommend
 from gpubench.suite.cases import (
     RECIPE_ACCUM_STEPS,
     baseline,

@@ -1,4 +1,4 @@
-"""Cold storage (issue #14 item 5): files dropped from the page cache before each epoch are read
+"""Cold storage: files dropped from the page cache before each epoch are read
 from the disk again, measurably slower; the cold cases, the storage probe and the storage
 verdict."""
 

@@ -31,14 +31,20 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from gpubench.analysis.recommend import Recommendation, recommend
 from gpubench.analysis.results import with_baseline_ratios
-from gpubench.analysis.verdicts import ALPHA, FAILED, MIN_EFFECT, combine_parts
+from gpubench.analysis.speed import (
+    MIN_MEMORY_EFFECT,
+    SpeedComparison,
+    _speed_vs_baseline,
+    compare_paired_rounds,
+    compare_rounds,
+    compare_speed,
+    judge_memory,
+)
+from gpubench.analysis.verdicts import FAILED, MIN_EFFECT, combine_parts
 from gpubench.suite.claims import CLAIMS
-from gpubench.train.config import baseline_fields, config_from_record, inert_techniques
-from gpubench.util.stats import compare_independent, compare_paired
-
-MIN_MEMORY_EFFECT = 0.05
-
+from gpubench.train.config import baseline_fields, inert_techniques
 
 
 @dataclass(frozen=True)
@@ -51,82 +57,18 @@ class Verdict:
     chart: str
 
 
-@dataclass(frozen=True)
-class SpeedComparison:
-    """``new`` against ``base``: speed ratio (>1: new is faster per sample), p-value of
-    ``test``, 95% CI."""
-
-    ratio: float
-    p_value: float
-    low: float
-    high: float
-    test: str = "Mann-Whitney"
-
-    def decide(self, min_effect: float = MIN_EFFECT) -> str:
-        if self.p_value < ALPHA and self.ratio >= 1 + min_effect:
-            return "holds"
-        if self.p_value < ALPHA and self.ratio < 1:
-            return "does not hold"
-        if self.high < 1 - min_effect:  # the whole interval is a slowdown beyond the effect size
-            return "does not hold"
-        if 1 - min_effect <= self.low and self.high <= 1 + min_effect:
-            return "does not hold"
-        return "inconclusive"
-
-    def describe(self) -> str:
-        return (f"{self.ratio:.2f}x speed (95% CI {self.low:.2f}-{self.high:.2f}, "
-                f"{self.test} p={self.p_value:.3g})")
-
-    def judge(self, claimed: tuple[float, float]) -> str:
-        """This speed ratio against a claimed range of speed-ups (see the module doc)."""
-        faster = self.p_value < ALPHA and self.ratio >= 1 + MIN_EFFECT
-        if faster and self.high >= claimed[0]:
-            return "holds"
-        if faster:
-            return "smaller than claimed"
-        return self.decide()
-
-
-def judge_memory(ratio: float, claimed: tuple[float, float]) -> str:
-    """A memory ratio (exact training memory on the CPU, the allocator's peak on CUDA) against a
-    claimed range: holds at or below the range's top, smaller than claimed when it falls but
-    not that far, does not hold when it does not fall by ``MIN_MEMORY_EFFECT``."""
-    if not ratio == ratio:
-        return "inconclusive"
-    if ratio <= claimed[1]:
-        return "holds"
-    if ratio <= 1 - MIN_MEMORY_EFFECT:
-        return "smaller than claimed"
-    return "does not hold"
 
 
 
 
-def _per_sample_rounds(row: pd.Series) -> np.ndarray:
-    rounds = row["rounds_s"] if isinstance(row.get("rounds_s"), list) else [row["step_time_s"]]
-    return np.asarray(rounds, dtype=float) / row["global_batch"]
 
 
-def compare_speed(base: pd.Series, new: pd.Series) -> SpeedComparison:
-    """Two separately measured cases, per sample."""
-    return compare_rounds(_per_sample_rounds(base), _per_sample_rounds(new))
 
 
-def compare_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
-                   seed: int = 0) -> SpeedComparison:
-    """Per-sample round times of a baseline ``a`` and a technique ``b``, measured separately:
-    ratio of medians, Mann-Whitney, bootstrap interval (``stats.compare_independent``)."""
-    est = compare_independent(a, b, n_resamples=n_boot, seed=seed)
-    return SpeedComparison(est.ratio, est.p_value, est.low, est.high, est.test)
 
 
-def compare_paired_rounds(a: np.ndarray, b: np.ndarray, n_boot: int = 2000,
-                          seed: int = 0) -> SpeedComparison:
-    """Per-sample round times of a baseline ``a`` and a technique ``b`` measured in
-    alternation (round ``i`` of each side next to the other's): median per-round ratio,
-    Wilcoxon signed-rank, bootstrap interval over the rounds (``stats.compare_paired``)."""
-    est = compare_paired(a, b, n_resamples=n_boot, seed=seed)
-    return SpeedComparison(est.ratio, est.p_value, est.low, est.high, est.test)
+
+
 
 
 BASELINE_FIELDS = baseline_fields()
@@ -967,117 +909,12 @@ def advise(df: pd.DataFrame, memory_reports: list[dict] | None = None,
     return verdicts
 
 
-@dataclass(frozen=True)
-class Recommendation:
-    model: str
-    case_id: str
-    speedup: float
-    low: float
-    high: float
-    peak_memory_bytes: float
-    budget_bytes: float | None
-    confirmed: bool = False
-    """Re-measured against the baseline in alternating rounds (``confirm``)."""
-    note: str = ""
 
 
-def _speed_vs_baseline(baseline: pd.Series, row: pd.Series) -> SpeedComparison:
-    """Against the baseline: the paired rounds when the case has them, else separate cases."""
-    if row.get("speedup_method") == "paired" and pd.notna(row.get("speedup_low")):
-        p, test = row.get("speedup_paired_p"), row.get("speedup_paired_test")
-        return SpeedComparison(float(row["speedup"]), float(p) if pd.notna(p) else 1.0,
-                               float(row["speedup_low"]), float(row["speedup_high"]),
-                               test if isinstance(test, str) else "Wilcoxon signed-rank")
-    return compare_speed(baseline, row)
 
 
-def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recommendation]:
-    """Per model: the fastest single-device configuration (device-resident batches, so that
-    techniques compare, not loaders; techniques that do nothing on this device left out), or
-    stack of techniques (the recipe group's cases, with their loader and DDP), that
-    keeps the baseline's training recipe (the same effective batch and optimizer), whose peak
-    memory fits the budget and that beats the FP32 baseline significantly (Bonferroni-corrected
-    over the candidates, and by at least ``MIN_EFFECT``); the baseline itself when none does. A
-    faster configuration that changes the recipe is named in the note, not recommended."""
-    df = with_baseline_ratios(df)
-    out = []
-    for model in dict.fromkeys(df["model"].dropna()):
-        measured = df[(df["model"] == model) & df["step_time_s"].notna()]
-        base_rows = measured[measured["is_baseline"] == True]  # noqa: E712
-        dataset = base_rows["dataset"].iloc[0] if len(base_rows) else "device-resident"
-        # Single-device techniques on the baseline's batches, and the recipe group's stacks
-        # (whatever their data path and parallelism: what a reader of S1 would run).
-        stack = (measured["group"] == "recipe").fillna(False).astype(bool) if (
-            "group" in measured) else False
-        sub = measured[((measured["parallel"] == "single") & (measured["dataset"] == dataset))
-                       | stack]
-        if sub.empty:
-            continue
-        # A technique that does nothing on this device can only "win" by measurement noise.
-        inert = [bool(inert_techniques(r.to_dict())) for _, r in sub.iterrows()]
-        sub = sub[[not i for i in inert]]
-        if budget_bytes is not None:
-            sub = sub[sub["peak_memory_bytes"] <= budget_bytes]
-        base = sub[sub["is_baseline"] == True]  # noqa: E712
-        if sub.empty or base.empty:
-            continue
-        baseline = base.iloc[0]
-        same_recipe = ((sub["global_batch"] == baseline["global_batch"])
-                       & (sub["optimizer"] == baseline["optimizer"]))
-        alpha = ALPHA / max(1, len(sub) - 1)
-
-        def best_of(rows: pd.DataFrame, baseline=baseline, alpha=alpha):
-            for _, row in rows.sort_values("speedup", ascending=False).iterrows():
-                if row["case_id"] == baseline["case_id"]:
-                    continue
-                speed = _speed_vs_baseline(baseline, row)
-                if speed.p_value < alpha and speed.ratio >= 1 + MIN_EFFECT:
-                    return row, speed
-            return None, None
-
-        best, best_speed = best_of(sub[same_recipe])
-        other, other_speed = best_of(sub[~same_recipe])
-        note = ""
-        if other is not None and (best_speed is None or other_speed.ratio > best_speed.ratio):
-            note = (f"faster but changes the training recipe: `{other['case_id']}` "
-                    f"{other_speed.ratio:.2f}x (effective batch {int(other['global_batch'])} vs "
-                    f"{int(baseline['global_batch'])}, optimizer {other['optimizer']} vs "
-                    f"{baseline['optimizer']})")
-        if best is None:
-            best, best_speed = baseline, SpeedComparison(1.0, 1.0, 1.0, 1.0, "none")
-        out.append(Recommendation(model, best["case_id"], best_speed.ratio, best_speed.low,
-                                  best_speed.high, float(best["training_memory_bytes"]),
-                                  budget_bytes, note=note))
-    return out
 
 
-def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommendation:
-    """Re-measure a recommended configuration against the FP32 baseline in alternating rounds:
-    separately measured cases can differ by machine drift alone. Keeps the recommendation
-    only if the interleaved comparison also shows a significant win."""
-    from gpubench.measure.standalone import StandaloneBenchmark
-    from gpubench.suite.claims import ClaimPair, measure_pair
-
-    rows = df.set_index("case_id")
-    new = config_from_record(rows.loc[rec.case_id].to_dict())
-    base = new.with_(precision="fp32", accum_steps=1, micro_batch=None, optimizer="sgd",
-                     optimizer_impl="default", zero_grad_set_to_none=True, empty_cache=False,
-                     checkpointing=False, channels_last=False, compile=False)
-    if base == new:
-        return rec
-    bench = StandaloneBenchmark(f"confirm-{rec.case_id}")
-    info = measure_pair(bench, ClaimPair("recommendation", base, new), rounds, 1)
-    speed = compare_paired_rounds(np.asarray(info["rounds_base_s"]) / info["global_batch_base"],
-                                  np.asarray(info["rounds_new_s"]) / info["global_batch_new"])
-    if speed.p_value < ALPHA and speed.ratio >= 1 + MIN_EFFECT:
-        return Recommendation(rec.model, rec.case_id, speed.ratio, speed.low, speed.high,
-                              rec.peak_memory_bytes, rec.budget_bytes, confirmed=True)
-    base_row = rows.loc[base.id] if base.id in rows.index else None
-    peak = float(base_row["peak_memory_bytes"]) if base_row is not None else float("nan")
-    return Recommendation(rec.model, base.id, 1.0, speed.low, speed.high, peak,
-                          rec.budget_bytes, confirmed=True,
-                          note=f"{rec.case_id} did not beat FP32 in alternating rounds "
-                          f"({speed.describe()})")
 
 
 def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,

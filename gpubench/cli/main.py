@@ -514,7 +514,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         raise ResultsError(f"no cases of model {args.model!r} in {', '.join(map(str, files))}")
     recs = None
     if not args.results:
-        from gpubench.analysis.advice import confirm, recommend
+        from gpubench.analysis.recommend import confirm, recommend
 
         print("gpubench: confirming the recommendation in alternating rounds ...", flush=True)
         recs = [confirm(r, df) for r in recommend(df, budget)]

@@ -1,5 +1,5 @@
-"""The claims of issue #14 on synthetic records: DataParallel vs DDP, pinning and prefetch apart,
-empty_cache against running out of memory (the OOM frontier), no_grad and del (the hygiene
+"""The loader and memory claims on synthetic records: DataParallel vs DDP, pinning and prefetch
+apart, empty_cache against running out of memory (the OOM frontier), no_grad and del (the hygiene
 measurements of ``gpubench memory``)."""
 
 from __future__ import annotations

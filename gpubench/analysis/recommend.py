@@ -1,0 +1,124 @@
+"""The recommendation: the fastest measured configuration that measurably beats FP32 and trains
+correctly (within a memory budget), and ``confirm``, which times it against the baseline in
+alternating rounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gpubench.analysis.results import with_baseline_ratios
+from gpubench.analysis.speed import (
+    SpeedComparison,
+    _speed_vs_baseline,
+    compare_paired_rounds,
+)
+from gpubench.analysis.verdicts import ALPHA, MIN_EFFECT
+from gpubench.train.config import config_from_record, inert_techniques
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    model: str
+    case_id: str
+    speedup: float
+    low: float
+    high: float
+    peak_memory_bytes: float
+    budget_bytes: float | None
+    confirmed: bool = False
+    """Re-measured against the baseline in alternating rounds (``confirm``)."""
+    note: str = ""
+
+
+
+
+def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recommendation]:
+    """Per model: the fastest single-device configuration (device-resident batches, so that
+    techniques compare, not loaders; techniques that do nothing on this device left out), or
+    stack of techniques (the recipe group's cases, with their loader and DDP), that
+    keeps the baseline's training recipe (the same effective batch and optimizer), whose peak
+    memory fits the budget and that beats the FP32 baseline significantly (Bonferroni-corrected
+    over the candidates, and by at least ``MIN_EFFECT``); the baseline itself when none does. A
+    faster configuration that changes the recipe is named in the note, not recommended."""
+    df = with_baseline_ratios(df)
+    out = []
+    for model in dict.fromkeys(df["model"].dropna()):
+        measured = df[(df["model"] == model) & df["step_time_s"].notna()]
+        base_rows = measured[measured["is_baseline"] == True]  # noqa: E712
+        dataset = base_rows["dataset"].iloc[0] if len(base_rows) else "device-resident"
+        # Single-device techniques on the baseline's batches, and the recipe group's stacks
+        # (whatever their data path and parallelism: what a reader of S1 would run).
+        stack = (measured["group"] == "recipe").fillna(False).astype(bool) if (
+            "group" in measured) else False
+        sub = measured[((measured["parallel"] == "single") & (measured["dataset"] == dataset))
+                       | stack]
+        if sub.empty:
+            continue
+        # A technique that does nothing on this device can only "win" by measurement noise.
+        inert = [bool(inert_techniques(r.to_dict())) for _, r in sub.iterrows()]
+        sub = sub[[not i for i in inert]]
+        if budget_bytes is not None:
+            sub = sub[sub["peak_memory_bytes"] <= budget_bytes]
+        base = sub[sub["is_baseline"] == True]  # noqa: E712
+        if sub.empty or base.empty:
+            continue
+        baseline = base.iloc[0]
+        same_recipe = ((sub["global_batch"] == baseline["global_batch"])
+                       & (sub["optimizer"] == baseline["optimizer"]))
+        alpha = ALPHA / max(1, len(sub) - 1)
+
+        def best_of(rows: pd.DataFrame, baseline=baseline, alpha=alpha):
+            for _, row in rows.sort_values("speedup", ascending=False).iterrows():
+                if row["case_id"] == baseline["case_id"]:
+                    continue
+                speed = _speed_vs_baseline(baseline, row)
+                if speed.p_value < alpha and speed.ratio >= 1 + MIN_EFFECT:
+                    return row, speed
+            return None, None
+
+        best, best_speed = best_of(sub[same_recipe])
+        other, other_speed = best_of(sub[~same_recipe])
+        note = ""
+        if other is not None and (best_speed is None or other_speed.ratio > best_speed.ratio):
+            note = (f"faster but changes the training recipe: `{other['case_id']}` "
+                    f"{other_speed.ratio:.2f}x (effective batch {int(other['global_batch'])} vs "
+                    f"{int(baseline['global_batch'])}, optimizer {other['optimizer']} vs "
+                    f"{baseline['optimizer']})")
+        if best is None:
+            best, best_speed = baseline, SpeedComparison(1.0, 1.0, 1.0, 1.0, "none")
+        out.append(Recommendation(model, best["case_id"], best_speed.ratio, best_speed.low,
+                                  best_speed.high, float(best["training_memory_bytes"]),
+                                  budget_bytes, note=note))
+    return out
+
+
+def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommendation:
+    """Re-measure a recommended configuration against the FP32 baseline in alternating rounds:
+    separately measured cases can differ by machine drift alone. Keeps the recommendation
+    only if the interleaved comparison also shows a significant win."""
+    from gpubench.measure.standalone import StandaloneBenchmark
+    from gpubench.suite.claims import ClaimPair, measure_pair
+
+    rows = df.set_index("case_id")
+    new = config_from_record(rows.loc[rec.case_id].to_dict())
+    base = new.with_(precision="fp32", accum_steps=1, micro_batch=None, optimizer="sgd",
+                     optimizer_impl="default", zero_grad_set_to_none=True, empty_cache=False,
+                     checkpointing=False, channels_last=False, compile=False)
+    if base == new:
+        return rec
+    bench = StandaloneBenchmark(f"confirm-{rec.case_id}")
+    info = measure_pair(bench, ClaimPair("recommendation", base, new), rounds, 1)
+    speed = compare_paired_rounds(np.asarray(info["rounds_base_s"]) / info["global_batch_base"],
+                                  np.asarray(info["rounds_new_s"]) / info["global_batch_new"])
+    if speed.p_value < ALPHA and speed.ratio >= 1 + MIN_EFFECT:
+        return Recommendation(rec.model, rec.case_id, speed.ratio, speed.low, speed.high,
+                              rec.peak_memory_bytes, rec.budget_bytes, confirmed=True)
+    base_row = rows.loc[base.id] if base.id in rows.index else None
+    peak = float(base_row["peak_memory_bytes"]) if base_row is not None else float("nan")
+    return Recommendation(rec.model, base.id, 1.0, speed.low, speed.high, peak,
+                          rec.budget_bytes, confirmed=True,
+                          note=f"{rec.case_id} did not beat FP32 in alternating rounds "
+                          f"({speed.describe()})")
