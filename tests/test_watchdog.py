@@ -92,7 +92,7 @@ def test_a_limit_leaves_fast_work_and_other_alarms_alone():
 
 def _in_child(code: str) -> subprocess.CompletedProcess:
     prelude = ("import ctypes, signal, sys, threading, time\n"
-               "from gpubench import watchdog\nwatchdog.FAULT_MARGIN_S = 0.5\n")
+               "from gpubench.util import watchdog\nwatchdog.FAULT_MARGIN_S = 0.5\n")
     return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)
 

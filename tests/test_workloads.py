@@ -202,8 +202,9 @@ def test_case_command_runs_one_configuration(tmp_path):
 
 def test_initial_weights_are_built_once_and_copied_with_the_rng_where_a_build_leaves_it():
     from gpubench.workloads import api as wl
+    from gpubench.workloads.registry import resolve
 
-    w = wl.resolve("bert", "smoke")
+    w = resolve("bert", "smoke")
     torch.manual_seed(0)
     fresh = wl.build_train_module(w)
     after_fresh = torch.rand(3)
