@@ -45,7 +45,7 @@ def _cell(text: object) -> str:
 
 
 def commands_page() -> str:
-    os.environ["COLUMNS"] = "100"  # argparse wraps its help to the terminal's width
+    os.environ["COLUMNS"] = "86"  # argparse wraps its help to this width: the page's code box
     from gpubench.cli.main import build_parser
 
     parser = build_parser()
@@ -80,7 +80,7 @@ def techniques_page() -> str:
             "name": "a dataset name"}[t.kind]
         if t.kind == "count" and defaults.get(t.field) is None:
             values += " or None"
-        tag = t.tag if isinstance(t.tag, str) else ("(derived)" if t.tag else "-")
+        tag = t.tag if isinstance(t.tag, str) else (t.tag_doc if t.tag else "(with another)")
         where = "loader." if t.loader else ""
         lines.append(f"| `{where}{t.field}` | {_cell(values)} | `{defaults.get(t.field)!r}` | "
                      f"`{_cell(tag)}` | {'yes' if t.counted else 'no'} | "

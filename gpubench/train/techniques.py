@@ -36,6 +36,8 @@ class Technique:
     """Its part of the case id: a format string (``"accum{}"``) shown where the value differs
     from the default, a function ``(value, config) -> part or None``, or None (shown by
     another technique's tag)."""
+    tag_doc: str = ""
+    """How a tag function writes its part, for the documentation (``"{parallel}{world_size}"``)."""
     counted: bool = True
     """False: changes neither the ops a step runs nor the tensors autograd saves."""
     count_as: Callable[[Any], Any] | None = None
@@ -102,13 +104,14 @@ SCHEDULES = ("gpipe", "1f1b")
 
 TECHNIQUES: tuple[Technique, ...] = (
     # In case-id order.
-    Technique("precision", "choice", PRECISIONS, tag=lambda v, c: v,
+    Technique("precision", "choice", PRECISIONS, tag=lambda v, c: v, tag_doc="the value, always",
               count_as=lambda v: "fp32" if v == "tf32" else v,
               inert_on_cpu=lambda v: "tf32 (TF32 exists only on CUDA: identical to fp32)"
               if isinstance(v, str) and v == "tf32" else None),
     Technique("accum_steps", "count", tag="accum{}"),
     Technique("micro_batch", "count", tag="mb{}", matched=False),
-    Technique("optimizer", "choice", OPTIMIZERS, tag=_optimizer_tag, counted=False),
+    Technique("optimizer", "choice", OPTIMIZERS, tag=_optimizer_tag, counted=False,
+              tag_doc="{optimizer}_{optimizer_impl}, the impl left out when default"),
     Technique("optimizer_impl", "choice", OPTIMIZER_IMPLS, counted=False),
     Technique("zero_grad_set_to_none", "bool", tag="zerofill", counted=False),
     Technique("empty_cache", "bool", tag="emptycache", counted=False,
@@ -119,7 +122,8 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("channels_last", "bool", tag="cl"),
     Technique("compile", "bool", tag="compile"),
     Technique("parallel", "choice", PARALLELS,
-              tag=lambda v, c: None if v == "single" else f"{v}{c.world_size}"),
+              tag=lambda v, c: None if v == "single" else f"{v}{c.world_size}",
+              tag_doc="{parallel}{world_size}"),
     Technique("world_size", "count", matched=False),
     Technique("ddp_no_sync", "bool", tag="nosync"),
     Technique("fsdp_mixed_precision", "bool", tag="mp"),
@@ -128,7 +132,8 @@ TECHNIQUES: tuple[Technique, ...] = (
     # How batches reach the step (LoaderConfig).
     Technique("dataset", "name", tag="{}", loader=True),
     Technique("dataset_size", "count", tag="n{}", matched=False, loader=True),
-    Technique("cached", "bool", tag=_cached_tag, counted=False, loader=True),
+    Technique("cached", "bool", tag=_cached_tag, counted=False, loader=True,
+              tag_doc="cached, or cached{cache_items} with a bound"),
     Technique("cache_items", "count", counted=False, matched=False, loader=True),
     Technique("num_workers", "count0", tag="w{}", counted=False, loader=True),
     Technique("pin_memory", "bool", tag="pin", counted=False, loader=True,
