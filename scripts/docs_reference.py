@@ -88,6 +88,14 @@ def techniques_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _range(low: float, high: float) -> str:
+    if high == float("inf"):
+        return f"at least {low:g}"
+    if low <= 0:
+        return f"at most {high:g}"
+    return f"{low:g} to {high:g}"
+
+
 def claims_page() -> str:
     from gpubench.suite.claims import CLAIMS
 
@@ -99,7 +107,7 @@ def claims_page() -> str:
              "| key | claim | parts and claimed ranges | testable on |",
              "| --- | --- | --- | --- |"]
     for key, claim in CLAIMS.items():
-        parts = "; ".join(f"{part}: {low:g} to {high:g}" for part, (low, high)
+        parts = "; ".join(f"{part}: {_range(low, high)}" for part, (low, high)
                           in claim.parts.items())
         lines.append(f"| `{key}` | {_cell(claim.text)} | {_cell(parts)} | "
                      f"{', '.join(claim.devices)} |")
