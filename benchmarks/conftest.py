@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
+from gpubench.cli.options import resolve_target
 from gpubench.launchers.workers import DEFAULT_TIMEOUT_S
-from gpubench.measure.machine import default_device
 from gpubench.measure.machine import machine_info as describe_machine
-from gpubench.suite.cases import GROUPS, PROFILE_MODELS, default_profile, profile_cases
+from gpubench.suite.cases import GROUPS, PROFILE_MODELS, profile_cases
 from gpubench.train.config import DEVICES, GENERATED_DATASETS, PROFILES
 from gpubench.workloads.api import WorkloadError
 from gpubench.workloads.datasets import default_data_dir
@@ -92,13 +92,12 @@ class Options:
 
     def __init__(self, config: pytest.Config):
         device = config.getoption("--gpubench-device")
-        self.device = default_device() if device == "auto" else device
+        profile = config.getoption("--gpubench-profile")
+        self.device, self.profile = resolve_target(device, profile)
         if self.device not in DEVICES:
             raise pytest.UsageError(
                 f"--gpubench-device must be auto or one of {', '.join(DEVICES)}; got {device!r}"
             )
-        profile = config.getoption("--gpubench-profile")
-        self.profile = default_profile(self.device) if profile == "auto" else profile
         if self.profile not in PROFILES:
             raise pytest.UsageError(
                 f"--gpubench-profile must be auto or one of {', '.join(PROFILES)}; got {profile!r}"

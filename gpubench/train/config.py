@@ -6,6 +6,7 @@ choices so that a typo fails at once with a message naming the bad value and the
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -317,7 +318,9 @@ def inert_techniques(flat: dict) -> list[str]:
     return [r for r in reasons if r]
 
 
+@functools.cache
 def _defaults(loader: bool) -> dict:
+    """The default of every field of ``LoaderConfig`` (``loader``) or ``RunConfig``."""
     return {f.name: f.default for f in fields(LoaderConfig if loader else RunConfig)}
 
 
