@@ -7,11 +7,11 @@ import os
 import pytest
 import torch
 
-from gpubench.cli.options import resolve_target
+from gpubench.cli.options import add_session_arguments, resolve_target
 from gpubench.launchers.workers import DEFAULT_TIMEOUT_S
 from gpubench.measure.machine import machine_info as describe_machine
 from gpubench.suite.cases import GROUPS, PROFILE_MODELS, profile_cases
-from gpubench.train.config import DEVICES, GENERATED_DATASETS, PROFILES
+from gpubench.train.config import GENERATED_DATASETS
 from gpubench.workloads.api import WorkloadError
 from gpubench.workloads.datasets import default_data_dir
 from gpubench.workloads.registry import builtin_names, checked, resolve
@@ -30,45 +30,12 @@ how far its paired speedup moves from run to run, for 0.4 s more of timed rounds
 
 def pytest_addoption(parser):
     group = parser.getgroup("gpubench")
-    group.addoption("--gpubench-profile", default="auto",
-                    help=f"problem size: auto (cpu, or gpu-small with CUDA), {', '.join(PROFILES)}")
-    group.addoption("--gpubench-device", default="auto",
-                    help=f"auto (cuda if available), {', '.join(DEVICES)}")
+    add_session_arguments(group.addoption, pytest=True)
     group.addoption("--gpubench-models", default="",
                     help="comma-separated workloads: built-in names "
                     f"({', '.join(builtin_names())}), FILE.py:FACTORY, MODULE:FACTORY, "
                     "torchvision:NAME, transformers:TYPE "
                     "(default: the profile's built-in models)")
-    group.addoption("--gpubench-groups", default="",
-                    help=f"comma-separated case groups from {', '.join(GROUPS)} (default: all)")
-    group.addoption("--gpubench-rounds", type=int, default=0,
-                    help="timed rounds per case (default: per profile)")
-    group.addoption("--gpubench-warmup", type=int, default=None,
-                    help="untimed warm-up rounds per case (default: per profile)")
-    group.addoption("--gpubench-max-time", type=float, default=None,
-                    help="seconds of timed rounds per case: slow cases run fewer rounds, at "
-                    "least 6 (default per profile; 0: always the full rounds)")
-    group.addoption("--gpubench-min-time", type=float, default=None,
-                    help="seconds of timed rounds a fast case runs at least: more rounds, up "
-                    "to 4 times --gpubench-rounds (default per profile: cpu 0.6, others 0; "
-                    "0 when --gpubench-rounds is given)")
-    group.addoption("--gpubench-slow", action="store_true",
-                    help="also run slow cases (torch.compile)")
-    group.addoption("--gpubench-threads", type=int, default=0,
-                    help="torch.set_num_threads for the run (default: torch's choice)")
-    group.addoption("--gpubench-data-dir", default="",
-                    help="folder for generated on-disk datasets (default: $GPUBENCH_DATA_DIR "
-                    "or ~/.cache/gpubench/data)")
-    group.addoption("--gpubench-unpaired", action="store_true",
-                    help="time cases without a paired baseline round before each round (faster; "
-                    "speedups then compare cases measured minutes apart)")
-    group.addoption("--gpubench-timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                    help="seconds each command of a case (build, data, check, steps; in this "
-                    "process or in a rank) may take before the case fails as hung (default "
-                    f"{DEFAULT_TIMEOUT_S:g})")
-    group.addoption("--gpubench-no-storage-probe", action="store_true",
-                    help="skip the read-throughput probe of the data folder's disk (run once "
-                    "when the cases read on-disk data; about a second)")
     group.addoption("--gpubench-trace", default="", metavar="DIR",
                     help="after each case's timed rounds, profile a few steps: a Chrome trace "
                     "per case (and rank) in DIR and the top operators in the record (default: "
@@ -79,29 +46,12 @@ def pytest_addoption(parser):
                     "the journal is of another profile, device, model set or options")
 
 
-def _non_negative(config: pytest.Config, name: str):
-    """The value of option ``name`` (None where not given); a negative one is a usage error."""
-    value = config.getoption(name)
-    if value is not None and value < 0:
-        raise pytest.UsageError(f"{name} must be 0 or more; got {value:g}")
-    return value
-
-
 class Options:
     """The resolved command-line choices of a benchmark session."""
 
     def __init__(self, config: pytest.Config):
-        device = config.getoption("--gpubench-device")
-        profile = config.getoption("--gpubench-profile")
-        self.device, self.profile = resolve_target(device, profile)
-        if self.device not in DEVICES:
-            raise pytest.UsageError(
-                f"--gpubench-device must be auto or one of {', '.join(DEVICES)}; got {device!r}"
-            )
-        if self.profile not in PROFILES:
-            raise pytest.UsageError(
-                f"--gpubench-profile must be auto or one of {', '.join(PROFILES)}; got {profile!r}"
-            )
+        self.device, self.profile = resolve_target(config.getoption("--gpubench-device"),
+                                                   config.getoption("--gpubench-profile"))
         names = tuple(m.strip() for m in config.getoption("--gpubench-models").split(",")
                       if m.strip())
         self.models = names or PROFILE_MODELS[self.profile]
@@ -118,18 +68,18 @@ class Options:
             raise pytest.UsageError(f"--gpubench-groups must be from {', '.join(GROUPS)}; got "
                                     f"{', '.join(bad)}")
         rounds, warmup = ROUNDS[self.profile]
-        fixed_rounds = _non_negative(config, "--gpubench-rounds")
+        fixed_rounds = config.getoption("--gpubench-rounds")
         self.rounds = fixed_rounds or rounds
-        min_time = _non_negative(config, "--gpubench-min-time")
+        min_time = config.getoption("--gpubench-min-time")
         self.min_time_s = ((0.0 if fixed_rounds else MIN_TIME_S[self.profile])
                            if min_time is None else min_time)
-        w = _non_negative(config, "--gpubench-warmup")
+        w = config.getoption("--gpubench-warmup")
         self.warmup = warmup if w is None else w
-        max_time = _non_negative(config, "--gpubench-max-time")
+        max_time = config.getoption("--gpubench-max-time")
         self.max_time_s = MAX_TIME_S[self.profile] if max_time is None else max_time
         self.slow = config.getoption("--gpubench-slow")
         self.threads = config.getoption("--gpubench-threads")
-        self.timeout_s = config.getoption("--gpubench-timeout")
+        self.timeout_s = config.getoption("--gpubench-timeout") or DEFAULT_TIMEOUT_S
         self.paired = not config.getoption("--gpubench-unpaired")
         self.trace_dir = config.getoption("--gpubench-trace") or None
         self._baseline = None

@@ -16,28 +16,13 @@ the pages instead.
 
 from __future__ import annotations
 
-import ast
-import inspect
 import os
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARTS = ("speedup", "pareto", "loader", "scaling", "memory", "accumulation")
 """Charts of the committed CPU run the pages show, as ``images/<name>.png``."""
-
-
-def field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of a dataclass, from its source."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
-            docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
 
 
 def _cell(text: object) -> str:
@@ -60,31 +45,26 @@ def commands_page() -> str:
 
 
 def techniques_page() -> str:
-    from gpubench.train.config import LoaderConfig, RunConfig
     from gpubench.train.techniques import TECHNIQUES
 
-    docs = {**field_docs(RunConfig), **field_docs(LoaderConfig)}
-    defaults = {f.name: f.default for c in (RunConfig, LoaderConfig) for f in fields(c)
-                if f.default is not MISSING}
     lines = ["# Techniques", "",
              "Every technique a case can turn on, from its one declaration "
-             "(`gpubench/train/techniques.py`) and its field's docstring "
-             "(`gpubench/train/config.py`). *counted*: whether it changes the ops a step runs "
-             "or the tensors autograd saves (where not, a case reuses the FLOP count of one "
-             "that differs only in it).", "",
-             "| field | values | default | id tag | counted | meaning |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "(`gpubench/train/techniques.py`). *counted*: whether it changes the ops a step "
+             "runs or the tensors autograd saves (where not, a case reuses the FLOP count of "
+             "one that differs only in it). *cases*: the case group its own cases join.", "",
+             "| field | values | default | id tag | counted | cases | meaning |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for t in TECHNIQUES:
         values = ", ".join(map(str, t.choices)) if t.choices else {
             "bool": "True, False", "count": "integer >= 1", "count0": "integer >= 0",
             "name": "a dataset name"}[t.kind]
-        if t.kind == "count" and defaults.get(t.field) is None:
+        if t.kind == "count" and t.default is None:
             values += " or None"
         tag = t.tag if isinstance(t.tag, str) else (t.tag_doc if t.tag else "(with another)")
         where = "loader." if t.loader else ""
-        lines.append(f"| `{where}{t.field}` | {_cell(values)} | `{defaults.get(t.field)!r}` | "
-                     f"`{_cell(tag)}` | {'yes' if t.counted else 'no'} | "
-                     f"{_cell(docs.get(t.field, ''))} |")
+        lines.append(f"| `{where}{t.field}` | {_cell(values)} | `{t.default!r}` | "
+                     f"`{_cell(tag)}` | {'yes' if t.counted else 'no'} | {t.group or ''} | "
+                     f"{_cell(' '.join(t.help.split()))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,9 +112,10 @@ def profiles_page() -> str:
 
 
 def workload_page() -> str:
+    from gpubench.util.docstrings import attribute_docs
     from gpubench.workloads.api import Workload
 
-    docs = field_docs(Workload)
+    docs = attribute_docs(Workload)
     lines = ["# Workload fields", "",
              "Every field of `gpubench.Workload` (`gpubench/workloads/api.py`); how to write "
              "one: [your own model](../workloads.md).", "",

@@ -10,7 +10,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpubench.cli.options import SPEC_HELP, add_target_arguments, resolve_target
+from gpubench.cli.options import (
+    SESSION_OPTIONS,
+    SPEC_HELP,
+    add_session_arguments,
+    add_target_arguments,
+    resolve_target,
+    session_pytest_args,
+)
 from gpubench.suite.cases import GROUPS, profile_cases
 from gpubench.util import atomic
 from gpubench.util.argtypes import (
@@ -89,34 +96,11 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
         f"--benchmark-json={json_path}",
         "--benchmark-columns=median,iqr,rounds",
         "--benchmark-sort=name",
-        f"--gpubench-profile={profile}",
-        f"--gpubench-device={device}",
+        *session_pytest_args(args, device=device, profile=profile),
     ]
     specs = model_specs(args)
     if specs:
         cmd.append(f"--gpubench-models={','.join(specs)}")
-    if args.groups:
-        cmd.append(f"--gpubench-groups={args.groups}")
-    if args.rounds:
-        cmd.append(f"--gpubench-rounds={args.rounds}")
-    if args.warmup is not None:
-        cmd.append(f"--gpubench-warmup={args.warmup}")
-    if args.max_time is not None:
-        cmd.append(f"--gpubench-max-time={args.max_time}")
-    if getattr(args, "min_time", None) is not None:
-        cmd.append(f"--gpubench-min-time={args.min_time}")
-    if args.timeout is not None:
-        cmd.append(f"--gpubench-timeout={args.timeout}")
-    if args.unpaired:
-        cmd.append("--gpubench-unpaired")
-    if args.slow:
-        cmd.append("--gpubench-slow")
-    if args.threads:
-        cmd.append(f"--gpubench-threads={args.threads}")
-    if args.data_dir:
-        cmd.append(f"--gpubench-data-dir={args.data_dir}")
-    if getattr(args, "no_storage_probe", False):
-        cmd.append("--gpubench-no-storage-probe")
     if getattr(args, "trace", False):  # traces beside the results: <out>/traces/
         from gpubench.measure.trace import TRACES_DIR_NAME
 
@@ -635,8 +619,8 @@ def _add_run_selection(p: argparse.ArgumentParser) -> None:
                    "each a " + SPEC_HELP)
     p.add_argument("--model", dest="model_list", action="append", metavar="SPEC",
                    help="a workload to run (repeatable): " + SPEC_HELP)
-    p.add_argument("--groups", default="",
-                   help=f"comma-separated case groups from {', '.join(GROUPS)} (default: all)")
+    add_session_arguments(p.add_argument, skip=tuple(o.name for o in SESSION_OPTIONS
+                                                     if o.name != "groups"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -651,32 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a benchmark profile; write JSON, summary and charts")
     _add_run_selection(run)
     run.add_argument("--out", help="results folder (default: results/<profile>)")
-    run.add_argument("--rounds", type=non_negative_int, default=0,
-                     help="timed rounds per case (default, or 0: per profile)")
-    run.add_argument("--warmup", type=non_negative_int, default=None,
-                     help="untimed warm-up rounds per case (default: per profile)")
-    run.add_argument("--max-time", type=non_negative, default=None,
-                     help="seconds of timed rounds per case; slower cases run fewer rounds, "
-                     "at least 6 (default: per profile; 0: always the full rounds)")
-    run.add_argument("--min-time", type=non_negative, default=None,
-                     help="seconds of timed rounds a fast case runs at least: more rounds, up "
-                     "to 4 times --rounds (default: cpu 0.6, other profiles 0; 0 when --rounds "
-                     "is given)")
-    run.add_argument("--timeout", type=positive, default=None,
-                     help="seconds each command of a case (its build, data, check, steps; in "
-                     "this process or in a rank) may take before the case fails as hung "
-                     "(default 300)")
-    run.add_argument("--threads", type=non_negative_int, default=0,
-                     help="torch.set_num_threads (default, or 0: torch's choice)")
-    run.add_argument("--unpaired", action="store_true",
-                     help="no paired baseline round before each timed round (faster; speedups "
-                     "then compare cases measured minutes apart)")
-    run.add_argument("--slow", action="store_true", help="include slow cases (torch.compile)")
-    run.add_argument("--data-dir", help="folder for generated on-disk datasets "
-                     "(default: $GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)")
-    run.add_argument("--no-storage-probe", action="store_true",
-                     help="skip the read-throughput probe of the data folder's disk (64 MB "
-                     "written, read back cold; about a second)")
+    add_session_arguments(run.add_argument, skip=("profile", "device", "groups"))
     run.add_argument("-k", help="pytest -k expression selecting cases by id")
     run.add_argument("--trace", action="store_true",
                      help="after each case's timed rounds, profile a few steps: a Chrome trace "

@@ -16,21 +16,14 @@ from pathlib import Path
 from gpubench.cli.options import add_target_arguments, resolve_target
 from gpubench.suite.cases import baseline
 from gpubench.train.config import RunConfig
+from gpubench.train.techniques import variants
 from gpubench.util import atomic
 from gpubench.util.argtypes import BYTE_SIZE_HELP, byte_size, positive_int
 from gpubench.util.tables import markdown_table
 
-TECHNIQUES = {
-    "fp32": {},
-    "bf16": {"precision": "bf16"},
-    "fp16": {"precision": "fp16"},
-    "ckpt": {"checkpointing": True},
-    "bf16+ckpt": {"precision": "bf16", "checkpointing": True},
-    "adamw": {"optimizer": "adamw"},
-    "sgd-zerofill": {"zero_grad_set_to_none": False},
-    "emptycache": {"empty_cache": True},
-}
-"""Technique sets the frontier can compare, by name (``emptycache``: ``torch.cuda.empty_cache()``
+TECHNIQUES = {"fp32": {}, **{name: dict(v.changes) for name, v in variants("frontier").items()}}
+"""Technique sets the frontier can compare, by name: the FP32 baseline and every variant the
+techniques declare for it (``Technique.variants``; ``emptycache``: ``torch.cuda.empty_cache()``
 after every step, against ``fp32`` the claim that it avoids running out of memory)."""
 
 FRONTIER_COLUMNS = ("technique", "largest micro-batch that fits", "tries")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpubench.train.config import RunConfig
+from gpubench.train.techniques import variants
 
 if TYPE_CHECKING:  # torch is imported when used: the command line's --help stays fast
     import torch
@@ -39,27 +40,15 @@ CHUNK_STEPS = 20
 
 REFERENCE = "fp32"
 
-TECHNIQUES = {
-    "fp32": {},
-    "fp32-repeat": {},
-    "bf16": {"precision": "bf16"},
-    "fp16": {"precision": "fp16"},
-    "accum4": {"accum_steps": 4},
-    "ddp2": {"parallel": "ddp", "world_size": 2},
-}
+TECHNIQUES = {"fp32": {}, "fp32-repeat": {},
+              **{name: dict(v.changes) for name, v in variants("parity").items()}}
 """Techniques parity can train, by name: FP32 (the reference) and a second FP32 run (the
-determinism check: bit-identical on the CPU), AMP bf16 (autocast), AMP fp16 (autocast +
-GradScaler), k = 4 gradient accumulation at the same effective batch (micro-batch G/4), and
-DDP over 2 ranks (gloo on the CPU, each rank G/2 samples)."""
+determinism check: bit-identical on the CPU), then every variant the techniques declare for it
+(``Technique.variants``: AMP bf16 and fp16, k = 4 gradient accumulation at the same effective
+batch (micro-batch G/4), DDP over 2 ranks (gloo on the CPU, each rank G/2 samples))."""
 
-DESCRIPTIONS = {
-    "fp32": "FP32 (reference)",
-    "fp32-repeat": "FP32 again (determinism)",
-    "bf16": "AMP bf16 (autocast)",
-    "fp16": "AMP fp16 (autocast + GradScaler)",
-    "accum4": "gradient accumulation k=4, same effective batch",
-    "ddp2": "DDP over 2 ranks, same global batch",
-}
+DESCRIPTIONS = {"fp32": "FP32 (reference)", "fp32-repeat": "FP32 again (determinism)",
+                **{name: v.description for name, v in variants("parity").items()}}
 
 
 def technique_config(base: RunConfig, name: str) -> RunConfig:

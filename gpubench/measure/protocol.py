@@ -99,7 +99,7 @@ def counted_step(case) -> tuple:
         return train_step(inner, case.optimizer, case.batches, precision=case.precision,
                           accum_steps=case.cfg.accum_steps,
                           set_to_none=case.cfg.zero_grad_set_to_none,
-                          after_step=case.after_step)
+                          after_step=case.after_step, forward=case.forward)
 
     return inner, step
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, replace
 
 from gpubench.train.config import PROFILES, LoaderConfig, RunConfig
+from gpubench.train.techniques import TECHNIQUES
 
 PROFILE_MODELS = {
     "smoke": ("resnet18", "bert"),
@@ -110,25 +111,6 @@ def optimizer_cases(base: RunConfig) -> list[RunConfig]:
         for impl in ("default", "foreach", "fused")
         if (opt, impl) != ("sgd", "default")  # the baseline itself
     ]
-
-
-def memory_cases(base: RunConfig) -> list[RunConfig]:
-    """Memory hygiene: zero-filled gradients, ``empty_cache()`` per step, the CUDA allocator's
-    expandable segments (CUDA only: skipped on the CPU, run in a process of its own), activation
-    checkpointing (also with bf16)."""
-    return [
-        base.with_(zero_grad_set_to_none=False),
-        base.with_(empty_cache=True),
-        base.with_(expandable_segments=True),
-        base.with_(checkpointing=True),
-        base.with_(precision="bf16", checkpointing=True),
-    ]
-
-
-def layout_cases(base: RunConfig) -> list[RunConfig]:
-    if not base.workload.uses_channels_last:
-        return []
-    return [base.with_(channels_last=True), base.with_(precision="bf16", channels_last=True)]
 
 
 def parallel_cases(base: RunConfig) -> list[RunConfig]:
@@ -269,25 +251,34 @@ def recipe_cases(base: RunConfig) -> list[RunConfig]:
     return [stack.with_(parallel="ddp", world_size=2, ddp_no_sync=True), stack]
 
 
-def compile_cases(base: RunConfig) -> list[RunConfig]:
-    return [base.with_(compile=True), base.with_(precision="bf16", compile=True)]
+SLOW_GROUPS = ("compile",)
+"""Groups whose cases run only when asked for (torch.compile: minutes of compilation)."""
+
+
+def declared_cases(base: RunConfig, group: str) -> list[RunConfig]:
+    """The cases the techniques of ``group`` declare (``Technique.cases``) for ``base``'s
+    profile, in declaration order."""
+    return [cfg for t in TECHNIQUES if t.group == group and t.cases is not None
+            and base.profile in t.profiles for cfg in t.cases(base)]
 
 
 def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
-    """Every case of one workload (``model`` is its spec) in ``profile`` on ``device``."""
+    """Every case of one workload (``model`` is its spec) in ``profile`` on ``device``: each
+    group's own cases, then those its techniques declare."""
     base = baseline(model, profile, device)
-    groups = [
-        ("precision", precision_cases(base), False),
-        ("accumulation", accumulation_cases(base), False),
-        ("optimizer", optimizer_cases(base), False),
-        ("memory", memory_cases(base), False),
-        ("layout", layout_cases(base), False),
-        ("parallel", parallel_cases(base), False),
-        ("recipe", recipe_cases(base), False),  # its DDP case in the parallel group's ranks
-        ("loader", loader_cases(base), False),
-        ("compile", compile_cases(base), True),
-    ]
-    return [BenchCase(cfg, group, slow) for group, cfgs, slow in groups for cfg in cfgs]
+    own = {
+        "precision": precision_cases(base),
+        "accumulation": accumulation_cases(base),
+        "optimizer": optimizer_cases(base),
+        "memory": [],
+        "layout": [],
+        "parallel": parallel_cases(base),
+        "recipe": recipe_cases(base),  # its DDP case in the parallel group's ranks
+        "loader": loader_cases(base),
+        "compile": [],
+    }
+    return [BenchCase(cfg, group, group in SLOW_GROUPS)
+            for group, cfgs in own.items() for cfg in [*cfgs, *declared_cases(base, group)]]
 
 
 def profile_cases(

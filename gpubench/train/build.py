@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from gpubench.train import implementations
 from gpubench.train.config import ALLOC_CONF_VARS, GENERATED_DATASETS, RunConfig
 from gpubench.train.data import (
     Batch,
@@ -103,10 +105,7 @@ def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | N
         return "needs a CUDA device; none is available"
     if cfg.parallel == "dp" and cfg.device != "cuda":
         return "DataParallel needs CUDA devices"
-    if cfg.expandable_segments and cfg.device != "cuda":
-        return ("expandable_segments configures the CUDA caching allocator; the CPU allocator "
-                "has no segments")
-    reason = shared_memory_reason(cfg)
+    reason = implementations.unsupported(cfg) or shared_memory_reason(cfg)
     if reason:
         return reason
     if cfg.loader.cold and eviction_unsupported_reason():
@@ -168,10 +167,14 @@ class Case:
     """Placed batches; ``batches.waits`` holds how long each one took to arrive."""
     loader: DataLoader
     after_step: Callable[[], None]
+    """The techniques' ``after_step`` hooks, in one function."""
     micro_batch: int
     evictor: Evictor | None = None
     """Cold cases (``LoaderConfig.cold``): drops the dataset's files from the page cache
     before each epoch."""
+    forward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """The techniques' ``forward`` contexts, entered around each micro-batch's forward and
+    backward."""
 
     def __enter__(self) -> Case:
         self._math = self.precision.math_mode()
@@ -204,6 +207,7 @@ class Case:
             set_to_none=self.cfg.zero_grad_set_to_none,
             after_step=self.after_step,
             strategy=self.strategy,
+            forward=self.forward,
         )
 
     def synchronize(self) -> None:
@@ -228,12 +232,6 @@ class Case:
     def fixed_batches(self) -> list[Batch]:
         """The next ``accum_steps`` micro-batches, already on the device, to train on repeatedly."""
         return list(itertools.islice(self.batches, self.cfg.accum_steps))
-
-
-def _empty_cache(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return torch.cuda.empty_cache
-    return lambda: None  # the CPU allocator has no cache to release
 
 
 def _strategy(cfg: RunConfig, rank: int, devices: list[torch.device],
@@ -325,6 +323,9 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
             reference = unsharded
         case _:
             reference = eager
+    impls = implementations.implementations(cfg)
+    for impl in impls:
+        wrapped = impl.wrap(wrapped)
     if cfg.compile:
         # A fresh dynamo per compiled case: no compiled code, cache-size limit or recompile
         # record (``guard_failures``, read into the record as ``dynamo_recompiles``) carried over.
@@ -363,7 +364,8 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         strategy=strategy,
         batches=_batches(cfg, loader, placement, evictor),
         loader=loader,
-        after_step=_empty_cache(device) if cfg.empty_cache else (lambda: None),
+        after_step=implementations.after_step(impls),
         micro_batch=micro_batch,
         evictor=evictor,
+        forward=implementations.forward_context(impls),
     )

@@ -20,7 +20,9 @@ from gpubench.train.techniques import (  # noqa: F401 - the choices, for every c
     PRECISIONS,
     SCHEDULES,
     TECHNIQUES,
+    declare_fields,
 )
+from gpubench.util.docstrings import attribute_docs
 
 if TYPE_CHECKING:  # imported when used: this module stays light (no torch) for the CLI
     from gpubench.workloads.api import Workload
@@ -46,38 +48,10 @@ def _check_choice(name: str, value: object, choices: tuple) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+@declare_fields(loader=True)
 class LoaderConfig:
-    """How batches reach the training step (a ``torch.utils.data.DataLoader``)."""
-
-    dataset: str = "device-resident"
-    """Where samples come from: ``device-resident`` (the default: one optimizer step of batches
-    made by the workload's ``make_batch``, placed on the device once and reused, so that a timed
-    step measures the technique, not collation and host-to-device copies; the no-loading upper
-    bound of the loader cases); ``synthetic`` (the same samples held in host memory, collated by
-    the loader and copied every step); or one of the workload's own datasets by name (the
-    built-in image models: ``images-jpeg`` / ``images-png``, encoded files decoded with PIL and
-    augmented with torchvision; the built-in token models: ``tokens-mmap``, windows of a
-    memory-mapped token file)."""
-    dataset_size: int | None = None
-    """Samples on disk for the on-disk datasets (None: the profile's default)."""
-    cached: bool = False
-    """Keep decoded samples in a bounded in-memory cache (the workload's own datasets)."""
-    cache_items: int | None = None
-    """Bound of the decoded-sample cache, per loading process (None: the whole dataset)."""
-    num_workers: int = 0
-    """DataLoader worker processes; 0 loads in the training process."""
-    pin_memory: bool = False
-    """Collate batches into page-locked host memory (faster, asynchronous host-to-device copies)."""
-    prefetch_factor: int | None = None
-    """Batches each worker loads ahead; only valid with ``num_workers > 0`` (torch default 2)."""
-    persistent_workers: bool = False
-    """Keep workers alive between epochs; only valid with ``num_workers > 0``."""
-    non_blocking: bool = False
-    """Copy batches to the device with ``non_blocking=True`` (overlaps with compute if pinned)."""
-    cold: bool = False
-    """Drop the dataset's files from the page cache before each epoch
-    (``posix_fadvise(POSIX_FADV_DONTNEED)``, ``gpubench.workloads.storage``), so that every file is
-    read from the disk, as with a dataset larger than RAM; the workload's own datasets only."""
+    """How batches reach the training step (a ``torch.utils.data.DataLoader``): one field per
+    loader technique of ``gpubench.train.techniques``."""
 
     def __post_init__(self) -> None:
         _check_techniques(self, loader=True)
@@ -106,11 +80,14 @@ class LoaderConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+@declare_fields(loader=False, after="device")
 class RunConfig:
     """One benchmark case: a model through one training step under a set of techniques.
 
-    Every field's default is the technique's "off" form, so ``RunConfig(model=...)`` is the FP32
-    single-device baseline the other cases are compared with.
+    After ``device``, one field per technique of ``gpubench.train.techniques`` (its declaration
+    gives the default and the help text). Every technique's default is its "off" form, so
+    ``RunConfig(model=...)`` is the FP32 single-device baseline the other cases are compared
+    with.
     """
 
     model: str
@@ -120,52 +97,6 @@ class RunConfig:
     """Problem size: smoke (tests), cpu (2-core laptop scale), gpu-small, gpu-full."""
     device: str = "cpu"
     """Where the step runs: cpu or cuda."""
-    precision: str = "fp32"
-    """fp32; tf32 (TF32 matmul/conv on CUDA, same as fp32 elsewhere); fp16 (autocast + GradScaler);
-    bf16 (autocast)."""
-    accum_steps: int = 1
-    """Micro-batches whose gradients are accumulated before one optimizer step."""
-    micro_batch: int | None = None
-    """Samples per forward/backward; None takes the profile's default batch size."""
-    optimizer: str = "sgd"
-    """sgd (momentum 0.9), adam or adamw."""
-    optimizer_impl: str = "default"
-    """default (torch picks), foreach (multi-tensor) or fused (single kernel)."""
-    zero_grad_set_to_none: bool = True
-    """``optimizer.zero_grad(set_to_none=...)``: None frees gradient memory, False zero-fills."""
-    empty_cache: bool = False
-    """Call ``torch.cuda.empty_cache()`` after every step (a no-op on the CPU)."""
-    expandable_segments: bool = False
-    """The CUDA caching allocator with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``:
-    segments that grow in place instead of new fixed-size ones, against fragmentation (CUDA
-    only). The allocator reads the setting when CUDA starts, so such a case runs in a worker
-    process of its own started with it (``worker_env``)."""
-    checkpointing: bool = False
-    """Activation checkpointing of the model's blocks (``torch.utils.checkpoint``)."""
-    channels_last: bool = False
-    """NHWC memory format (workloads whose input is one 4-D tensor)."""
-    compile: bool = False
-    """Wrap the model in ``torch.compile`` (needs a C++ compiler on the CPU)."""
-    parallel: str = "single"
-    """How the step is spread over devices: single; dp (``nn.DataParallel``, one process, CUDA
-    only); ddp (``DistributedDataParallel``, one process per rank); fsdp (FSDP2's
-    ``fully_shard``, one process per rank: parameters, gradients and optimizer state sharded over
-    the ranks, each block gathered for its forward and backward; with accumulation, gradients
-    are reduced on the last micro-batch only); model (the workload's stages over devices in one
-    process); pipeline (stages in one process each, fed micro-batches by a
-    ``torch.distributed.pipelining`` schedule)."""
-    world_size: int = 1
-    """Devices (dp, model) or processes (ddp, fsdp, pipeline) taking part in the step."""
-    ddp_no_sync: bool = False
-    """DDP with accumulation: skip the gradient all-reduce on all but the last micro-batch."""
-    fsdp_mixed_precision: bool = False
-    """FSDP's own mixed precision (``MixedPrecisionPolicy``: bf16 parameters for forward and
-    backward, gradients reduced in fp32, fp32 sharded parameters for the optimizer) instead of
-    autocast; needs parallel fsdp and precision fp32."""
-    chunks: int = 1
-    """Pipeline micro-batches per micro-batch (the schedule splits each batch into this many)."""
-    schedule: str = "gpipe"
-    """Pipeline schedule: gpipe or 1f1b."""
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     """DataLoader settings."""
     seed: int = 0
@@ -308,6 +239,15 @@ class RunConfig:
         flat = {k: v for k, v in asdict(self).items() if k != "loader"}
         flat.update(asdict(self.loader))
         return flat
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """What each field of ``RunConfig`` or ``LoaderConfig`` means: the declared techniques'
+    help texts and the docstrings under the class's own fields, whitespace folded."""
+    docs = attribute_docs(cls)
+    loader = cls is LoaderConfig
+    docs.update({t.field: " ".join(t.help.split()) for t in TECHNIQUES if t.loader == loader})
+    return {f.name: docs.get(f.name, "") for f in fields(cls)}
 
 
 def inert_techniques(flat: dict) -> list[str]:

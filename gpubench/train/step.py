@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
@@ -24,17 +25,20 @@ def train_step(
     set_to_none: bool = True,
     after_step: Callable[[], None] = lambda: None,
     strategy: Single = SINGLE,
+    forward: Callable[[], AbstractContextManager] = nullcontext,
 ) -> torch.Tensor | None:
     """Forward and backward ``accum_steps`` micro-batches, then one optimizer step.
 
-    Returns the mean micro-batch loss as a detached device tensor (reading it would
-    synchronize), or None on a pipeline rank that does not compute the loss.
+    ``forward`` makes the context the techniques' implementation objects enter around each
+    micro-batch's forward and backward. Returns the mean micro-batch loss as a detached device
+    tensor (reading it would synchronize), or None on a pipeline rank that does not compute the
+    loss.
     """
     total = None
     for i in range(accum_steps):
         inputs, targets = next(batches)
         # no_sync must wrap backward: DDP all-reduces gradients during backward.
-        with strategy.no_sync(model, i < accum_steps - 1):
+        with strategy.no_sync(model, i < accum_steps - 1), forward():
             loss = strategy.forward_backward(model, inputs, targets, precision, accum_steps)
         if loss is not None:
             total = loss if total is None else total + loss

@@ -1,0 +1,127 @@
+"""What a declared technique does to a case: its implementation object.
+
+A technique whose declaration (``gpubench.train.techniques``) names an ``implementation`` gets
+one object of that class for every case whose value differs from the technique's default.
+``gpubench.train.build`` calls its hooks; each hook's default does nothing, so an object
+overrides only what its technique changes:
+
+- ``unsupported()``: why this machine cannot run the case (it is skipped with the reason);
+- ``wrap(model)``: the model as trained (after the parallel strategy, before ``torch.compile``);
+- ``forward()``: a context entered around each micro-batch's forward and backward;
+- ``after_step()``: called after each optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from gpubench.train.techniques import TECHNIQUES
+
+if TYPE_CHECKING:
+    from gpubench.train.config import RunConfig
+
+
+class Implementation:
+    """A technique's effect on one case: ``value`` is the case's value of the technique's field,
+    ``cfg`` the whole case."""
+
+    def __init__(self, value: Any, cfg: RunConfig) -> None:
+        self.value = value
+        self.cfg = cfg
+
+    def unsupported(self) -> str | None:
+        """Why this machine cannot run the case, or None."""
+        return None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The model the case trains (the parallel strategy's wrapper, not yet compiled)."""
+        return model
+
+    def forward(self) -> contextlib.AbstractContextManager:
+        """A context around each micro-batch's forward and backward."""
+        return contextlib.nullcontext()
+
+    def after_step(self) -> None:
+        """Called after every optimizer step."""
+
+
+class EmptyCache(Implementation):
+    """``torch.cuda.empty_cache()`` after every step: the caching allocator returns its unused
+    blocks to the driver (the CPU allocator keeps no cache: nothing to do there)."""
+
+    def after_step(self) -> None:
+        if self.cfg.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+class ExpandableSegments(Implementation):
+    """The allocator option itself is set in the case's worker process before CUDA starts
+    (``RunConfig.worker_env``); ``build`` refuses to build the case where it is missing."""
+
+    def unsupported(self) -> str | None:
+        if self.cfg.device != "cuda":
+            return ("expandable_segments configures the CUDA caching allocator; the CPU "
+                    "allocator has no segments")
+        return None
+
+
+@functools.cache
+def _load(path: str) -> type[Implementation]:
+    module, _, name = path.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, Implementation)):
+        raise TypeError(f"{path} is not a gpubench.train.implementations.Implementation")
+    return cls
+
+
+def implementations(cfg: RunConfig) -> list[Implementation]:
+    """The implementation objects of ``cfg``'s techniques that differ from their defaults, in
+    declaration order."""
+    found = []
+    for t in TECHNIQUES:
+        if t.implementation is None:
+            continue
+        value = getattr(cfg.loader if t.loader else cfg, t.field)
+        if value != t.default:
+            found.append(_load(t.implementation)(value, cfg))
+    return found
+
+
+def unsupported(cfg: RunConfig) -> str | None:
+    """The first reason one of ``cfg``'s implementation objects gives, or None."""
+    for impl in implementations(cfg):
+        reason = impl.unsupported()
+        if reason:
+            return reason
+    return None
+
+
+def forward_context(impls: list[Implementation]) -> Callable[[], contextlib.ExitStack]:
+    """A function that enters every object's ``forward()`` context (a fresh stack per call)."""
+
+    def enter() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for impl in impls:
+            stack.enter_context(impl.forward())
+        return stack
+
+    return enter
+
+
+def after_step(impls: list[Implementation]) -> Callable[[], None]:
+    """One function calling every object's ``after_step`` in turn."""
+    hooks = [impl.after_step for impl in impls
+             if type(impl).after_step is not Implementation.after_step]
+
+    def run() -> None:
+        for hook in hooks:
+            hook()
+
+    return run

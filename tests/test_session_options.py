@@ -1,0 +1,59 @@
+"""The options of a benchmark session are declared once (``gpubench.cli.options.SESSION_OPTIONS``):
+``gpubench run`` and the pytest plugin both declare them from it, and every value given to
+``gpubench run`` reaches the pytest child unchanged."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from gpubench.cli.main import build_parser, pytest_command
+from gpubench.cli.options import SESSION_OPTIONS, add_session_arguments
+from gpubench.launchers.workers import DEFAULT_TIMEOUT_S
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GIVEN = {"groups": "memory,layout", "rounds": "7", "warmup": "2", "max_time": "1.5",
+         "min_time": "0.25", "timeout": "90", "threads": "2", "data_dir": "/tmp/somewhere"}
+
+
+def _plugin_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_session_arguments(parser.add_argument, pytest=True)
+    return parser
+
+
+def test_every_value_given_to_gpubench_run_reaches_the_pytest_child(tmp_path):
+    argv = ["run", "--profile", "smoke", "--device", "cpu"]
+    for option in SESSION_OPTIONS:
+        if option.flag:
+            argv.append(option.cli_flag())
+        elif option.name in GIVEN:
+            argv += [option.cli_flag(), GIVEN[option.name]]
+    assert {o.name for o in SESSION_OPTIONS if not o.flag} == {*GIVEN, "profile", "device"}
+    args = build_parser().parse_args(argv)
+    command = pytest_command(args, tmp_path / "run.json")
+    handed = [a for a in command if a.startswith("--gpubench-") and "models" not in a]
+    child, rest = _plugin_parser().parse_known_args(handed)
+    assert rest == []
+    for option in SESSION_OPTIONS:
+        assert getattr(child, "gpubench_" + option.name) == getattr(args, option.name), option.name
+    # Left at their defaults, nothing is handed on beyond the resolved target.
+    plain = pytest_command(build_parser().parse_args(["run", "--profile", "smoke", "--device",
+                                                      "cpu"]), tmp_path / "run.json")
+    assert [a for a in plain if a.startswith("--gpubench-")] == [
+        "--gpubench-profile=smoke", "--gpubench-device=cpu"]
+
+
+def test_the_plugin_declares_the_same_options_as_gpubench_run():
+    run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    done = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "benchmarks"), "--help",
+                           "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for option in SESSION_OPTIONS:
+        assert option.cli_flag() in run_help
+        assert option.pytest_flag() in done.stdout
+    assert f"(default {DEFAULT_TIMEOUT_S:g})" in run_help.replace("\n", " ").replace("  ", " ")
