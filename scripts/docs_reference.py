@@ -2,8 +2,8 @@
 hook, named in mkdocs.yml), so that they cannot drift from it:
 
 - ``reference/commands.md``: every ``gpubench`` command's options (its argparse parser);
-- ``reference/techniques.md``: every technique (``gpubench.train.techniques`` and the fields'
-  docstrings in ``gpubench.train.config``);
+- ``reference/techniques.md``: every technique (its declaration in ``gpubench.train.techniques``);
+- ``reference/metrics.md``: every record field (``gpubench.analysis.schema.METRICS``);
 - ``reference/claims.md``: every claim the advice judges, with its claimed ranges
   (``gpubench.suite.claims.CLAIMS``);
 - ``reference/profiles.md``: each profile's models and their shapes;
@@ -17,6 +17,7 @@ the pages instead.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -71,26 +72,33 @@ def techniques_page() -> str:
 def _range(low: float, high: float) -> str:
     if high == float("inf"):
         return f"at least {low:g}"
-    if low <= 0:
+    if low == 0:
         return f"at most {high:g}"
     return f"{low:g} to {high:g}"
 
 
 def claims_page() -> str:
-    from gpubench.suite.claims import CLAIMS
+    from gpubench.analysis.advice import JUDGES
+    from gpubench.suite.claims import CLAIMS, SOURCES
 
     lines = ["# Claims", "",
-             "Every claim the advice judges (`gpubench/suite/claims.py`), with the size claimed "
-             "for each part: speed ratios (above 1 is faster), memory as a ratio to the "
-             "baseline's. How a part is judged against its range: "
-             "[the advice and its verdicts](../advice.md).", "",
-             "| key | claim | parts and claimed ranges | testable on |",
-             "| --- | --- | --- | --- |"]
+             "Every claim the advice judges (`gpubench/suite/claims.py`), with the articles that "
+             "make it, the size claimed for each part (speed ratios: above 1 is faster; memory "
+             "as a ratio to the baseline's) and its judge (`gpubench/analysis/advice.py`). How "
+             "a part is judged against its range: [the advice and its verdicts](../advice.md).",
+             "", "The source articles:", ""]
+    lines += [f"- **{key}**: {title}" for key, title in SOURCES.items()]
+    lines += ["", "| key | claim | sources | parts and claimed ranges | testable on | judge |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for key, claim in CLAIMS.items():
         parts = "; ".join(f"{part}: {_range(low, high)}" for part, (low, high)
                           in claim.parts.items())
-        lines.append(f"| `{key}` | {_cell(claim.text)} | {_cell(parts)} | "
-                     f"{', '.join(claim.devices)} |")
+        judge = JUDGES[key]
+        summary = " ".join((judge.__doc__ or "").split("\n\n")[0].split())
+        summary = re.sub(r"^S\d(, S\d)*( section \d+)?: ", "", summary)
+        lines.append(f"| `{key}` | {_cell(claim.text)} | {', '.join(claim.sources)} | "
+                     f"{_cell(parts)} | {', '.join(claim.devices)} | `{judge.__name__}`: "
+                     f"{_cell(summary.replace('``', '`'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -125,9 +133,36 @@ def workload_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def metrics_page() -> str:
+    from gpubench.analysis.results import REQUIRED_FIELDS
+    from gpubench.analysis.schema import METRICS
+
+    lines = ["# Record fields", "",
+             "Every field of a gpubench record (`extra_info` in the pytest-benchmark JSON), from "
+             "the documented schema in the code (`gpubench/analysis/schema.py`), which also "
+             "types them when a file is read; the techniques' own fields are on the "
+             "[techniques page](techniques.md). *checked as*: the type and range a file must "
+             "hold (*required*: never null; any other may be null); "
+             "*records*: the records that carry it (*derived*: "
+             "computed by the results frame and summary, not stored). How the figures are "
+             "measured: [metrics](../metrics.md).", "",
+             "| fields | checked as | unit | records | meaning |",
+             "| --- | --- | --- | --- | --- |"]
+    for m in METRICS:
+        names = ", ".join(f"`{f}`" for f in m.fields)
+        types = m.types()
+        checked = sorted({f"{t[0]} {t[1]}".replace(" any", "") for t in types.values() if t})
+        if any(f in REQUIRED_FIELDS for f in m.fields):
+            checked.append("required: " + ", ".join(f for f in m.fields if f in REQUIRED_FIELDS))
+        lines.append(f"| {names} | {_cell(', '.join(checked) or '-')} | {_cell(m.unit)} | "
+                     f"{m.kind} | {_cell(m.meaning.replace('``', '`'))} |")
+    return "\n".join(lines) + "\n"
+
+
 PAGES = {
     "reference/commands.md": commands_page,
     "reference/techniques.md": techniques_page,
+    "reference/metrics.md": metrics_page,
     "reference/claims.md": claims_page,
     "reference/profiles.md": profiles_page,
     "reference/workload.md": workload_page,

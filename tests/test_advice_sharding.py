@@ -7,7 +7,7 @@ import pandas as pd
 
 from gpubench.analysis.advice import advise
 
-CLAIM = "DDP keeps each GPU's optimizer state apart, reducing memory (S4)"
+CLAIM = "DDP keeps each GPU's optimizer state apart, reducing memory"
 MIB = 2**20
 
 

@@ -62,4 +62,17 @@ def test_the_site_builds_strictly_with_its_generated_reference(tmp_path):
 
     assert all(f"<code>{t.field}</code>" in techniques or f"loader.{t.field}" in techniques
                for t in TECHNIQUES)
+    metrics = (site / "reference" / "metrics" / "index.html").read_text()
+    from gpubench.analysis.schema import METRICS
+
+    assert all(f"<code>{f}</code>" in metrics for m in METRICS for f in m.fields)
+    claims = (site / "reference" / "claims" / "index.html").read_text()
+    from gpubench.analysis.advice import JUDGES
+    from gpubench.suite.claims import CLAIMS, SOURCES
+
+    assert set(JUDGES) == set(CLAIMS)  # every claim has its judge, and only claims have one
+    for key, claim in CLAIMS.items():
+        assert claim.sources and set(claim.sources) <= set(SOURCES), key
+        assert f"<code>{key}</code>" in claims and f"<code>{JUDGES[key].__name__}</code>" in claims
+    assert all(title.split(" (")[0] in claims for title in SOURCES.values())
     assert (site / "images" / "speedup.png").stat().st_size > 1000

@@ -34,7 +34,6 @@ import pandas as pd
 from gpubench.analysis.recommend import Recommendation, recommend
 from gpubench.analysis.results import with_baseline_ratios
 from gpubench.analysis.speed import (
-    MIN_MEMORY_EFFECT,
     SpeedComparison,
     _speed_vs_baseline,
     compare_paired_rounds,
@@ -186,6 +185,8 @@ def _range(claimed: tuple[float, float], memory: bool = False) -> str:
 
 
 def check_amp(c: _Cases) -> list[Verdict]:
+    """S0: each AMP precision (fp16 with GradScaler, bf16) against the FP32 baseline: its
+    paired speedup and its training memory, each part judged against its claimed range."""
     base = c.find()
     out = []
     for precision in ("fp16", "bf16"):
@@ -213,6 +214,8 @@ def check_amp(c: _Cases) -> list[Verdict]:
 
 
 def check_accumulation(c: _Cases) -> list[Verdict]:
+    """S0, S1, S4: k = 4 micro-batches at the baseline's effective batch against the baseline:
+    training memory judged against the claimed range, with the speed it costs."""
     claim = CLAIMS["accumulation"]
     base = c.find()
     k = claim.new["accum_steps"]
@@ -253,6 +256,8 @@ def _not_applicable(c: _Cases, claim: str, why: str, chart: str) -> Verdict:
 
 
 def check_loader_workers(c: _Cases) -> list[Verdict]:
+    """S0, S1: the workload's own data read warm with 0 loader workers against its fastest
+    worker count at the same micro-batch."""
     spec = CLAIMS["loader-workers"]
     claim = spec.text
     own = _own_datasets(c)
@@ -288,6 +293,8 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
 
 
 def check_cache(c: _Cases) -> list[Verdict]:
+    """S0: cached against uncached decoded samples (their own interleaved pair where measured),
+    and how close the cached case comes to the device-resident bound."""
     spec = CLAIMS["cache"]
     claim = spec.text
     own = _own_datasets(c)
@@ -315,6 +322,8 @@ def check_cache(c: _Cases) -> list[Verdict]:
 
 
 def check_ddp(c: _Cases) -> list[Verdict]:
+    """S4: the scaling efficiency of the largest fp32 DDP case (samples/s over devices x the
+    single-device case's); testable only with one GPU per rank."""
     spec = CLAIMS["ddp"]
     claim = spec.text
     rows = [r for r in c.rows.values() if r["parallel"] == "ddp" and r["accum_steps"] == 1
@@ -336,6 +345,8 @@ def check_ddp(c: _Cases) -> list[Verdict]:
 
 
 def check_empty_cache(c: _Cases) -> list[Verdict]:
+    """S0, S4: ``empty_cache()`` after every step against the baseline on CUDA: it helps if it
+    is faster, or lowers the peak reserve without costing speed."""
     spec = CLAIMS["empty-cache"]
     claim = spec.text
     base, row = c.find(), c.claim_case(spec.key)
@@ -357,6 +368,8 @@ def check_empty_cache(c: _Cases) -> list[Verdict]:
 
 
 def check_adamw(c: _Cases) -> list[Verdict]:
+    """S1: AdamW against Adam in each optimizer implementation (default: their interleaved
+    pair), same update but for the weight decay."""
     spec = CLAIMS["adamw"]
     claim = spec.text
     out = []
@@ -376,6 +389,8 @@ def check_adamw(c: _Cases) -> list[Verdict]:
 
 
 def check_no_sync(c: _Cases) -> list[Verdict]:
+    """S4: DDP accumulation with ``no_sync`` on the non-final micro-batches against without,
+    with the estimated all-reduce time per step."""
     spec = CLAIMS["no-sync"]
     claim = spec.text
     rows = {False: c.claim_case(spec.key, "base"), True: c.claim_case(spec.key)}
@@ -394,7 +409,8 @@ def check_sharding(c: _Cases) -> list[Verdict]:
     """S4: per-rank model state of DDP and FSDP at 2 ranks against one device's (exact bytes:
     testable on any device). DDP keeps a full replica of the parameters, gradients and
     optimizer state on every rank; FSDP shards all three."""
-    claim = "DDP keeps each GPU's optimizer state apart, reducing memory (S4)"
+    spec = CLAIMS["sharding"]
+    claim = spec.text
     base, ddp = c.find(), c.find(parallel="ddp", world_size=2)
     fsdp = c.find(parallel="fsdp", world_size=2)
     if base is None or ddp is None or not base["optimizer_state_bytes"]:
@@ -406,7 +422,7 @@ def check_sharding(c: _Cases) -> list[Verdict]:
                 model / (base["param_bytes"] + base["grad_bytes"]))
 
     ddp_opt, ddp_model = ratios(ddp)
-    verdict = judge_memory(ddp_opt, (0.0, 1 - MIN_MEMORY_EFFECT))
+    verdict = judge_memory(ddp_opt, spec.parts["memory"])
     measured = (f"optimizer state per rank: DDP x{ddp_opt:.2f} of one device's "
                 f"({ddp['optimizer_state_bytes'] / 2**20:,.2f} MiB)")
     why = (f"DDP replicates the optimizer state on every rank, like the parameters and "
@@ -877,11 +893,20 @@ def check_parity(c: _Cases) -> list[Verdict]:
     return [Verdict(c.model, CLAIM, measured, combine_parts(parts), why, "parity.md")]
 
 
-CHECKS = (check_amp, check_accumulation, check_loader_workers, check_pinning, check_prefetch,
-          check_storage,
-          check_cache, check_ddp, check_dp_vs_ddp, check_empty_cache, check_empty_cache_oom,
-          check_adamw, check_no_sync, check_sharding, check_no_grad, check_del, check_recipe,
-          check_parity)
+JUDGES = {
+    "amp-fp16": check_amp, "amp-bf16": check_amp, "accumulation": check_accumulation,
+    "loader-workers": check_loader_workers, "pin-memory": check_pinning,
+    "prefetch": check_prefetch, "storage": check_storage, "cache": check_cache, "ddp": check_ddp,
+    "dp-vs-ddp": check_dp_vs_ddp, "empty-cache": check_empty_cache,
+    "empty-cache-oom": check_empty_cache_oom, "adamw": check_adamw, "no-sync": check_no_sync,
+    "sharding": check_sharding, "no-grad": check_no_grad, "del": check_del,
+    "recipe": check_recipe, "parity": check_parity,
+}
+"""The judge of each claim of ``CLAIMS``: the check that finds its measured cases and gives its
+verdicts (one check may judge several claims: AMP's two precisions)."""
+
+CHECKS = tuple(dict.fromkeys(JUDGES.values()))
+"""Every judge once, in the order the advice lists their verdicts."""
 
 
 def _memory_report(reports: list[dict] | None, model: str, device: str) -> dict | None:

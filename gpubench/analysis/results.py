@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from gpubench.analysis.schema import field_types
 from gpubench.train.techniques import TECHNIQUES, column_type
 
 REQUIRED_FIELDS = (
@@ -33,79 +34,13 @@ INT64_MAX = 2**63 - 1
 STORAGE_COLUMNS = ("storage_read_mb_s", "storage_cached_mb_s", "storage_random_iops",
                    "storage_resident_after_evict", "storage_fs", "storage_note")
 """The storage probe of the data folder (``machine_info.gpubench.storage``), a column each."""
-# Each known ``extra_info`` field: (type, constraint). Types: "str", "int", "bool", "float",
-# "ints" / "floats" (lists). Constraints: ">0", ">=0", ">=1", "any" (finite), "loss" (any number,
-# NaN allowed: a diverged loss is a measurement).
-# The techniques' own fields (RunConfig and LoaderConfig) take their types from their
-# declarations (gpubench.train.techniques); these are the record's other fields.
-_STR = ("model", "profile", "device",
-        "case_id", "kind", "group", "note", "claim", "peak_memory_method",
-        "device_name", "single_case_id", "case_id_base", "case_id_new", "workload",
-        "paired_baseline_case_id", "contention_reason", "telemetry_note", "top_ops_time",
-        "launcher", "speedup_paired_test", "paired_partner", "storage_fs", "storage_note")
-_BOOL = ("is_baseline", "timed", "contended", "cudnn_benchmark", "count_reused")
-_COUNTS = ("global_batch", "accum_steps_new", "global_batch_base", "global_batch_new")
-_SIZES = ("peak_memory_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes",
-          "activation_bytes", "activation_bytes_base", "activation_bytes_new",
-          "step_memory_bytes", "peak_reserved_bytes", "flops_per_step",
-          "model_flops_per_step", "hardware_flops_per_step",
-          # CUDA allocator health over the memory window (gpubench.measure.memory.allocator_health)
-          "alloc_retries", "alloc_ooms", "peak_active_bytes",
-          "check_skipped_steps", "dynamo_recompiles",
-          "cold_files",
-          # kind "transfer" (benchmarks/test_transfer.py): host-to-device copies
-          "bytes", "copies_per_round", "matmuls_per_round")
-_POSITIVE = ("step_time_s", "samples_per_s", "speedup_paired", "speedup_paired_low",
-             "speedup_paired_high", "baseline_step_time_s")
-_NON_NEGATIVE = ("tflops", "mfu", "hfu", "hardware_tflops", "peak_tflops", "allreduce_time_s",
-                 "comm_time_s",
-                 "fragmentation", "comm_fraction", "loader_samples_per_s",
-                 "loader_stall_fraction", "loader_wait_s", "epoch_restart_s",
-                 "time_to_first_batch_s", "cold_resident_fraction", "cold_evict_s",
-                 # machine_info.gpubench.storage (gpubench.workloads.storage.probe_storage), per run
-                 *STORAGE_COLUMNS[:-2],
-                 "process_overhead_s", "step_time_iqr_s", "gpubench_step_time_s",
-                 "handwritten_step_time_s", "speedup_paired_p",
-                 # gpubench.measure.telemetry: the machine during the timed rounds
-                 "telemetry_period_s", "telemetry_window_s", "telemetry_cpu_util",
-                 "telemetry_cpu_freq_mhz", "telemetry_load_avg", "telemetry_run_queue",
-                 "telemetry_steal_pct", "telemetry_foreign_cpu", "telemetry_gpu_util",
-                 "telemetry_sm_clock_mhz", "telemetry_mem_clock_mhz", "telemetry_power_w",
-                 "telemetry_energy_j", "energy_j_per_step", "samples_per_kj",
-                 "telemetry_sampler_cpu_s", "telemetry_on_step_time_s",
-                 "telemetry_off_step_time_s", "telemetry_sample_cpu_s", "telemetry_cpu_share",
-                 # kind "transfer": copy bandwidth (GB/s, 10^9 bytes), times, overlap
-                 "bandwidth_gb_s", "copy_time_s", "matmul_time_s", "overlapped_time_s",
-                 "overlap_fraction")
-_LOSSES = ("loss_first", "last_loss", "loss_reference", "loss_rtol", "check_grad_cosine",
-           "check_grad_norm_ratio", "check_update_cosine", "check_update_norm_ratio")
 EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
     **{t.field: column_type(t) for t in TECHNIQUES},
-    **{f: ("str", "any") for f in _STR},
-    **{f: ("bool", "any") for f in _BOOL},
-    **{f: ("int", ">=1") for f in _COUNTS},
-    "seed": ("int", "any"),
-    **{f: ("int", ">=0") for f in _SIZES},
-    **{f: ("float", ">0") for f in _POSITIVE},
-    **{f: ("float", ">=0") for f in _NON_NEGATIVE},
-    "harness_overhead": ("float", "any"),
-    "telemetry_overhead": ("float", "any"),
-    "telemetry_temp_c": ("float", "any"),
-    "telemetry_samples": ("int", ">=0"),
-    **{f: ("float", "loss") for f in _LOSSES},
-    "input_shape": ("ints", ">=0"),
-    "check_losses": ("floats", "loss"),
-    "rank_step_time_s": ("floats", ">0"),
-    "rank_flops_per_step": ("ints", ">=0"),
-    "rank_peak_memory_bytes": ("ints", ">=0"),
-    "rank_step_memory_bytes": ("ints", ">=0"),
-    "device_peak_memory_bytes": ("ints", ">=0"),
-    "paired_baseline_rounds_s": ("floats", ">0"),
-    "rounds_base_s": ("floats", ">0"),
-    "rounds_new_s": ("floats", ">0"),
+    **field_types(),
 }
-"""Known ``extra_info`` fields: (type, constraint). Any may be null except the REQUIRED_FIELDS
-and ``kind``; unknown fields pass through (integers must fit in 64 bits)."""
+"""Known ``extra_info`` fields: (type, constraint), from the techniques' declarations and the
+documented record schema (``gpubench.analysis.schema.METRICS``). Any may be null except the
+REQUIRED_FIELDS and ``kind``; unknown fields pass through (integers must fit in 64 bits)."""
 
 STATS_SCHEMA: dict[str, tuple[str, str]] = {
     **{f: ("float", ">0") for f in ("min", "max", "mean", "median", "q1", "q3")},

@@ -72,6 +72,8 @@ class Claim:
     the baseline (whose rounds every case is already paired with)."""
     devices: tuple[str, ...] = ("cpu", "cuda")
     """Where the claim can show (elsewhere: *not testable here*)."""
+    sources: tuple[str, ...] = ()
+    """The source articles that make it (keys of ``SOURCES``)."""
     loop: tuple[str, str] = ()
     """For a claim about the training loop rather than its configuration (``no_grad``,
     ``del``): the base and new loops, both run on the configuration (``new`` and ``base``: {},
@@ -98,36 +100,45 @@ class Claim:
         return base.with_(**fields)
 
 
+SOURCES = {
+    "S0": "PyTorch在GPU加速训练中的常见问题及解决方案有哪些？ (common problems of GPU-accelerated "
+          "PyTorch training and their solutions)",
+    "S1": "PyTorch 训练加速技巧 (PyTorch training acceleration tips)",
+    "S4": "PyTorch多GPU训练的自定义操作详解 (PyTorch multi-GPU training, in detail)",
+}
+"""The articles gpubench's claims come from, by the key the code's comments use."""
+
 _CACHED = {"loader": lambda b: None if _own_dataset(b) is None
            else {"dataset": _own_dataset(b), "cached": True}}
 _FILES = {"loader": lambda b: None if _own_dataset(b) is None else {"dataset": _own_dataset(b)}}
 
 CLAIMS = {c.key: c for c in (
     Claim("amp-fp16", "AMP cuts training time ~30% and memory ~50%",
-          {"time": (1.25, 1.67), "memory": (0.4, 0.6)}, {"precision": "fp16"}),
+          {"time": (1.25, 1.67), "memory": (0.4, 0.6)}, {"precision": "fp16"}, sources=("S0",)),
     Claim("amp-bf16", "AMP cuts training time ~30% and memory ~50%",
-          {"time": (1.25, 1.67), "memory": (0.4, 0.6)}, {"precision": "bf16"}),
+          {"time": (1.25, 1.67), "memory": (0.4, 0.6)}, {"precision": "bf16"}, sources=("S0",)),
     Claim("accumulation", "gradient accumulation keeps the effective batch at lower memory",
-          {"memory": (0.0, 0.95)}, {"accum_steps": 4, "micro_batch": _quarter_batch}),
+          {"memory": (0.0, 0.95)}, {"accum_steps": 4, "micro_batch": _quarter_batch},
+          sources=("S0", "S1", "S4")),
     Claim("loader-workers",
           "more DataLoader workers and pinned, asynchronous copies speed training ~30%",
           {"time": (1.2, 1.5)}, {"loader": lambda b: None if _own_dataset(b) is None
                                  else {"dataset": _own_dataset(b), "num_workers": 2}},
-          base=_FILES),
+          base=_FILES, sources=("S0", "S1")),
     Claim("cache", "caching decoded samples removes the loading cost",
-          {"time": (0.95, float("inf"))}, _CACHED, base=_FILES, interleaved=True),
+          {"time": (0.95, float("inf"))}, _CACHED, base=_FILES, interleaved=True, sources=("S0",)),
     Claim("ddp", "DDP cuts training time to ~1/N",
           {"efficiency": (0.8, float("inf"))}, {"parallel": "ddp", "world_size": 2},
-          devices=("cuda",)),
+          devices=("cuda",), sources=("S4",)),
     Claim("empty-cache", "torch.cuda.empty_cache() after every step helps",
           {"time": (1.05, float("inf")), "reserved": (0.0, 0.95)}, {"empty_cache": True},
-          devices=("cuda",)),
+          devices=("cuda",), sources=("S0", "S4")),
     Claim("adamw", "AdamW is faster than Adam", {"time": (1.05, float("inf"))},
-          {"optimizer": "adamw"}, base={"optimizer": "adam"}, interleaved=True),
+          {"optimizer": "adamw"}, base={"optimizer": "adam"}, interleaved=True, sources=("S1",)),
     Claim("no-sync", "no_sync during accumulation saves communication",
           {"time": (1.05, float("inf"))},
           {"parallel": "ddp", "world_size": 2, "accum_steps": 2, "ddp_no_sync": True},
-          base={"parallel": "ddp", "world_size": 2, "accum_steps": 2}),
+          base={"parallel": "ddp", "world_size": 2, "accum_steps": 2}, sources=("S4",)),
     # S4 and S0: DistributedDataParallel rather than DataParallel. DataParallel splits one
     # micro-batch over its GPUs, DDP gives each rank a micro-batch: DataParallel at twice the
     # micro-batch has the same global batch and the same samples per GPU as DDP.
@@ -135,15 +146,18 @@ CLAIMS = {c.key: c for c in (
           {"time": (1.05, float("inf")), "peak": (0.0, 0.95), "imbalance": (0.0, 0.95)},
           {"parallel": "ddp", "world_size": 2},
           base={"parallel": "dp", "world_size": 2, "micro_batch": _double_batch},
-          devices=("cuda",)),
+          devices=("cuda",), sources=("S0", "S4")),
+    Claim("sharding", "DDP keeps each GPU's optimizer state apart, reducing memory",
+          {"memory": (0.0, 0.95)}, {"parallel": "ddp", "world_size": 2}, sources=("S4",)),
     # S0 and S1: the loader's knobs, each at the same worker count as its pageable base.
     Claim("pin-memory", "pin_memory makes host-to-device copies asynchronous and training "
           "faster", {"pin_memory": (1.05, float("inf")), "non_blocking": (1.05, float("inf"))},
           {"loader": _knob_loader(pin_memory=True, non_blocking=True)},
-          base={"loader": _knob_loader()}, devices=("cuda",)),
+          base={"loader": _knob_loader()}, devices=("cuda",), sources=("S0", "S1")),
     Claim("prefetch", "prefetch_factor loads the next batches while the step computes, "
           "speeding training", {"time": (1.05, float("inf"))},
-          {"loader": _knob_loader(prefetch_factor=4)}, base={"loader": _knob_loader()}),
+          {"loader": _knob_loader(prefetch_factor=4)}, base={"loader": _knob_loader()},
+          sources=("S0", "S1")),
     # S0: "use an SSD instead of an HDD". The faster storage is the page cache (warm files);
     # the disk the data is on is read cold (files dropped from the cache before each epoch),
     # at 0 and at the knob workers: storage limits loading where warm beats cold. Not timed in
@@ -151,30 +165,33 @@ CLAIMS = {c.key: c for c in (
     Claim("storage", "use an SSD instead of an HDD: storage speed limits data loading",
           {"time": (1.05, float("inf"))}, _FILES,
           base={"loader": lambda b: None if _own_dataset(b) is None
-                else {"dataset": _own_dataset(b), "cold": True}}),
+                else {"dataset": _own_dataset(b), "cold": True}}, sources=("S0",)),
     # S0 and S4: memory hygiene. The frontier (gpubench memory) is the largest micro-batch that
     # fits; the loop claims are measured by gpubench.diagnostics.hygiene on the baseline's
     # configuration.
     Claim("empty-cache-oom", "calling torch.cuda.empty_cache() avoids running out of memory",
-          {"max_batch": (1.05, float("inf"))}, {"empty_cache": True}, devices=("cuda",)),
+          {"max_batch": (1.05, float("inf"))}, {"empty_cache": True}, devices=("cuda",),
+          sources=("S0", "S4")),
     Claim("no-grad", "torch.no_grad() in evaluation saves memory",
           {"no_grad": (0.0, 0.95), "inference_mode": (0.0, 0.95)}, {},
-          loop=("evaluation with autograd on", "evaluation under no_grad / inference_mode")),
+          loop=("evaluation with autograd on", "evaluation under no_grad / inference_mode"),
+          sources=("S0", "S4")),
     Claim("del", "deleting intermediates (del) frees memory in the training loop",
           {"graph": (0.0, 0.95), "outputs": (0.0, 0.95)}, {},
-          loop=("the loop keeps the tensor", "the loop deletes it")),
+          loop=("the loop keeps the tensor", "the loop deletes it"), sources=("S0", "S4")),
     # Convergence parity (gpubench parity, parity.json): each technique trained for N steps from
     # FP32's initial weights on the same data; a part holds when its final loss is within the
     # range of FP32's, as a share of FP32's initial loss (gpubench.analysis.parity).
     Claim("parity", "training accuracy is unaffected by AMP, DDP and gradient accumulation",
           {t: (-0.02, 0.02) for t in ("bf16", "fp16", "accum4", "ddp2")}, {},
-          loop=("FP32 training", "training under the technique, same weights and data")),
+          loop=("FP32 training", "training under the technique, same weights and data"),
+          sources=("S0", "S1", "S4")),
     # S1 section 6: the case study stacks loader workers, mixed precision, DDP and accumulation.
     # The stacks are the recipe group's cases (gpubench.suite.cases.recipe_cases), judged against
     # their best single ingredient, with the product of the ingredients' speedups beside them.
     Claim("recipe", "stacking loader workers, mixed precision, DDP and gradient accumulation "
           "speeds training up beyond each technique alone",
-          {"single": (1.05, float("inf")), "ddp": (1.05, float("inf"))}, {}),
+          {"single": (1.05, float("inf")), "ddp": (1.05, float("inf"))}, {}, sources=("S1",)),
 )}
 """Every claim the verdicts judge; the interleaved ones also get their own paired benchmark."""
 

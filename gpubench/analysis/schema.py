@@ -1,0 +1,241 @@
+"""The record's fields, documented once: what each ``extra_info`` field of a gpubench record
+means, its unit, and the type and range ``gpubench.analysis.results`` checks it against.
+
+The techniques' own fields (``RunConfig`` and ``LoaderConfig``) are documented and typed by their
+declarations (``gpubench.train.techniques``); ``METRICS`` holds every other field. The reference
+page of the documentation (``reference/metrics.md``) is generated from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TYPES = {
+    "str": ("str", "any"), "bool": ("bool", "any"), "int": ("int", "any"),
+    "int>=0": ("int", ">=0"), "int>=1": ("int", ">=1"),
+    "float": ("float", "any"), "float>=0": ("float", ">=0"), "float>0": ("float", ">0"),
+    "loss": ("float", "loss"), "ints>=0": ("ints", ">=0"), "floats>0": ("floats", ">0"),
+    "floats loss": ("floats", "loss"),
+}
+"""Type names of ``Metric.type``: (type, constraint) as ``results`` checks them. Types: str, int,
+bool, float, ints / floats (lists); constraints: >0, >=0, >=1, any (finite), loss (any number,
+NaN allowed: a diverged loss is a measurement)."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    fields: tuple[str, ...]
+    type: str | tuple[str | None, ...] | None
+    """One name of ``TYPES`` for every field, one per field, or None: not checked (a mapping or
+    a list of mappings, or a column the summary derives)."""
+    unit: str
+    meaning: str
+    kind: str = "step"
+    """The records that carry it: ``step`` (a benchmark case), ``claim``, ``overhead`` or
+    ``transfer`` (benchmarks/test_claims.py, test_overhead.py, test_transfer.py), ``derived``
+    (not in the record: a column the results frame, summary and charts compute)."""
+
+    def types(self) -> dict[str, tuple[str, str] | None]:
+        kinds = self.type if isinstance(self.type, tuple) else (self.type,) * len(self.fields)
+        return {f: TYPES[k] if k else None for f, k in zip(self.fields, kinds, strict=True)}
+
+
+METRICS: tuple[Metric, ...] = (
+    # What was run
+    Metric(("model", "workload", "profile", "device", "case_id"), "str", "",
+           "the workload's short name, the spec it was built from, the profile, the device, and "
+           "the case id (the workload's name and the tags of what differs from its FP32 "
+           "baseline)"),
+    Metric(("kind", "group"), "str", "",
+           "the record's kind (step, claim, overhead, transfer) and the case group it answers"),
+    Metric(("is_baseline", "timed"), "bool", "",
+           "the FP32 single-device case the model's other cases are compared with; false "
+           "where the case ran but was not timed (a failed case's record)"),
+    Metric(("global_batch", "input_shape", "seed"), ("int>=1", "ints>=0", "int"),
+           "samples, elements",
+           "samples per optimizer step over every replica (micro-batch x k x replicas); the "
+           "micro-batch's input shape; the seed of weights and data"),
+    Metric(("workload_datasets",), None, "", "the workload's own datasets, by name"),
+    Metric(("device_name", "launcher", "cudnn_benchmark"), ("str", "str", "bool"), "",
+           "the device's name; ``torchrun`` for a record written by ``gpubench torchrun``; "
+           "whether cuDNN autotuning was on (CUDA cases)"),
+    Metric(("note",), "str", "", "what the reader should know about the figures (a FLOP count "
+           "that left out ops, an inert technique)"),
+    # Time
+    Metric(("step_time_s", "step_time_iqr_s"), ("float>0", "float>=0"), "s",
+           "median and IQR of the timed rounds; one round is one complete optimizer step (k "
+           "micro-batches, including waiting for their batches), ended by a device "
+           "synchronize"),
+    Metric(("samples_per_s",), "float>0", "samples/s",
+           "global batch / median step time"),
+    Metric(("rank_step_time_s",), "floats>0", "s",
+           "multi-process cases: each rank's own median step time"),
+    Metric(("speedup_paired", "speedup_paired_low", "speedup_paired_high", "speedup_paired_p",
+            "speedup_paired_test"), ("float>0", "float>0", "float>0", "float>=0", "str"),
+           "ratio",
+           "throughput relative to the FP32 baseline from paired rounds (a baseline round "
+           "before each of the case's): the median per-round ratio, its 95% interval, the "
+           "p-value of the paired test and the test's name"),
+    Metric(("baseline_step_time_s", "paired_baseline_rounds_s", "paired_baseline_case_id",
+            "paired_partner"), ("float>0", "floats>0", "str", "str"), "s",
+           "the paired baseline's median step time and its rounds, its case id, and where it "
+           "ran (this process, or a worker process of its own)"),
+    Metric(("speedup", "speedup_offset"), None, "ratio",
+           "throughput relative to the FP32 baseline: ``speedup_paired``, else case samples/s "
+           "/ baseline samples/s. A case paired with the baseline's worker process (multi-"
+           "process cases, ``expseg``, ``empty_cache`` on CUDA) has it scaled by "
+           "``speedup_offset``, the baseline case's step time over the worker baseline's",
+           kind="derived"),
+    Metric(("scaling_efficiency", "single_case_id"), (None, "str"), "ratio",
+           "parallel cases: samples/s / (devices x samples/s of ``single_case_id``, the "
+           "single-device case with the same per-device settings)"),
+    Metric(("harness_s",), None, "s",
+           "wall seconds of each part of the case's measurement (build, prepare, check, count, "
+           "warmup, partner, rounds, finish, close)"),
+    # Memory
+    Metric(("peak_memory_bytes", "peak_memory_method"), ("int>=0", "str"), "bytes",
+           "CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``; CPU (Linux): the "
+           "process's resident high-water mark ``VmHWM``, reset before the timed steps, so it "
+           "includes the interpreter and libraries; and how it was measured"),
+    Metric(("step_memory_bytes",), "int>=0", "bytes",
+           "how far the timed steps raised memory above what was held when they began "
+           "(activations, temporaries, gradients freed by ``set_to_none``): the part "
+           "techniques change"),
+    Metric(("peak_reserved_bytes",), "int>=0", "bytes",
+           "CUDA: ``max_memory_reserved`` (the caching allocator's footprint)"),
+    Metric(("alloc_retries", "alloc_ooms", "peak_active_bytes", "fragmentation"),
+           ("int>=0", "int>=0", "int>=0", "float>=0"), "count, bytes, fraction",
+           "CUDA, from ``torch.cuda.memory_stats`` right after the measured steps: "
+           "``cudaMalloc`` failures that freed the cache and retried, out-of-memory errors, the "
+           "active-block peak, and 1 - allocated peak / reserved peak"),
+    Metric(("activation_bytes",), "int>=0", "bytes",
+           "bytes autograd saves for backward per micro-batch, counted with "
+           "``saved_tensors_hooks`` (parameters excluded; autocast's low-precision weight "
+           "copies included)"),
+    Metric(("param_bytes", "grad_bytes", "optimizer_state_bytes"), "int>=0", "bytes",
+           "exact sizes of the parameters, their gradients and the optimizer state the process "
+           "holds (FSDP: the rank's shards)"),
+    Metric(("rank_peak_memory_bytes", "rank_step_memory_bytes", "device_peak_memory_bytes"),
+           "ints>=0", "bytes",
+           "multi-process cases: each rank's peak and step memory (``peak_memory_bytes`` is "
+           "then the max over ranks); every device of the case"),
+    # FLOPs
+    Metric(("model_flops_per_step", "hardware_flops_per_step", "flops_per_step"), "int>=0",
+           "FLOPs",
+           "FLOPs of one step by ``torch.utils.flop_counter``: model FLOPs by the convention of "
+           "published MFU figures (no recomputation, attention in full), hardware FLOPs what "
+           "the kernels did (checkpointing's re-run forward, the fused attention backward's "
+           "recompute); ``flops_per_step`` is the hardware figure"),
+    Metric(("rank_flops_per_step",), "ints>=0", "FLOPs", "each rank's hardware FLOPs"),
+    Metric(("uncounted_ops", "count_reused"), (None, "bool"), "",
+           "heavy ops that ran without a FLOP formula (MFU is then n/a); whether the FLOP and "
+           "activation count was taken from the previous case, whose count this case's equals"),
+    Metric(("tflops", "hardware_tflops", "peak_tflops"), "float>=0", "TFLOP/s",
+           "achieved TFLOP/s of the model and hardware FLOPs; the measured matmul peak of the "
+           "device at the step's precision, times the devices the case occupies"),
+    Metric(("mfu", "hfu"), "float>=0", "fraction",
+           "model and hardware FLOP utilisation: achieved / ``peak_tflops``"),
+    # The training check
+    Metric(("loss_first", "last_loss", "loss_reference", "loss_rtol"), "loss", "loss",
+           "the first and last loss of the case's check, the FP32 reference's first loss, and "
+           "the relative tolerance the check allowed"),
+    Metric(("check_losses",), "floats loss", "loss", "the losses of the check's steps"),
+    Metric(("check_grad_cosine", "check_grad_norm_ratio", "check_update_cosine",
+            "check_update_norm_ratio"), "loss", "ratio",
+           "the gradient-level training check against IEEE FP32 (worst rank): cosine "
+           "similarity and norm ratio of the gradients and of the optimizer updates"),
+    Metric(("check_skipped_steps", "dynamo_recompiles"), "int>=0", "count",
+           "optimizer steps GradScaler skipped in the check; torch.compile recompilations"),
+    # Data loading
+    Metric(("loader_stall_fraction", "loader_wait_s"), "float>=0", "fraction, s",
+           "share of the timed step time spent waiting for the next batch (loader plus the "
+           "copy call), and that wait per step"),
+    Metric(("loader_samples_per_s", "time_to_first_batch_s", "epoch_restart_s"), "float>=0",
+           "samples/s, s",
+           "the loader alone, no model: samples/s over 10 batches; time from a fresh iterator "
+           "to its first batch; the same at the next epoch"),
+    Metric(("cold_files", "cold_resident_fraction", "cold_evict_s"),
+           ("int>=0", "float>=0", "float>=0"), "count, fraction, s",
+           "cold cases: the dataset's files, the share of their pages still cached right "
+           "after an eviction, the median seconds of one eviction"),
+    Metric(("storage_read_mb_s", "storage_cached_mb_s", "storage_random_iops",
+            "storage_resident_after_evict", "storage_fs", "storage_note"),
+           ("float>=0", "float>=0", "float>=0", "float>=0", "str", "str"), "MB/s, IO/s",
+           "the storage probe of the data folder (per run): sequential cold and cached reads "
+           "(10^6 bytes/s), random reads per second, the share left cached after an eviction, "
+           "the filesystem, why the probe could not run"),
+    # Communication
+    Metric(("allreduce_time_s", "comm_time_s", "comm_fraction"), "float>=0", "s, fraction",
+           "DDP: one all-reduce of a gradient-sized buffer timed alone; times the all-reduces "
+           "per step; as a share of the step time (an estimate: DDP overlaps it)"),
+    # The machine during the rounds
+    Metric(("telemetry_cpu_util", "telemetry_cpu_freq_mhz", "telemetry_load_avg",
+            "telemetry_run_queue", "telemetry_steal_pct", "telemetry_foreign_cpu"), "float>=0",
+           "%, MHz, threads, cores",
+           "sampled every 0.1 s during the timed rounds: the CPU the case's own processes "
+           "used (% of the cores), CPU frequency, 1-minute load average, mean runnable "
+           "threads, steal time (% of CPU time), cores other processes used"),
+    Metric(("telemetry_gpu_util", "telemetry_sm_clock_mhz", "telemetry_mem_clock_mhz",
+            "telemetry_power_w", "telemetry_temp_c"),
+           ("float>=0", "float>=0", "float>=0", "float>=0", "float"), "%, MHz, W, C",
+           "CUDA cases, through NVML: mean GPU utilisation, SM and memory clocks, power of the "
+           "case's GPUs together (NVML's 1 s average on recent GPUs), highest temperature"),
+    Metric(("telemetry_throttle_reasons", "telemetry_foreign_processes"), None, "",
+           "CUDA: clock-event reasons with their share of samples; other processes on the "
+           "case's GPUs"),
+    Metric(("energy_j_per_step", "samples_per_kj", "telemetry_energy_j"), "float>=0",
+           "J, samples/kJ, J",
+           "the GPUs' energy counters over the timed rounds, less what the paired baseline's "
+           "steps drew: joules per step, samples per kJ, joules in all"),
+    Metric(("telemetry_period_s", "telemetry_samples", "telemetry_window_s",
+            "telemetry_sampler_cpu_s", "telemetry_note"),
+           ("float>=0", "int>=0", "float>=0", "float>=0", "str"), "s, count",
+           "the sampling: period, samples taken, seconds covered, the sampler's own CPU "
+           "seconds, and why a figure is missing"),
+    Metric(("contended", "contention_reason"), ("bool", "str"), "",
+           "whether something else competed with the case during its timed rounds, and what "
+           "(CPU steal, other busy processes, too many runnable threads, another process on "
+           "its GPU, a GPU slowed for heat or power)"),
+    Metric(("top_ops", "top_ops_time", "trace_files"), (None, "str", None), "s, fraction",
+           "with ``--trace``: the 10 operators with the most self time per step (name, "
+           "self_time_s, calls, share, flops), which clock they were timed on, and the trace "
+           "files"),
+    # Claims (benchmarks/test_claims.py): two sides timed in alternation
+    Metric(("claim", "case_id_base", "case_id_new"), "str", "",
+           "the claim and the case ids of its two sides", kind="claim"),
+    Metric(("rounds_base_s", "rounds_new_s"), "floats>0", "s",
+           "each side's rounds, alternating", kind="claim"),
+    Metric(("global_batch_base", "global_batch_new", "accum_steps_new"), "int>=1", "samples",
+           "each side's global batch, and the new side's accumulation", kind="claim"),
+    Metric(("activation_bytes_base", "activation_bytes_new"), "int>=0", "bytes",
+           "each side's saved activations", kind="claim"),
+    # Overheads (benchmarks/test_overhead.py)
+    Metric(("gpubench_step_time_s", "handwritten_step_time_s", "harness_overhead"),
+           ("float>=0", "float>=0", "float"), "s, ratio",
+           "gpubench's step against a minimal hand-written loop of the same model, batch, "
+           "data and optimizer in alternating rounds; the ratio of medians minus one",
+           kind="overhead"),
+    Metric(("telemetry_on_step_time_s", "telemetry_off_step_time_s", "telemetry_overhead",
+            "telemetry_overhead_median", "telemetry_sample_cpu_s", "telemetry_cpu_share"),
+           ("float>=0", "float>=0", "float", "float", "float>=0", "float>=0"), "s, ratio",
+           "steps with the telemetry sampling and paused, alternating: their mean step times, "
+           "total time on / off minus one (and the same of the medians), the CPU time of one "
+           "sample and its share of the sampling period", kind="overhead"),
+    Metric(("rounds_on_s", "rounds_off_s"), "floats>0", "s",
+           "the rounds with the telemetry sampling and paused", kind="overhead"),
+    Metric(("process_overhead_s",), "float>=0", "s",
+           "median time to send a no-op command to 2 worker processes and collect both "
+           "replies: what multi-process cases pay per step on top of the step", kind="overhead"),
+    # Host-to-device transfers (benchmarks/test_transfer.py)
+    Metric(("bytes", "copies_per_round", "matmuls_per_round"), "int>=0", "bytes, count",
+           "the copy's size, copies and matmuls per round", kind="transfer"),
+    Metric(("bandwidth_gb_s", "copy_time_s", "matmul_time_s", "overlapped_time_s",
+            "overlap_fraction"), "float>=0", "GB/s, s, fraction",
+           "copy bandwidth (10^9 bytes/s), the copy and the matmuls timed alone and together, "
+           "and the share of the copy hidden behind the matmuls", kind="transfer"),
+)
+
+
+def field_types() -> dict[str, tuple[str, str]]:
+    """Every typed field of ``METRICS``: (type, constraint)."""
+    return {f: t for m in METRICS for f, t in m.types().items() if t is not None}
