@@ -89,11 +89,10 @@ def counted_step(case) -> tuple:
     this thread, counts the same FLOPs and the saved bytes of all replicas together. Like the
     wrapped step, it trains the case's own parameters with the case's optimizer and batches."""
     model = case.model
-    if case.cfg.parallel != "dp":
+    inner = case.strategy.count_module(model)
+    if inner is None:
         return model, case.step
     from gpubench.train.step import train_step
-
-    inner = getattr(model, "_orig_mod", model).dp.module  # torch.compile wraps as _orig_mod
 
     def step():
         return train_step(inner, case.optimizer, case.batches, precision=case.precision,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import itertools
 import os
@@ -310,19 +309,8 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     eager: TrainModule = initial_train_module(workload, cfg.seed, cfg.checkpointing)
     memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
     eager = eager.to(device=device, memory_format=memory_format).train()
-    # FSDP shards the model in place (and cannot be copied after): the check's unsharded
-    # reference is copied first, and dropped after the check.
-    unsharded = copy.deepcopy(eager) if cfg.parallel == "fsdp" else None
     wrapped = strategy.wrap(eager)
-    match cfg.parallel:
-        case "model":
-            reference = wrapped  # the split model computes exactly the unsplit function
-        case "pipeline":
-            reference = eager  # every rank checks its stage's gradients; dropped after the check
-        case "fsdp":
-            reference = unsharded
-        case _:
-            reference = eager
+    reference = strategy.reference(eager, wrapped)
     impls = implementations.implementations(cfg)
     for impl in impls:
         wrapped = impl.wrap(wrapped)
@@ -348,9 +336,9 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         dataset, cfg.loader, micro_batch, cfg.seed, sampler=sampler,
         worker_init_fn=functools.partial(seed_worker, base_seed=cfg.seed, rank=rank),
     )
-    first_device = strategy.devices[0] if cfg.parallel == "model" else device
     placement = Placement(
-        first_device, non_blocking=cfg.loader.non_blocking, channels_last=cfg.channels_last
+        strategy.input_device(device), non_blocking=cfg.loader.non_blocking,
+        channels_last=cfg.channels_last,
     )
     return Case(
         cfg=cfg,

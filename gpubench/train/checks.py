@@ -70,16 +70,6 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def reference_chunks(case: Case) -> int:
-    """How the technique splits each micro-batch for the loss (pipeline chunks; DataParallel
-    replicas), so the reference normalizes the same way (BatchNorm statistics per chunk)."""
-    if case.cfg.parallel == "pipeline":
-        return case.cfg.chunks
-    if case.cfg.parallel == "dp":
-        return case.cfg.world_size
-    return 1
-
-
 def _micro_objective(model, inputs, targets, chunks: int) -> torch.Tensor:
     """Plain FP32 loss of ``model`` on one micro-batch, averaged over its chunks as the step
     averages it (each chunk normalizes its own)."""
@@ -101,7 +91,8 @@ def reference_loss(case: Case, fixed: list) -> float | None:
     if case.reference_model is None:
         return None
     with torch.no_grad():
-        return _reference_objective(case.reference_model, fixed, reference_chunks(case)).item()
+        return _reference_objective(case.reference_model, fixed,
+                                    case.strategy.reference_chunks()).item()
 
 
 class _Reference:
@@ -116,20 +107,11 @@ class _Reference:
 
     def __init__(self, case: Case, fixed: list):
         trained = [p for g in case.optimizer.param_groups for p in g["params"]]
-        if case.cfg.parallel == "fsdp":
-            by_name = dict(case.reference_model.named_parameters())
-            named = [(p, by_name.get(n)) for n, p in case.strategy.module.named_parameters()]
-            own = {id(p): r for p, r in named if r is not None}
-            self.params = [p for p in trained if id(p) in own and p.requires_grad]
-            ref_params = [own[id(p)] for p in self.params]
-        else:
-            shared = {id(p) for p in case.reference_model.parameters()}
-            self.params = [p for p in trained if id(p) in shared and p.requires_grad]
-            ref_params = self.params
+        self.params, ref_params = case.strategy.pair_parameters(case.reference_model, trained)
         # One micro-batch's graph at a time, its gradient summed (the mean over micro-batches
         # as the step takes it): all k graphs at once would hold k micro-batches of FP32
         # activations (about 90 GB for ResNet-50 accum4 at gpu-small's batch).
-        chunks = reference_chunks(case)
+        chunks = case.strategy.reference_chunks()
         self.grads = [torch.zeros_like(p, dtype=torch.float32) for p in ref_params]
         for inputs, targets in fixed:
             term = _micro_objective(case.reference_model, inputs, targets, chunks) / len(fixed)
@@ -137,7 +119,7 @@ class _Reference:
             for total, g in zip(self.grads, grads, strict=True):
                 if g is not None:
                     total += g.detach().float()
-        if case.cfg.parallel in ("ddp", "fsdp") and torch.distributed.is_initialized():
+        if case.strategy.averages_gradients and torch.distributed.is_initialized():
             flat = torch.cat([g.flatten() for g in self.grads])
             torch.distributed.all_reduce(flat)
             flat /= torch.distributed.get_world_size()
@@ -203,7 +185,7 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
     """
     cid = case.cfg.id
     fixed = case.fixed_batches()
-    computes_loss = case.cfg.parallel != "pipeline" or case.strategy.is_last
+    computes_loss = case.strategy.computes_loss
     with ieee_fp32():  # the reference is IEEE FP32 even inside a tf32 case's math mode
         reference = reference_loss(case, fixed) if computes_loss else None
         grad_ref = _Reference(case, fixed) if case.reference_model is not None else None
@@ -229,7 +211,7 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
     finally:
         for hook in hooks:
             hook.remove()
-    if case.cfg.parallel in ("pipeline", "fsdp"):
+    if not case.strategy.keeps_reference:
         # The full model would inflate this stage's (this shard's) peak memory.
         case.reference_model = None
     precision = check_precision(case.cfg)

@@ -17,13 +17,54 @@ from gpubench.train.precision import Precision
 
 
 class Single:
-    """One device, one process."""
+    """One device, one process.
+
+    Besides wrapping the model and running its forward and backward, a strategy holds the
+    facts the training check needs about it (``gpubench.train.checks``): which model the FP32
+    reference is, how the step splits a micro-batch for the loss, how the reference's
+    gradients are paired with the trained parameters and averaged, and whether this rank
+    computes the loss."""
 
     rank = 0
     world_size = 1
+    computes_loss = True
+    """This rank computes the loss (a pipeline's last stage only)."""
+    averages_gradients = False
+    """The ranks' gradients are averaged (data-parallel replicas): so is the reference's."""
+    keeps_reference = True
+    """The FP32 reference model stays alive after the check (False: it would inflate this
+    stage's or shard's peak memory, and is dropped)."""
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
+
+    def reference(self, eager: nn.Module, wrapped: nn.Module) -> nn.Module | None:
+        """The plain FP32 model the check compares with: the unwrapped model by default."""
+        return eager
+
+    def reference_chunks(self) -> int:
+        """How the step splits each micro-batch for the loss (pipeline chunks, DataParallel
+        replicas), so that the reference normalizes the same way (BatchNorm statistics per
+        chunk)."""
+        return 1
+
+    def pair_parameters(self, reference: nn.Module, trained: list[nn.Parameter]
+                        ) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """(trained parameters the reference shares, the reference's own for each): the same
+        tensors where the reference is the trained model unwrapped."""
+        shared = {id(p) for p in reference.parameters()}
+        params = [p for p in trained if id(p) in shared and p.requires_grad]
+        return params, params
+
+    def input_device(self, device: torch.device) -> torch.device:
+        """Where a batch is placed for the step."""
+        return device
+
+    def count_module(self, model: nn.Module) -> nn.Module | None:
+        """The module whose step counts this case's FLOPs and saved activations in the
+        calling thread, where the trained model runs parts of its step in other threads
+        (None: the trained model itself)."""
+        return None
 
     def no_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -104,9 +145,20 @@ class DataParallel(Single):
     def wrap(self, model: nn.Module) -> nn.Module:
         return DataParallelLoss(model, list(range(self.world_size)))
 
+    def reference_chunks(self) -> int:
+        return self.world_size  # one chunk of the micro-batch per replica
+
+    def count_module(self, model: nn.Module) -> nn.Module:
+        """The unwrapped model: replica forwards run in threads of their own, which the
+        thread-local counters do not see, and compute its function on shards of the
+        micro-batch."""
+        return getattr(model, "_orig_mod", model).dp.module  # torch.compile: _orig_mod
+
 
 class DistributedDataParallel(Single):
     """One replica per process; gradients all-reduced during backward."""
+
+    averages_gradients = True
 
     def __init__(self, rank: int, world_size: int, device: torch.device, no_sync: bool):
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -151,13 +203,35 @@ class FSDP(Single):
     statistics (BatchNorm) are units of their own kept in fp32 (bf16 output), since their fp32
     buffers do not mix with bf16 parameters."""
 
+    averages_gradients = True
+    keeps_reference = False
+
     def __init__(self, rank: int, world_size: int, device: torch.device,
                  mixed_precision: bool = False):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.mixed_precision = mixed_precision
         self.module: nn.Module | None = None
+        self.unsharded: nn.Module | None = None
+
+    def reference(self, eager: nn.Module, wrapped: nn.Module) -> nn.Module | None:
+        """The unsharded copy of the initial model ``wrap`` kept (FSDP shards the model in
+        place and it cannot be copied after), handed over: the strategy keeps no reference."""
+        unsharded, self.unsharded = self.unsharded, None
+        return unsharded
+
+    def pair_parameters(self, reference, trained):
+        """FSDP trains sharded parameters of its own (DTensors): paired with the unsharded
+        reference's by name."""
+        by_name = dict(reference.named_parameters())
+        named = [(p, by_name.get(n)) for n, p in self.module.named_parameters()]
+        own = {id(p): r for p, r in named if r is not None}
+        params = [p for p in trained if id(p) in own and p.requires_grad]
+        return params, [own[id(p)] for p in params]
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        import copy
+
+        self.unsharded = copy.deepcopy(model)  # the check's reference, dropped after it
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.nn.modules.batchnorm import _BatchNorm
@@ -210,6 +284,12 @@ class ModelParallel(Single):
     def wrap(self, model: nn.Module) -> nn.Module:
         return SplitModel(self.stages_fn(model.net, self.world_size), self.devices, self.loss_fn)
 
+    def reference(self, eager: nn.Module, wrapped: nn.Module) -> nn.Module:
+        return wrapped  # the split model computes exactly the unsplit function
+
+    def input_device(self, device: torch.device) -> torch.device:
+        return self.devices[0]  # the first stage's
+
 
 class AutocastStage(nn.Module):
     """A pipeline stage under the precision policy's autocast (schedules call stages directly)."""
@@ -239,9 +319,21 @@ class Pipeline(Single):
         self.stages_fn, self.loss_fn = stages_fn, loss_fn
         self.schedule = None
 
+    keeps_reference = False
+
     @property
     def is_last(self) -> bool:
         return self.rank == self.world_size - 1
+
+    @property
+    def computes_loss(self) -> bool:
+        return self.is_last
+
+    def reference(self, eager: nn.Module, wrapped: nn.Module) -> nn.Module:
+        return eager  # every rank checks its stage's gradients
+
+    def reference_chunks(self) -> int:
+        return self.chunks
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
