@@ -230,18 +230,18 @@ def check_loops(build_case: Callable[[], Case], steps: int = 12,
     try:
         for name, loop in LOOPS.items():
             for fixed in (False, True):
-                case = build_case()
-                release_free_memory()
-                gc.disable()
-                try:
-                    results.append(detect_leak(f"{name} ({'fixed' if fixed else 'leaky'})",
-                                               loop(case, fixed), case.device, steps=steps,
-                                               budget_bytes=budget_bytes))
-                finally:
-                    case.close()
-                    del case
-                    gc.enable()
-                    release_device_memory()  # gc.collect, then the CUDA cache
+                # The case's math mode for the loop; its loader closed after it.
+                with build_case() as case:
+                    release_free_memory()
+                    gc.disable()
+                    try:
+                        results.append(detect_leak(f"{name} ({'fixed' if fixed else 'leaky'})",
+                                                   loop(case, fixed), case.device, steps=steps,
+                                                   budget_bytes=budget_bytes))
+                    finally:
+                        gc.enable()
+                del case
+                release_device_memory()  # gc.collect, then the CUDA cache
     finally:
         if not enabled:
             gc.disable()

@@ -155,34 +155,14 @@ class ParityProgram:
         self.case.close()
 
 
-class _InProcess:
-    """The ``WorkerGroup.call`` interface for a technique trained in this process."""
-
-    def __init__(self, cfg: RunConfig, plan: DataPlan):
-        self.program = ParityProgram(0, 1, cfg, plan)
-
-    def call(self, command: str, *payload) -> list:
-        return [getattr(self.program, command)(*payload)]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.program.close()
-
-
 def launcher(cfg: RunConfig, plan: DataPlan, timeout_s: float):
-    """Worker processes per rank for multi-process techniques (``gpubench.launchers.workers``, as
-    the benchmark cases run them), this process otherwise."""
-    if cfg.multiprocess:
-        from gpubench.launchers.distributed import backend_for
-        from gpubench.launchers.workers import WorkerGroup
-        from gpubench.train.build import check_world_size
+    """The benchmark cases' launcher (``gpubench.measure.runner.launcher``) running a
+    ``ParityProgram``: worker processes per rank for multi-process techniques, one of its own
+    for a technique that configures the CUDA allocator, this process otherwise; every command
+    within ``timeout_s``."""
+    from gpubench.measure.runner import launcher as case_launcher
 
-        check_world_size(cfg)
-        return WorkerGroup(cfg.world_size, ParityProgram, (cfg, plan),
-                           backend=backend_for(cfg.device), timeout_s=timeout_s)
-    return _InProcess(cfg, plan)
+    return case_launcher(cfg, timeout_s, program=ParityProgram, args=(cfg, plan))
 
 
 class OverBudget(Exception):

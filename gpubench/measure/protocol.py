@@ -327,11 +327,18 @@ class InProcess:
     cannot be interrupted ends the process instead)."""
 
     def __init__(self, cfg: RunConfig, data_dir: str | Path | None = None,
-                 timeout_s: float | None = DEFAULT_TIMEOUT_S):
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S, program: type | None = None,
+                 args: tuple | None = None):
+        """``program`` (default ``CaseProgram``) is built as ``program(0, 1, *args)``, as a
+        rank of a ``WorkerGroup`` would be (``args`` default ``(cfg,)``, with ``data_dir``
+        for a ``CaseProgram``)."""
         self.cfg, self.timeout_s = cfg, timeout_s
         self._id = cfg.id  # a computed property (~50 us): not in every step's limit
         self._in_rounds = False
-        self.program = self._bounded("build", CaseProgram, 0, 1, cfg, data_dir=data_dir)
+        if program is None:
+            self.program = self._bounded("build", CaseProgram, 0, 1, cfg, data_dir=data_dir)
+        else:
+            self.program = self._bounded("build", program, 0, 1, *(args or (cfg,)))
 
     @contextlib.contextmanager
     def timed_rounds(self, steps: int):

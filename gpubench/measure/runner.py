@@ -92,22 +92,27 @@ def _no_program(rank: int, world_size: int) -> None:
 
 
 def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S,
-             ranks: RankPool | None = None):
+             ranks: RankPool | None = None, program: type = CaseProgram,
+             args: tuple | None = None):
     """The launcher of ``cfg``: worker processes per rank for DDP, FSDP and pipeline cases
     (from ``ranks`` when given, see ``RankPool``); one worker process for a case whose CUDA
     allocator settings must be in place before CUDA starts (``expandable_segments``: the
     process is started with ``cfg.worker_env()``); this process otherwise (a context manager
-    whose ``call`` runs the measurement commands, each within ``timeout_s`` too)."""
+    whose ``call`` runs the measurement commands, each within ``timeout_s`` too). Each process
+    runs ``program(rank, world_size, *args)`` (default: the measurement protocol's
+    ``CaseProgram`` of ``cfg``; convergence parity's ``ParityProgram`` is another)."""
+    args = (cfg,) if args is None else args
     if cfg.multiprocess:
-        if ranks is not None:
+        if ranks is not None and program is CaseProgram:
             return ranks.lease(cfg, timeout_s)
         check_world_size(cfg)
-        return WorkerGroup(cfg.world_size, CaseProgram, (cfg,), backend=backend_for(cfg.device),
+        return WorkerGroup(cfg.world_size, program, args, backend=backend_for(cfg.device),
                            timeout_s=timeout_s, env=cfg.worker_env())
     if cfg.in_workers:  # one process, its own CUDA allocator; no collectives: gloo
-        return WorkerGroup(1, CaseProgram, (cfg,), backend="gloo", timeout_s=timeout_s,
+        return WorkerGroup(1, program, args, backend="gloo", timeout_s=timeout_s,
                            env=cfg.worker_env())
-    return InProcess(cfg, timeout_s=timeout_s)
+    return InProcess(cfg, timeout_s=timeout_s,
+                     **({} if program is CaseProgram else {"program": program, "args": args}))
 
 
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
