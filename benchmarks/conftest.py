@@ -10,6 +10,7 @@ import torch
 from gpubench.cli.options import add_session_arguments, resolve_target
 from gpubench.launchers.workers import DEFAULT_TIMEOUT_S
 from gpubench.measure.machine import machine_info as describe_machine
+from gpubench.measure.version import SCHEMA_VERSION
 from gpubench.suite.cases import GROUPS, PROFILE_MODELS, profile_cases
 from gpubench.train.config import GENERATED_DATASETS
 from gpubench.workloads.api import WorkloadError
@@ -215,6 +216,14 @@ def _next_running_case(item, nextitem, opts):
         if (opts.slow or not case.slow) and case.skip_reason() is None:
             return case
     return None
+
+
+@pytest.fixture(autouse=True)
+def _record_schema(request):
+    """Every record says which version of the record it is (``gpubench.measure.version``),
+    from the start of its test: a record the journal saves mid-run carries it too."""
+    if "benchmark" in request.fixturenames:
+        request.getfixturevalue("benchmark").extra_info["schema"] = SCHEMA_VERSION
 
 
 @pytest.fixture

@@ -52,6 +52,9 @@ def test_run_writes_json_with_every_field(smoke_run):
     for key in ("torch", "cuda", "cudnn", "device_name", "cpu", "torch_threads"):
         assert key in info
     assert info["matmul_peak_tflops"]["fp32"] > 0
+    from gpubench.measure.version import SCHEMA_VERSION
+
+    assert all(b["extra_info"]["schema"] == SCHEMA_VERSION for b in data["benchmarks"])
     overhead = [b for b in data["benchmarks"] if b["extra_info"].get("kind") == "overhead"]
     assert {b["extra_info"]["case_id"] for b in overhead} == {
         "overhead-resnet18", "overhead-bert", "overhead-workers2", "telemetry-resnet18",

@@ -36,3 +36,31 @@ def test_every_field_of_the_committed_runs_is_documented():
             seen |= set(bench.get("extra_info", {}))
     assert len(seen) > 50, files
     assert seen <= DOCUMENTED, sorted(seen - DOCUMENTED)
+
+
+def test_records_say_their_version_and_older_ones_are_upgraded_in_one_place(tmp_path):
+    from gpubench.analysis.results import load_results, upgrade
+    from gpubench.measure.version import SCHEMA_VERSION
+
+    old = {"model": "resnet18", "case_id": "resnet18-fp32-ckpt", "checkpointing": True}
+    new = upgrade(old)
+    assert new["schema"] == SCHEMA_VERSION and new["kind"] == "step"
+    assert new["workload"] == "resnet18" and new["checkpointing"] is True
+    assert new["cold"] is False and new["precision"] == "fp32"  # declared since: the default
+    assert old == {"model": "resnet18", "case_id": "resnet18-fp32-ckpt", "checkpointing": True}
+    current = {"schema": SCHEMA_VERSION, "kind": "claim", "claim": "adamw"}
+    assert upgrade(current) is current
+    foreign = upgrade({"anything": 1})  # not a gpubench record: nothing invented for it
+    assert "precision" not in foreign and foreign["kind"] == "step"
+    # The committed runs (version 0) load as the current version.
+    df = load_results(sorted((ROOT / "results" / "cpu").glob("benchmark.json")))
+    steps = df[df["kind"] == "step"]
+    assert (df["schema"] == SCHEMA_VERSION).all() and steps["workload"].notna().all()
+
+
+def test_every_writer_stamps_the_version():
+    from gpubench.measure.standalone import StandaloneBenchmark
+    from gpubench.measure.version import SCHEMA_VERSION
+
+    assert StandaloneBenchmark("x").extra_info == {"schema": SCHEMA_VERSION}
+    # The pytest plugin's records: tests/test_cli.py (every record of a real run).

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpubench.analysis.schema import field_types
+from gpubench.measure.version import SCHEMA_VERSION
 from gpubench.train.techniques import TECHNIQUES, column_type
 
 REQUIRED_FIELDS = (
@@ -281,9 +282,32 @@ def read_benchmark_json(path: str | Path) -> dict:
     return data
 
 
+def upgrade(extra: dict) -> dict:
+    """A record's ``extra_info`` brought to this gpubench's version of the record
+    (``gpubench.measure.version``), the one place older records are read differently: a
+    record without ``schema`` (version 0) is a benchmark case where it has no ``kind``, was
+    built from its ``model`` where it has no ``workload`` spec, and ran every technique
+    declared since at its default. A record of a newer version than this gpubench knows is
+    read as it is (its unknown fields pass through)."""
+    version = extra.get("schema")
+    if not isinstance(version, int) or isinstance(version, bool):
+        version = 0
+    if version >= SCHEMA_VERSION:
+        return extra
+    out = dict(extra)
+    out.setdefault("kind", "step")
+    if out["kind"] == "step" and "model" in out:  # a gpubench record (not a foreign one)
+        if not out.get("workload") and isinstance(out.get("model"), str):
+            out["workload"] = out["model"]
+        for t in TECHNIQUES:
+            out.setdefault(t.field, t.default)
+    out["schema"] = SCHEMA_VERSION
+    return out
+
+
 def _row(bench: dict, run: str, path: Path, data: dict) -> dict:
     stats = bench.get("stats") or {}
-    extra = bench.get("extra_info") or {}
+    extra = upgrade(bench.get("extra_info") or {})
     machine = data.get("machine_info") or {}
     gpubench_machine = machine.get("gpubench") or {}
     base = {

@@ -42,6 +42,9 @@ class Metric:
 
 METRICS: tuple[Metric, ...] = (
     # What was run
+    Metric(("schema",), "int>=0", "",
+           "the version of the record (``gpubench.measure.version``); records without it are "
+           "version 0, read by ``gpubench.analysis.results.upgrade``"),
     Metric(("model", "workload", "profile", "device", "case_id"), "str", "",
            "the workload's short name, the spec it was built from, the profile, the device, and "
            "the case id (the workload's name and the tags of what differs from its FP32 "

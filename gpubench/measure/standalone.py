@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest_benchmark
 from pytest_benchmark.stats import Stats
 
+from gpubench.measure.version import SCHEMA_VERSION
 from gpubench.util import atomic
 
 
@@ -22,7 +23,7 @@ class StandaloneBenchmark:
 
     def __init__(self, name: str, group: str | None = None):
         self.name, self.group = name, group
-        self.extra_info: dict = {}
+        self.extra_info: dict = {"schema": SCHEMA_VERSION}
         self.stats = None
 
     def pedantic(self, target, args=(), kwargs=None, setup=None, rounds=1, warmup_rounds=0,

@@ -348,8 +348,9 @@ class Parallelism:
 
 
 def config_from_record(record: dict) -> RunConfig:
-    """The ``RunConfig`` a result record was measured with (the inverse of ``flatten``). The
-    record's ``workload`` (the spec) names the model; older records only have ``model``."""
+    """The ``RunConfig`` a result record was measured with (the inverse of ``flatten``): a
+    record as ``gpubench.analysis.results`` reads it (``upgrade``d: every technique field
+    present), whose ``workload`` (the spec) names the model."""
 
     def plain(value):
         if hasattr(value, "item"):  # numpy scalars from pandas
@@ -360,11 +361,10 @@ def config_from_record(record: dict) -> RunConfig:
             return int(value)
         return value
 
-    loader = {f.name: plain(record[f.name]) for f in fields(LoaderConfig) if f.name in record}
+    loader = {f.name: plain(record[f.name]) for f in fields(LoaderConfig)}
     run = {f.name: plain(record[f.name]) for f in fields(RunConfig)
-           if f.name != "loader" and f.name in record}
-    if isinstance(record.get("workload"), str) and record["workload"]:
-        run["model"] = record["workload"]
+           if f.name not in ("loader", "model")}
+    run["model"] = record.get("workload") or record["model"]  # a flattened config: its model
     cfg = RunConfig(**run, loader=LoaderConfig(**loader))
     # Records hold the resolved micro-batch; the config said None when it was the default.
     default = cfg.with_(micro_batch=None)
