@@ -15,18 +15,8 @@ from gpubench.suite.cases import GROUPS, PROFILE_MODELS, profile_cases
 from gpubench.train.config import GENERATED_DATASETS
 from gpubench.workloads.api import WorkloadError
 from gpubench.workloads.datasets import default_data_dir
+from gpubench.workloads.profiles import profile
 from gpubench.workloads.registry import builtin_names, checked, resolve
-
-ROUNDS = {"smoke": (3, 1), "cpu": (12, 1), "gpu-small": (30, 5), "gpu-full": (30, 5)}
-"""Timed rounds and warm-up rounds per profile (one optimizer step per round)."""
-
-MAX_TIME_S = {"smoke": 2.0, "cpu": 3.0, "gpu-small": 5.0, "gpu-full": 10.0}
-"""Seconds of timed rounds per case; slower cases run fewer rounds (at least 6)."""
-
-MIN_TIME_S = {"smoke": 0.0, "cpu": 0.6, "gpu-small": 0.0, "gpu-full": 0.0}
-"""Seconds of timed rounds a fast case runs at least: more rounds (up to 4 times the profile's),
-each paired with a baseline round. A 15 ms CPU step gets 40 rounds instead of 12, which halves
-how far its paired speedup moves from run to run, for 0.4 s more of timed rounds per side."""
 
 
 def pytest_addoption(parser):
@@ -68,16 +58,17 @@ class Options:
         if bad:
             raise pytest.UsageError(f"--gpubench-groups must be from {', '.join(GROUPS)}; got "
                                     f"{', '.join(bad)}")
-        rounds, warmup = ROUNDS[self.profile]
+        budget = profile(self.profile)  # rounds and times: gpubench.workloads.profiles
+        rounds, warmup = budget.rounds, budget.warmup
         fixed_rounds = config.getoption("--gpubench-rounds")
         self.rounds = fixed_rounds or rounds
         min_time = config.getoption("--gpubench-min-time")
-        self.min_time_s = ((0.0 if fixed_rounds else MIN_TIME_S[self.profile])
+        self.min_time_s = ((0.0 if fixed_rounds else budget.min_time_s)
                            if min_time is None else min_time)
         w = config.getoption("--gpubench-warmup")
         self.warmup = warmup if w is None else w
         max_time = config.getoption("--gpubench-max-time")
-        self.max_time_s = MAX_TIME_S[self.profile] if max_time is None else max_time
+        self.max_time_s = budget.max_time_s if max_time is None else max_time
         self.slow = config.getoption("--gpubench-slow")
         self.threads = config.getoption("--gpubench-threads")
         self.timeout_s = config.getoption("--gpubench-timeout") or DEFAULT_TIMEOUT_S

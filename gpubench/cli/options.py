@@ -29,8 +29,9 @@ def add_target_arguments(p: argparse.ArgumentParser, *, model: bool = False) -> 
 
 def resolve_target(device: str, profile: str) -> tuple[str, str]:
     """``(device, profile)`` with "auto" resolved: CUDA where present, and the device's default
-    profile (``gpubench.suite.cases.default_profile``). Imports torch only for "auto"."""
-    from gpubench.suite.cases import default_profile
+    profile (``gpubench.workloads.profiles.default_profile``). Imports torch only for
+    "auto"."""
+    from gpubench.workloads.profiles import default_profile
 
     if device == "auto":
         from gpubench.measure.machine import default_device

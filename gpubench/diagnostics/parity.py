@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from gpubench.train.config import RunConfig
 from gpubench.train.techniques import variants
+from gpubench.workloads.profiles import PROFILE_TABLE
 
 if TYPE_CHECKING:  # torch is imported when used: the command line's --help stays fast
     import torch
@@ -32,8 +33,9 @@ if TYPE_CHECKING:  # torch is imported when used: the command line's --help stay
 PARITY_BATCHES = 4
 """Global batches in the fixed training set, cycled in order (one pass = this many steps)."""
 
-DEFAULT_STEPS = {"smoke": 120, "cpu": 300, "gpu-small": 300, "gpu-full": 300}
-"""Optimizer steps per technique by profile (``--steps`` overrides it)."""
+DEFAULT_STEPS = {name: p.parity_steps for name, p in PROFILE_TABLE.items()}
+"""Optimizer steps per technique by profile (``gpubench.workloads.profiles``; ``--steps``
+overrides it)."""
 
 CHUNK_STEPS = 20
 """Steps per command sent to a technique's process (the progress line moves between them)."""

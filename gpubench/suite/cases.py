@@ -11,13 +11,10 @@ from dataclasses import dataclass, replace
 
 from gpubench.train.config import PROFILES, LoaderConfig, RunConfig
 from gpubench.train.techniques import TECHNIQUES
+from gpubench.workloads.profiles import PROFILE_TABLE
 
-PROFILE_MODELS = {
-    "smoke": ("resnet18", "bert"),
-    "cpu": ("resnet18", "bert", "gpt2"),
-    "gpu-small": ("resnet50", "bert", "gpt2"),
-    "gpu-full": ("resnet50", "bert", "gpt2"),
-}
+PROFILE_MODELS = {name: p.models for name, p in PROFILE_TABLE.items()}
+"""The built-in models of each profile (``gpubench.workloads.profiles``)."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +346,3 @@ SMOKE_VARIANTS = frozenset({
 """The smoke profile (tests, CI): a few cases per workload covering every code path of the
 step (``smoke_variant`` of each case)."""
 
-
-def default_profile(device: str) -> str:
-    return "gpu-small" if device == "cuda" else "cpu"

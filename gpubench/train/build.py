@@ -45,6 +45,7 @@ from gpubench.workloads.api import (
     initial_train_module,
 )
 from gpubench.workloads.datasets import CachedDataset, default_data_dir
+from gpubench.workloads.profiles import profile
 from gpubench.workloads.storage import Evictor, dataset_files, eviction_unsupported_reason
 
 LEARNING_RATES = {"sgd": 0.01, "adam": 1e-3, "adamw": 1e-3}
@@ -255,9 +256,6 @@ def _strategy(cfg: RunConfig, rank: int, devices: list[torch.device],
     raise ValueError(f"unknown parallel {cfg.parallel!r}")
 
 
-DATASET_SIZES = {"smoke": 64, "cpu": 512, "gpu-small": 4096, "gpu-full": 8192}
-"""Samples a workload's own dataset is asked for per profile (``LoaderConfig.dataset_size``
-overrides it); at least what the loader cases read."""
 
 
 def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset:
@@ -266,7 +264,7 @@ def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset
     loader = cfg.loader
     if loader.dataset in GENERATED_DATASETS:
         return BatchDataset(cfg.workload, length, cfg.seed)
-    size = loader.dataset_size or max(DATASET_SIZES[cfg.profile], length)
+    size = loader.dataset_size or max(profile(cfg.profile).dataset_size, length)
     request = DataRequest(root=data_dir or default_data_dir(), size=size, seed=cfg.seed)
     dataset = cfg.workload.dataset_factory(loader.dataset)(request)
     if loader.cached:

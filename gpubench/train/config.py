@@ -23,11 +23,11 @@ from gpubench.train.techniques import (  # noqa: F401 - the choices, for every c
     declare_fields,
 )
 from gpubench.util.docstrings import attribute_docs
+from gpubench.workloads.profiles import PROFILES  # noqa: F401 - the names, for every caller
 
 if TYPE_CHECKING:  # imported when used: this module stays light (no torch) for the CLI
     from gpubench.workloads.api import Workload
 
-PROFILES = ("smoke", "cpu", "gpu-small", "gpu-full")
 DEVICES = ("cpu", "cuda")
 MULTIPROCESS_PARALLELS = ("ddp", "fsdp", "pipeline")
 """Strategies that run one process per rank (DDP and FSDP replicas, pipeline stages)."""

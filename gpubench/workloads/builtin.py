@@ -23,6 +23,7 @@ from gpubench.workloads.api import (
     WorkloadError,
     parse_overrides,
 )
+from gpubench.workloads.profiles import profile as profile_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,8 +90,6 @@ def model_size(model: str, profile: str) -> ModelSize:
 
 # -- data --------------------------------------------------------------------------------------
 
-DATASET_SIZES = {"smoke": 64, "cpu": 512, "gpu-small": 4096, "gpu-full": 8192}
-"""Samples on disk per profile for the built-in on-disk datasets."""
 
 
 def stored_image_size(image_size: int) -> int:
@@ -104,7 +103,7 @@ def image_files(fmt: str, image_size: int, num_classes: int, profile: str
     def dataset(request: DataRequest):
         from gpubench.workloads.datasets import ImageFolderDataset, ensure_image_folder
 
-        count = max(DATASET_SIZES[profile], request.size)
+        count = max(profile_of(profile).dataset_size, request.size)
         folder = ensure_image_folder(request.root, fmt, count, stored_image_size(image_size),
                                      num_classes)
         return ImageFolderDataset(folder, image_size)
@@ -117,7 +116,7 @@ def token_file(seq_len: int, vocab_size: int, causal_lm: bool, profile: str
     def dataset(request: DataRequest):
         from gpubench.workloads.datasets import TokenFileDataset, ensure_token_file
 
-        count = max(DATASET_SIZES[profile], request.size)
+        count = max(profile_of(profile).dataset_size, request.size)
         folder = ensure_token_file(request.root, count, seq_len, vocab_size)
         return TokenFileDataset(folder, causal_lm=causal_lm)
 
