@@ -41,7 +41,7 @@ from gpubench.analysis.speed import (
     compare_speed,
     judge_memory,
 )
-from gpubench.analysis.verdicts import FAILED, MIN_EFFECT, combine_parts
+from gpubench.analysis.verdicts import FAILED, MIN_EFFECT, Kind, combine_parts
 from gpubench.suite.claims import CLAIMS
 from gpubench.train.config import baseline_fields, inert_techniques
 
@@ -173,7 +173,7 @@ class _Cases:
 
 
 def _missing(model: str, claim: str, chart: str, what: str) -> Verdict:
-    return Verdict(model, claim, "-", "inconclusive", f"not measured in these results ({what})",
+    return Verdict(model, claim, "-", Kind.INCONCLUSIVE, f"not measured in these results ({what})",
                    chart)
 
 
@@ -252,7 +252,7 @@ def _own_datasets(c: _Cases) -> list[str] | None:
 
 
 def _not_applicable(c: _Cases, claim: str, why: str, chart: str) -> Verdict:
-    return Verdict(c.model, claim, "-", "not applicable", why, chart)
+    return Verdict(c.model, claim, "-", Kind.NOT_APPLICABLE, why, chart)
 
 
 def check_loader_workers(c: _Cases) -> list[Verdict]:
@@ -316,8 +316,8 @@ def check_cache(c: _Cases) -> list[Verdict]:
         # "Removes the loading cost": the cached case reaches the no-loading bound.
         bound = cached["samples_per_s"] / resident["samples_per_s"]
         why += f"; {bound:.0%} of the device-resident bound (claimed: all of it)"
-        if verdict == "holds" and bound < spec.parts["time"][0]:
-            verdict = "smaller than claimed"
+        if verdict == Kind.HOLDS and bound < spec.parts["time"][0]:
+            verdict = Kind.SMALLER
     return [Verdict(c.model, claim, speed.describe(), verdict, why, "loader.png")]
 
 
@@ -334,12 +334,12 @@ def check_ddp(c: _Cases) -> list[Verdict]:
     eff = row.get("scaling_efficiency")
     measured = f"{row['case_id']}: scaling efficiency {eff:.0%}" if pd.notna(eff) else "-"
     if c.device not in spec.devices:
-        return [Verdict(c.model, claim, measured, "not testable here",
+        return [Verdict(c.model, claim, measured, Kind.NOT_TESTABLE,
                         f"needs {int(row['world_size'])} GPUs: on the CPU the ranks share the same "
                         "cores, so no speedup is possible; the figure shows the cost of gloo "
                         "communication only", "scaling.png")]
     least = spec.parts["efficiency"][0]
-    verdict = "holds" if eff >= least else "does not hold"
+    verdict = Kind.HOLDS if eff >= least else Kind.DOES_NOT_HOLD
     return [Verdict(c.model, claim, measured, verdict,
                     f"efficiency >= {least:.0%} counts as time cut to ~1/N", "scaling.png")]
 
@@ -354,14 +354,14 @@ def check_empty_cache(c: _Cases) -> list[Verdict]:
         return [_missing(c.model, claim, "speedup.png", "the emptycache case")]
     speed, basis = c.speed(spec.key, base, row)
     if c.device not in spec.devices:
-        return [Verdict(c.model, claim, speed.describe(), "not testable here",
+        return [Verdict(c.model, claim, speed.describe(), Kind.NOT_TESTABLE,
                         "needs CUDA: the CPU allocator has no cache to empty", "speedup.png")]
     reserved = row["peak_reserved_bytes"] / base["peak_reserved_bytes"]
     # It helps if it is faster, or if it lowers the peak reserve without costing speed.
     speed_verdict = speed.decide()
     lowers_reserve = reserved <= spec.parts["reserved"][1] and speed.ratio >= 1 - MIN_EFFECT
-    verdict = "holds" if speed_verdict == "holds" or lowers_reserve else (
-        "inconclusive" if speed_verdict == "inconclusive" else "does not hold")
+    verdict = Kind.HOLDS if speed_verdict == Kind.HOLDS or lowers_reserve else (
+        Kind.INCONCLUSIVE if speed_verdict == Kind.INCONCLUSIVE else Kind.DOES_NOT_HOLD)
     return [Verdict(c.model, claim, f"{speed.describe()}, peak reserved x{reserved:.2f}",
                     verdict, "it releases cached blocks the next step must allocate again; "
                     "it lowers the reserve only between steps", "memory.png")]
@@ -463,7 +463,7 @@ def check_dp_vs_ddp(c: _Cases) -> list[Verdict]:
     spec = CLAIMS["dp-vs-ddp"]
     claim = spec.text
     if c.device not in spec.devices:
-        return [Verdict(c.model, claim, "-", "not testable here",
+        return [Verdict(c.model, claim, "-", Kind.NOT_TESTABLE,
                         "needs 2 GPUs: DataParallel runs on CUDA only (its cases skip on the "
                         "CPU), and DDP ranks on a CPU share its cores", "scaling.png")]
     base = c.find()
@@ -530,14 +530,14 @@ def check_pinning(c: _Cases) -> list[Verdict]:
            "pin_memory": True})
     if pageable is None or (pinned is None and both is None):
         if c.device not in spec.devices:
-            return [Verdict(c.model, claim, "-", "not testable here", "needs CUDA: "
+            return [Verdict(c.model, claim, "-", Kind.NOT_TESTABLE, "needs CUDA: "
                             + inert_techniques({"pin_memory": True})[0], "loader.png")]
         return [_missing(c.model, claim, "loader.png",
                          "pageable and pinned on-disk data at the same worker count")]
     parts, figures = {}, []
     for part, row in (("pin_memory", pinned), ("non_blocking", both)):
         if row is None:
-            parts[part] = "inconclusive"
+            parts[part] = Kind.INCONCLUSIVE
             continue
         speed = compare_speed(pageable, row)
         parts[part] = speed.judge(spec.parts[part])
@@ -545,7 +545,7 @@ def check_pinning(c: _Cases) -> list[Verdict]:
     measured = "; ".join(figures)
     workers = int(pageable["num_workers"])
     if c.device not in spec.devices:
-        return [Verdict(c.model, claim, measured, "not testable here",
+        return [Verdict(c.model, claim, measured, Kind.NOT_TESTABLE,
                         "needs CUDA: " + inert_techniques({"pin_memory": True})[0]
                         + f"; separate cases at {workers} workers", "loader.png")]
     why = (f"separate cases at {workers} workers against pageable memory"
@@ -661,7 +661,7 @@ def check_storage(c: _Cases) -> list[Verdict]:
            + "; the verdict is about this disk: where cold is as fast, storage does not limit "
            "this model's loading here, and a faster disk would not help")
     if kept is not None and kept > MAX_RESIDENT_COLD:
-        return [Verdict(c.model, claim, measured, "inconclusive",
+        return [Verdict(c.model, claim, measured, Kind.INCONCLUSIVE,
                         f"{kept:.0%} of the dataset's pages stayed in the page cache after "
                         "eviction (this filesystem ignores the drop, or a process maps the "
                         "files): the cold cases were not cold; " + why, "loader.png")]
@@ -694,7 +694,7 @@ def check_empty_cache_oom(c: _Cases) -> list[Verdict]:
         f"largest micro-batch that fits: {plain['max_batch']} without, {emptied['max_batch']} "
         "with empty_cache() after every step")
     if device not in spec.devices:
-        return [Verdict(c.model, claim, measured, "not testable here",
+        return [Verdict(c.model, claim, measured, Kind.NOT_TESTABLE,
                         "needs CUDA: the CPU allocator keeps no cache to empty (on the CPU the "
                         "frontier runs against a --budget)", "memory.json")]
     if plain is None or emptied is None:
@@ -705,14 +705,14 @@ def check_empty_cache_oom(c: _Cases) -> list[Verdict]:
            "emptying the cache by hand cannot make a larger batch fit in the same process; it "
            "returns memory to other processes on the GPU, at the cost of new cudaMalloc calls")
     if plain.get("capped") or emptied.get("capped"):
-        return [Verdict(c.model, claim, measured, "inconclusive",
+        return [Verdict(c.model, claim, measured, Kind.INCONCLUSIVE,
                         "the search reached its limit (--max-batch) without running out of "
                         "memory; " + why, "memory.json")]
     low = spec.parts["max_batch"][0]
     ratio = (emptied["max_batch"] / plain["max_batch"] if plain["max_batch"]
              else float("inf") if emptied["max_batch"] else 1.0)
-    verdict = ("holds" if ratio >= low else "smaller than claimed" if ratio > 1
-               else "does not hold")
+    verdict = (Kind.HOLDS if ratio >= low else Kind.SMALLER if ratio > 1
+               else Kind.DOES_NOT_HOLD)
     return [Verdict(c.model, claim, measured + f" (x{ratio:.2f})", verdict, why, "memory.json")]
 
 
@@ -837,7 +837,7 @@ def check_recipe(c: _Cases) -> list[Verdict]:
         parts["single"] = speed.judge(spec.parts["single"])
         figures.append(f"against its best ingredient ({best_name}): {speed.describe()}")
     else:
-        parts["single"] = "inconclusive"
+        parts["single"] = Kind.INCONCLUSIVE
     why = ("separate cases, per sample against the FP32 baseline; interaction = the stack's "
            "speedup over the product of its ingredients' (1: they multiply; below 1: they "
            "overlap, e.g. workers matter less once the step is slower per batch, or compete "
@@ -854,7 +854,7 @@ def check_recipe(c: _Cases) -> list[Verdict]:
                            f"x{ratio_ddp:.2f}: on the CPU the ranks share the cores)")
             why += "; the DDP stack is not judged on the CPU (its ranks share the same cores)"
     elif c.device == "cuda":
-        parts["ddp"] = "inconclusive"
+        parts["ddp"] = Kind.INCONCLUSIVE
     base = c.find()
     if base is not None and int(single["global_batch"]) != int(base["global_batch"]):
         why += (f"; the stack trains on {int(single['global_batch'])} samples per step, the "

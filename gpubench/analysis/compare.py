@@ -5,8 +5,8 @@ run. A case regresses when its time distribution differs significantly (two-side
 U on the per-round times, as asv does) *and* its median moved by more than a minimum effect
 (default 7% for time, like TorchBench; 2% for memory, which is near-deterministic and has no
 test). When a case has so few rounds that the test cannot reach the significance level however
-large the change (3 against 3 rounds: p >= 0.1), it is "too few rounds to decide", never
-"unchanged". Several base files pool their rounds per case. ``--normalized`` compares each
+large the change (3 against 3 rounds: p >= 0.1), it is Kind.TOO_FEW, never
+Kind.UNCHANGED. Several base files pool their rounds per case. ``--normalized`` compares each
 case's time divided by its own run's FP32 baseline: round by round by the paired baseline round
 taken right before it where the case has them (drift within a run cancels), else by the
 baseline's median; either survives moving to a faster or slower machine.
@@ -31,7 +31,7 @@ from gpubench.analysis.results import (
     read_benchmark_json,
     training_memory,
 )
-from gpubench.analysis.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD
+from gpubench.analysis.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD, Kind
 from gpubench.util import atomic
 from gpubench.util.stats import can_reach_significance, mann_whitney_p
 from gpubench.util.tables import figures_table
@@ -39,10 +39,8 @@ from gpubench.util.tables import figures_table
 KEY = ("model", "profile", "device", "case_id")
 """What identifies a case across runs."""
 
-COMPARED = ("unchanged", "regression", "improvement", "too few rounds to decide")
+COMPARED = (Kind.UNCHANGED, Kind.REGRESSION, Kind.IMPROVEMENT, Kind.TOO_FEW)
 """Statuses of cases measured in both runs (the others: added, removed, skipped)."""
-
-TOO_FEW = "too few rounds to decide"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,19 +67,19 @@ def time_verdict(base: np.ndarray, new: np.ndarray, th: Thresholds) -> tuple[str
     change = float(np.median(new) / np.median(base) - 1)
     p = mann_whitney_p(base, new) if min(len(base), len(new)) >= 2 else float("nan")
     if not can_reach_significance(len(base), len(new), th.alpha):
-        return TOO_FEW, change, p
+        return Kind.TOO_FEW, change, p
     if p >= th.alpha or abs(change) < th.time:
-        return "unchanged", change, p
-    return ("regression" if change > 0 else "improvement"), change, p
+        return Kind.UNCHANGED, change, p
+    return (Kind.REGRESSION if change > 0 else Kind.IMPROVEMENT), change, p
 
 
 def memory_verdict(base: float, new: float, th: Thresholds) -> tuple[str, float]:
     if not base or pd.isna(base) or pd.isna(new):
-        return "unchanged", float("nan")
+        return Kind.UNCHANGED, float("nan")
     change = new / base - 1
     if abs(change) < th.memory:
-        return "unchanged", change
-    return ("regression" if change > 0 else "improvement"), change
+        return Kind.UNCHANGED, change
+    return (Kind.REGRESSION if change > 0 else Kind.IMPROVEMENT), change
 
 
 def _steps(df: pd.DataFrame) -> pd.DataFrame:
@@ -179,9 +177,9 @@ def compare_runs(
         if b["kinds"] == n["kinds"] and len(b["kinds"]) == 1:
             mem_verdict, m_change = memory_verdict(b["memory"], n["memory"], th)
         else:  # an exact sum against a process peak says nothing
-            mem_verdict, m_change = "unchanged", float("nan")
-        status = "regression" if "regression" in (verdict, mem_verdict) else (
-            "improvement" if "improvement" in (verdict, mem_verdict) else verdict)
+            mem_verdict, m_change = Kind.UNCHANGED, float("nan")
+        status = Kind.REGRESSION if Kind.REGRESSION in (verdict, mem_verdict) else (
+            Kind.IMPROVEMENT if Kind.IMPROVEMENT in (verdict, mem_verdict) else verdict)
         rows.append({
             **ident, "status": status, "time_change": t_change, "p_value": p,
             "throughput_change": 1 / (1 + t_change) - 1, "memory_change": m_change,
@@ -421,7 +419,7 @@ def compare_main(args: argparse.Namespace) -> int:
         print(f"gpubench compare: {new_file} holds no case comparable with the base (same "
               "model, profile, device and case id, measured on both sides)", file=sys.stderr)
         return 2
-    regressions = counts.get("regression", 0)
+    regressions = counts.get(Kind.REGRESSION, 0)
     if regressions and not args.report_only:
         print(f"gpubench compare: {regressions} significant regression(s)", file=sys.stderr)
         return 1

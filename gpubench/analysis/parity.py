@@ -19,6 +19,7 @@ import math
 import statistics
 from pathlib import Path
 
+from gpubench.analysis.verdicts import Kind
 from gpubench.diagnostics.parity import TECHNIQUES
 from gpubench.suite.claims import CLAIMS
 from gpubench.util import atomic
@@ -79,19 +80,19 @@ def judge(report: dict) -> dict:
         run["bit_identical"] = run["losses"] == ref["losses"]
         finite = all(math.isfinite(x) for x in run["losses"])
         if run["initial_weights"] != ref["initial_weights"]:
-            run["verdict"], run["reason"] = "inconclusive", "different initial weights"
+            run["verdict"], run["reason"] = Kind.INCONCLUSIVE, "different initial weights"
         elif not finite:
-            run["verdict"], run["reason"] = "does not hold", "non-finite loss"
+            run["verdict"], run["reason"] = Kind.DOES_NOT_HOLD, "non-finite loss"
         elif not learned:
-            run["verdict"], run["reason"] = "inconclusive", (
+            run["verdict"], run["reason"] = Kind.INCONCLUSIVE, (
                 f"FP32 did not learn the task in {report['steps']} steps (final loss "
                 f"{ref_final:.3g} above {LEARNED:.0%} of its initial {initial:.3g}): raise --steps")
         elif abs(run["gap"]) > TOLERANCE:
-            run["verdict"], run["reason"] = "does not hold", "final loss outside tolerance"
+            run["verdict"], run["reason"] = Kind.DOES_NOT_HOLD, "final loss outside tolerance"
         elif run["curve_gap"] > CURVE_TOLERANCE:
-            run["verdict"], run["reason"] = "does not hold", "loss curve outside tolerance"
+            run["verdict"], run["reason"] = Kind.DOES_NOT_HOLD, "loss curve outside tolerance"
         else:
-            run["verdict"], run["reason"] = "holds", "within tolerance"
+            run["verdict"], run["reason"] = Kind.HOLDS, "within tolerance"
     return {**report, "tolerance": TOLERANCE, "curve_tolerance": CURVE_TOLERANCE,
             "learned": LEARNED, "final_window": window,
             "initial_loss": initial, "reference_final_loss": ref_final, "reference_learned":

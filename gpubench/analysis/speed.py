@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gpubench.analysis.verdicts import ALPHA, MIN_EFFECT
+from gpubench.analysis.verdicts import ALPHA, MIN_EFFECT, Kind
 from gpubench.util.stats import compare_independent, compare_paired
 
 MIN_MEMORY_EFFECT = 0.05
@@ -27,14 +27,14 @@ class SpeedComparison:
 
     def decide(self, min_effect: float = MIN_EFFECT) -> str:
         if self.p_value < ALPHA and self.ratio >= 1 + min_effect:
-            return "holds"
+            return Kind.HOLDS
         if self.p_value < ALPHA and self.ratio < 1:
-            return "does not hold"
+            return Kind.DOES_NOT_HOLD
         if self.high < 1 - min_effect:  # the whole interval is a slowdown beyond the effect size
-            return "does not hold"
+            return Kind.DOES_NOT_HOLD
         if 1 - min_effect <= self.low and self.high <= 1 + min_effect:
-            return "does not hold"
-        return "inconclusive"
+            return Kind.DOES_NOT_HOLD
+        return Kind.INCONCLUSIVE
 
     def describe(self) -> str:
         return (f"{self.ratio:.2f}x speed (95% CI {self.low:.2f}-{self.high:.2f}, "
@@ -44,9 +44,9 @@ class SpeedComparison:
         """This speed ratio against a claimed range of speed-ups (see the module doc)."""
         faster = self.p_value < ALPHA and self.ratio >= 1 + MIN_EFFECT
         if faster and self.high >= claimed[0]:
-            return "holds"
+            return Kind.HOLDS
         if faster:
-            return "smaller than claimed"
+            return Kind.SMALLER
         return self.decide()
 
 
@@ -55,12 +55,12 @@ def judge_memory(ratio: float, claimed: tuple[float, float]) -> str:
     claimed range: holds at or below the range's top, smaller than claimed when it falls but
     not that far, does not hold when it does not fall by ``MIN_MEMORY_EFFECT``."""
     if not ratio == ratio:
-        return "inconclusive"
+        return Kind.INCONCLUSIVE
     if ratio <= claimed[1]:
-        return "holds"
+        return Kind.HOLDS
     if ratio <= 1 - MIN_MEMORY_EFFECT:
-        return "smaller than claimed"
-    return "does not hold"
+        return Kind.SMALLER
+    return Kind.DOES_NOT_HOLD
 
 
 def _per_sample_rounds(row: pd.Series) -> np.ndarray:

@@ -13,8 +13,9 @@ from enum import StrEnum
 
 
 class Kind(StrEnum):
-    """The words a verdict is given in (equal to their strings, so records and tables keep
-    plain text)."""
+    """The words every verdict is given in: a claim's (the advice, convergence parity) and a
+    regression check's (``gpubench compare``). Equal to their strings, so records and tables
+    keep plain text."""
 
     HOLDS = "holds"
     SMALLER = "smaller than claimed"
@@ -23,6 +24,25 @@ class Kind(StrEnum):
     NOT_APPLICABLE = "not applicable"
     NOT_TESTABLE = "not testable here"
     FAILED = "case failed"
+    # gpubench compare: a case measured in both runs
+    REGRESSION = "regression"
+    IMPROVEMENT = "improvement"
+    UNCHANGED = "unchanged"
+    TOO_FEW = "too few rounds to decide"
+
+    @property
+    def tone(self) -> str:
+        """How the report colours it: good, bad, unsure, na or neutral."""
+        return _TONES[self]
+
+
+_TONES = {
+    Kind.HOLDS: "good", Kind.IMPROVEMENT: "good",
+    Kind.DOES_NOT_HOLD: "bad", Kind.FAILED: "bad", Kind.REGRESSION: "bad",
+    Kind.INCONCLUSIVE: "unsure", Kind.SMALLER: "unsure", Kind.TOO_FEW: "unsure",
+    Kind.NOT_TESTABLE: "na", Kind.NOT_APPLICABLE: "na",
+    Kind.UNCHANGED: "neutral",
+}
 
 
 FAILED = Kind.FAILED.value

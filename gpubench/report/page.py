@@ -20,6 +20,7 @@ import pandas as pd
 
 from gpubench.analysis.advice import advice_markdown
 from gpubench.analysis.results import load_results
+from gpubench.analysis.verdicts import Kind
 from gpubench.report.charts import CHARTS, CannotPlot, energy_per_sample
 from gpubench.report.summary import summary_markdown
 from gpubench.util import atomic
@@ -66,18 +67,9 @@ for heat or a power brake); the summary flags such cases.
 
 """
 
-VERDICT_CLASSES = {
-    "holds": "good",
-    "does not hold": "bad",
-    "case failed": "bad",
-    "inconclusive": "unsure",
-    "not testable here": "na",
-    "improvement": "good",
-    "regression": "bad",
-    "unchanged": "neutral",
-    "too few rounds to decide": "unsure",
-}
-"""Bold verdict words of the advice (and compare) tables -> CSS class of their colour."""
+VERDICT_CLASSES = {kind.value: kind.tone for kind in Kind}
+"""Bold verdict words of the advice (and compare) tables -> CSS class of their colour
+(``gpubench.analysis.verdicts.Kind.tone``)."""
 
 STYLE = """
 :root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --zebra: #f6f8fa; --accent: #0969da; }
