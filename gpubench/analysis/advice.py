@@ -716,6 +716,47 @@ def check_empty_cache_oom(c: _Cases) -> list[Verdict]:
     return [Verdict(c.model, claim, measured + f" (x{ratio:.2f})", verdict, why, "memory.json")]
 
 
+def check_offload(c: _Cases) -> list[Verdict]:
+    """The largest micro-batch that fits with activation offloading against without (the OOM
+    frontier of ``gpubench memory --techniques fp32,offload``), and the step time it costs
+    (the offload case against the baseline: at least 0.8 of its speed counts as modest)."""
+    spec = CLAIMS["offload"]
+    claim = spec.text
+    base, row = c.find(), c.claim_case(spec.key)
+    report = c.memory or {}
+    plain, offloaded = _frontier_entry(report, "fp32"), _frontier_entry(report, "offload")
+    measured = []
+    speed = None
+    if base is not None and row is not None:
+        speed, basis = c.speed(spec.key, base, row)
+        measured.append(speed.describe())
+    if plain is not None and offloaded is not None:
+        measured.append(f"largest micro-batch {plain['max_batch']} -> {offloaded['max_batch']}")
+    text = ", ".join(measured) or "-"
+    if c.device not in spec.devices:
+        return [Verdict(c.model, claim, text, Kind.NOT_TESTABLE,
+                        "needs CUDA: on the CPU the activations already live in host memory, "
+                        "so offloading only adds the copies", "memory.json")]
+    if speed is None or plain is None or offloaded is None:
+        return [_missing(c.model, claim, "memory.json", "the offload case and the fp32 and "
+                         "offload OOM frontiers (gpubench memory --techniques fp32,offload)")]
+    low = spec.parts["time"][0]
+    parts = {"time": Kind.HOLDS if speed.low >= low else
+             Kind.DOES_NOT_HOLD if speed.high < low else Kind.INCONCLUSIVE}
+    if plain.get("capped") or offloaded.get("capped"):
+        parts["max_batch"] = Kind.INCONCLUSIVE
+    else:
+        ratio = (offloaded["max_batch"] / plain["max_batch"] if plain["max_batch"]
+                 else float("inf") if offloaded["max_batch"] else 1.0)
+        fit = spec.parts["max_batch"][0]
+        parts["max_batch"] = (Kind.HOLDS if ratio >= fit else Kind.SMALLER if ratio > 1
+                              else Kind.DOES_NOT_HOLD)
+    why = (f"{basis}; time {parts['time']} (claimed at least x{low:g} of the baseline's speed), "
+           f"larger batch {parts['max_batch']}; the saved tensors cross PCIe twice per step, "
+           "which the copies' overlap with compute decides")
+    return [Verdict(c.model, claim, text, combine_parts(parts), why, "memory.json")]
+
+
 def _hygiene_ratio(new: dict, base: dict) -> tuple[float, str]:
     """``new`` over ``base`` (``gpubench.diagnostics.hygiene`` figures): the CUDA allocator's peaks
     where measured, else the exact bytes held (saved activations at their peak + kept tensors)."""
@@ -898,7 +939,8 @@ JUDGES = {
     "loader-workers": check_loader_workers, "pin-memory": check_pinning,
     "prefetch": check_prefetch, "storage": check_storage, "cache": check_cache, "ddp": check_ddp,
     "dp-vs-ddp": check_dp_vs_ddp, "empty-cache": check_empty_cache,
-    "empty-cache-oom": check_empty_cache_oom, "adamw": check_adamw, "no-sync": check_no_sync,
+    "empty-cache-oom": check_empty_cache_oom, "offload": check_offload,
+    "adamw": check_adamw, "no-sync": check_no_sync,
     "sharding": check_sharding, "no-grad": check_no_grad, "del": check_del,
     "recipe": check_recipe, "parity": check_parity,
 }

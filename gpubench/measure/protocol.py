@@ -164,12 +164,15 @@ class CaseProgram:
     def check(self) -> dict:
         """The training check (``gpubench.train.checks.check_case``). Its first training step also
         counts the case's FLOPs and saved activations (``count`` then returns them), unless
-        the previous case's count is this one's (``count_key``), the case is DataParallel
+        the previous case's count is this one's (``count_key``), a technique that changes
+        neither has a context around the step (activation offloading: the check's step runs
+        under it, the count's without it), the case is DataParallel
         (counted on the unwrapped model, ``counted_step``) or a pipeline, whose first step
         sets its stages up with ``autograd.grad`` calls that saved-tensor hooks do not allow
         (it is counted over a step of its own)."""
         self._counted = None
         counting = (self.cfg.parallel not in ("dp", "pipeline")
+                    and self.case.counted_forward is self.case.forward
                     and count_key(self.cfg, self.rank) not in _LAST_COUNT)
         with self.case.precision.math_mode():
             result = check_case(self.case,
@@ -180,8 +183,13 @@ class CaseProgram:
     def _counting(self, model=None):
         """Count the FLOPs and saved activations of what runs inside (on ``model``, default the
         case's) into ``self._counted``."""
-        with SavedActivations(model or self.case.model) as saved, counting_flops() as counted:
-            yield
+        forward, self.case.forward = self.case.forward, self.case.counted_forward
+        try:
+            with (SavedActivations(model or self.case.model) as saved,
+                  counting_flops() as counted):
+                yield
+        finally:
+            self.case.forward = forward
         self._counted = {"flops": counted.result.total,
                          "model_flops": counted.result.model_total,
                          "uncounted_ops": counted.result.uncounted_ops,

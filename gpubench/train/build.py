@@ -175,6 +175,10 @@ class Case:
     forward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """The techniques' ``forward`` contexts, entered around each micro-batch's forward and
     backward."""
+    counted_forward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """The same of the counted techniques only: the step whose FLOPs and saved activations
+    are counted leaves out the contexts of techniques that change neither (activation
+    offloading's hooks would hide the saved tensors from the counter's)."""
 
     def __enter__(self) -> Case:
         self._math = self.precision.math_mode()
@@ -312,6 +316,8 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     impls = implementations.implementations(cfg)
     for impl in impls:
         wrapped = impl.wrap(wrapped)
+    forward = implementations.forward_context(impls)
+    counted = [i for i in impls if i.technique.counted]
     if cfg.compile:
         # A fresh dynamo per compiled case: no compiled code, cache-size limit or recompile
         # record (``guard_failures``, read into the record as ``dynamo_recompiles``) carried over.
@@ -353,5 +359,7 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         after_step=implementations.after_step(impls),
         micro_batch=micro_batch,
         evictor=evictor,
-        forward=implementations.forward_context(impls),
+        forward=forward,
+        counted_forward=forward if len(counted) == len(impls)
+        else implementations.forward_context(counted),
     )

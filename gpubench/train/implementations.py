@@ -32,6 +32,9 @@ class Implementation:
     """A technique's effect on one case: ``value`` is the case's value of the technique's field,
     ``cfg`` the whole case."""
 
+    technique: Any = None
+    """Its declaration (``gpubench.train.techniques.Technique``), set by ``implementations``."""
+
     def __init__(self, value: Any, cfg: RunConfig) -> None:
         self.value = value
         self.cfg = cfg
@@ -72,6 +75,16 @@ class ExpandableSegments(Implementation):
         return None
 
 
+class Offload(Implementation):
+    """Every tensor autograd saves in the micro-batch's forward goes to host memory (page-locked
+    on CUDA, so the copies are asynchronous), and comes back in its backward. Inside an
+    activation-checkpointed block, checkpointing's own hooks apply (what it keeps are the
+    block's inputs, offloaded by this outside it)."""
+
+    def forward(self) -> contextlib.AbstractContextManager:
+        return torch.autograd.graph.save_on_cpu(pin_memory=self.cfg.device == "cuda")
+
+
 @functools.cache
 def _load(path: str) -> type[Implementation]:
     module, _, name = path.partition(":")
@@ -90,7 +103,9 @@ def implementations(cfg: RunConfig) -> list[Implementation]:
             continue
         value = getattr(cfg.loader if t.loader else cfg, t.field)
         if value != t.default:
-            found.append(_load(t.implementation)(value, cfg))
+            impl = _load(t.implementation)(value, cfg)
+            impl.technique = t
+            found.append(impl)
     return found
 
 

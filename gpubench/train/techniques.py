@@ -206,6 +206,21 @@ TECHNIQUES: tuple[Technique, ...] = (
                   Variant("bf16+ckpt", {"precision": "bf16", "checkpointing": True},
                           "AMP bf16 with activation checkpointing", ("frontier",)))),
     Technique(
+        "offload", "bool", default=False, tag="offload", counted=False,
+        help="Activation offloading: the tensors autograd saves for backward are copied to "
+             "host memory in forward and back to the device in backward "
+             "(``torch.autograd.graph.save_on_cpu``, pinned on CUDA): device memory for the "
+             "price of the copies; an alternative to checkpointing, or beside it.",
+        implementation="gpubench.train.implementations:Offload",
+        inert_on_cpu=lambda v: "offload (activations already live in host memory: only the "
+        "copies remain)" if v is True else None,
+        group="memory", cases=lambda base: [base.with_(offload=True),
+                                            base.with_(offload=True, checkpointing=True)],
+        variants=(Variant("offload", {"offload": True}, "activations offloaded to host memory",
+                          ("frontier",)),
+                  Variant("offload+ckpt", {"offload": True, "checkpointing": True},
+                          "offloading beside activation checkpointing", ("frontier",)))),
+    Technique(
         "channels_last", "bool", default=False, tag="cl",
         help="NHWC memory format (workloads whose input is one 4-D tensor).",
         group="layout",
