@@ -716,6 +716,45 @@ def check_empty_cache_oom(c: _Cases) -> list[Verdict]:
     return [Verdict(c.model, claim, measured + f" (x{ratio:.2f})", verdict, why, "memory.json")]
 
 
+def check_compile(c: _Cases) -> list[Verdict]:
+    """The compiled fp32 case against the baseline (``--slow`` runs it), with what compiling
+    cost and the steps after which it pays off (``compile_time_s``, ``break_even_steps``)."""
+    spec = CLAIMS["compile"]
+    base, row = c.find(), c.claim_case(spec.key)
+    if base is None or row is None:
+        return [_missing(c.model, spec.text, "speedup.png",
+                         "the compile case (gpubench run --slow, or gpubench case --compile)")]
+    speed, basis = c.speed(spec.key, base, row)
+    why = basis
+    if pd.notna(row.get("compile_time_s")):
+        even = row.get("break_even_steps")
+        why += (f"; compiling took {row['compile_time_s']:.1f} s, "
+                + ("which no step wins back" if pd.isna(even)
+                   else f"won back after {even:,.0f} steps"))
+    return [Verdict(c.model, spec.text, speed.describe(), speed.judge(spec.parts["time"]), why,
+                    "speedup.png")]
+
+
+def check_cuda_graphs(c: _Cases) -> list[Verdict]:
+    """torch.compile's reduce-overhead mode (CUDA graphs) against its default mode at the
+    baseline's batch (separate cases): the launch overhead the graphs remove shows on steps
+    whose kernels are short."""
+    spec = CLAIMS["cuda-graphs"]
+    base, row = c.claim_case(spec.key, "base"), c.claim_case(spec.key)
+    if c.device not in spec.devices:
+        return [Verdict(c.model, spec.text, "-", Kind.NOT_TESTABLE,
+                        "needs CUDA: CUDA graphs record and replay a GPU's kernel launches",
+                        "speedup.png")]
+    if base is None or row is None:
+        return [_missing(c.model, spec.text, "speedup.png",
+                         "the compile and compile-reduce-overhead cases (gpubench run --slow)")]
+    speed = compare_speed(base, row)
+    why = (f"separate cases; default-mode compiled step {base['step_time_s'] * 1e3:.2f} ms: the "
+           "shorter the step's kernels, the larger the launch overhead the graph removes")
+    return [Verdict(c.model, spec.text, speed.describe(), speed.judge(spec.parts["time"]), why,
+                    "speedup.png")]
+
+
 def check_offload(c: _Cases) -> list[Verdict]:
     """The largest micro-batch that fits with activation offloading against without (the OOM
     frontier of ``gpubench memory --techniques fp32,offload``), and the step time it costs
@@ -940,6 +979,7 @@ JUDGES = {
     "prefetch": check_prefetch, "storage": check_storage, "cache": check_cache, "ddp": check_ddp,
     "dp-vs-ddp": check_dp_vs_ddp, "empty-cache": check_empty_cache,
     "empty-cache-oom": check_empty_cache_oom, "offload": check_offload,
+    "compile": check_compile, "cuda-graphs": check_cuda_graphs,
     "adamw": check_adamw, "no-sync": check_no_sync,
     "sharding": check_sharding, "no-grad": check_no_grad, "del": check_del,
     "recipe": check_recipe, "parity": check_parity,

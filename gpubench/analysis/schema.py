@@ -92,6 +92,11 @@ METRICS: tuple[Metric, ...] = (
     Metric(("scaling_efficiency", "single_case_id"), (None, "str"), "ratio",
            "parallel cases: samples/s / (devices x samples/s of ``single_case_id``, the "
            "single-device case with the same per-device settings)"),
+    Metric(("first_step_s", "compile_time_s", "break_even_steps"), "float>=0", "s, steps",
+           "the training check's first step (with torch.compile: its compilation); compile "
+           "cases: that less a steady step, and the steps after which compiling has paid off "
+           "(compile time / seconds saved per step against the paired baseline; null where "
+           "the compiled step saves nothing)"),
     Metric(("harness_s",), None, "s",
            "wall seconds of each part of the case's measurement (build, prepare, check, count, "
            "warmup, partner, rounds, finish, close)"),

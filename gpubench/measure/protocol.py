@@ -86,10 +86,13 @@ def counted_step(case) -> tuple:
     activations (and count the replicas' broadcast weights as activations). The replicas
     compute the wrapped model's function on shards of the micro-batch, so for dp cases one
     step of the unwrapped model (``DataParallelLoss.dp.module``) on the full micro-batches, in
-    this thread, counts the same FLOPs and the saved bytes of all replicas together. Like the
-    wrapped step, it trains the case's own parameters with the case's optimizer and batches."""
+    this thread, counts the same FLOPs and the saved bytes of all replicas together. A compiled
+    case is counted on its eager model (``_orig_mod``), whose ops its compiled code computes
+    (fused kernels the counter would not see). Like the wrapped step, it trains the case's own
+    parameters with the case's optimizer and batches."""
     model = case.model
-    inner = case.strategy.count_module(model)
+    eager = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: its eager model
+    inner = case.strategy.count_module(eager) or (eager if eager is not model else None)
     if inner is None:
         return model, case.step
     from gpubench.train.step import train_step
@@ -166,12 +169,14 @@ class CaseProgram:
         counts the case's FLOPs and saved activations (``count`` then returns them), unless
         the previous case's count is this one's (``count_key``), a technique that changes
         neither has a context around the step (activation offloading: the check's step runs
-        under it, the count's without it), the case is DataParallel
+        under it, the count's without it), the case is compiled (its first step compiles, and
+        is timed for ``compile_time_s``; the count runs the eager model, whose ops the
+        compiled one computes), the case is DataParallel
         (counted on the unwrapped model, ``counted_step``) or a pipeline, whose first step
         sets its stages up with ``autograd.grad`` calls that saved-tensor hooks do not allow
         (it is counted over a step of its own)."""
         self._counted = None
-        counting = (self.cfg.parallel not in ("dp", "pipeline")
+        counting = (self.cfg.parallel not in ("dp", "pipeline") and not self.cfg.compile
                     and self.case.counted_forward is self.case.forward
                     and count_key(self.cfg, self.rank) not in _LAST_COUNT)
         with self.case.precision.math_mode():
@@ -537,6 +542,7 @@ def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
         "loss_rtol": check["rtol"],
         "check_losses": check["losses"],
         "check_skipped_steps": check["skipped_steps"],
+        "first_step_s": max((c.get("first_step_s") or 0.0) for c in checks) or None,
         "last_loss": last_losses[-1] if last_losses else None,
     }
     # The gradient check of every rank (pipeline: each its own stage): the worst agreement.

@@ -208,10 +208,32 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
                            schedule="gpipe", fsdp_mixed_precision=False)
         info["single_case_id"] = single.id  # what scaling efficiency compares with
     info.update(paired_speedup(cfg, rounds_s, measured.get("paired_baseline_rounds_s")))
+    if cfg.compile:
+        info.update(compile_cost(info))
     if "comm_time_s" in info:
         info["comm_fraction"] = min(1.0, info["comm_time_s"] / step_time_s)
     benchmark.extra_info.update(info)
     return info
+
+
+def compile_cost(info: dict) -> dict:
+    """What ``torch.compile`` cost a case: ``compile_time_s``, its first step's seconds less a
+    steady step's (the compilation, with the autotuning of max-autotune and the graph capture
+    of reduce-overhead), and ``break_even_steps``, the steps after which it has paid off: that
+    time over the seconds each step saves against the paired baseline's step (None where the
+    compiled step saves nothing)."""
+    first, step = info.get("first_step_s"), info["step_time_s"]
+    if first is None:
+        return {}
+    compile_s = max(0.0, first - step)
+    out = {"compile_time_s": compile_s, "break_even_steps": None}
+    baseline = info.get("baseline_step_time_s")
+    speedup = info.get("speedup_paired")
+    if baseline is not None and speedup:
+        saved = step * speedup - step  # baseline-equivalent seconds per step less the case's
+        if saved > 0:
+            out["break_even_steps"] = compile_s / saved
+    return out
 
 
 def paired_speedup(cfg: RunConfig, rounds_s: list[float],

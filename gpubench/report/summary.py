@@ -223,6 +223,26 @@ def run_cost_markdown(df: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+def compile_markdown(df: pd.DataFrame) -> str:
+    """What torch.compile cost each compiled case: its compile time, the seconds each step
+    saves against the paired baseline, the steps after which it pays off, the recompiles."""
+    if "compile_time_s" not in df:
+        return ""
+    rows = df.dropna(subset=["compile_time_s"])
+    if rows.empty:
+        return ""
+    saved = (rows["step_time_s"] * rows["speedup_paired"] - rows["step_time_s"]) * 1e3
+    rows = rows.assign(compile_s=rows["compile_time_s"], step_ms=rows["step_time_s"] * 1e3,
+                       saved_ms=saved,
+                       break_even=rows["break_even_steps"].map(
+                           lambda v: "never (no saving)" if pd.isna(v) else f"{v:,.0f}"))
+    cols = {"case_id": "case", "compile_s": "compile time (s)", "step_ms": "step (ms)",
+            "saved_ms": "saved per step (ms)", "break_even": "pays off after (steps)",
+            "dynamo_recompiles": "recompiles"}
+    return ("### torch.compile: what compiling costs and when it pays off\n\n"
+            + figures_table(rows, cols) + "\n")
+
+
 def summary_markdown(df: pd.DataFrame) -> str:
     """One Markdown section per run and model, then the storage section (``storage_markdown``)
     where a run has one."""
@@ -230,6 +250,9 @@ def summary_markdown(df: pd.DataFrame) -> str:
     parts = []
     for (run, model), group in frame.groupby(["run", "model"], sort=False):
         parts.append(f"### {model} ({run})\n\n{figures_table(group, COLUMNS)}\n")
+    compiled = compile_markdown(df)
+    if compiled:
+        parts.append(compiled)
     storage = storage_markdown(df)
     if storage:
         parts.append(storage)

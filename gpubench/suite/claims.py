@@ -105,7 +105,8 @@ SOURCES = {
           "PyTorch training and their solutions)",
     "S1": "PyTorch 训练加速技巧 (PyTorch training acceleration tips)",
     "S4": "PyTorch多GPU训练的自定义操作详解 (PyTorch multi-GPU training, in detail)",
-    "PT": "PyTorch's own documentation of the technique (``torch.autograd.graph.save_on_cpu``: "
+    "PT": "PyTorch's own documentation of the technique (``torch.compile``: faster steps after a "
+          "compilation, CUDA graphs against launch overhead; ``torch.autograd.graph.save_on_cpu``: "
           "saved tensors moved to the CPU, trading GPU memory for copies)",
 }
 """The articles gpubench's claims come from, by the key the code's comments use."""
@@ -151,6 +152,14 @@ CLAIMS = {c.key: c for c in (
           devices=("cuda",), sources=("S0", "S4")),
     Claim("sharding", "DDP keeps each GPU's optimizer state apart, reducing memory",
           {"memory": (0.0, 0.95)}, {"parallel": "ddp", "world_size": 2}, sources=("S4",)),
+    # torch.compile: faster steps, after a compile time the record states (break-even steps);
+    # CUDA graphs (compile mode reduce-overhead) against compile's default mode.
+    Claim("compile", "torch.compile speeds up training", {"time": (1.05, float("inf"))},
+          {"compile": True}, sources=("PT",)),
+    Claim("cuda-graphs", "CUDA graphs (torch.compile mode reduce-overhead) help launch-bound "
+          "steps", {"time": (1.05, float("inf"))},
+          {"compile": True, "compile_mode": "reduce-overhead"}, base={"compile": True},
+          devices=("cuda",), sources=("PT",)),
     # Activation offloading: a larger batch fits (the frontier) at a modest step-time cost
     # (speed at least 0.8 of the baseline's).
     Claim("offload", "offloading activations to the CPU lets larger batches fit at a modest "

@@ -133,6 +133,8 @@ def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | N
     reason = precision_reason(cfg.precision, cfg.device)
     if reason:
         return reason
+    if cfg.compile_mode == "reduce-overhead" and cfg.device != "cuda":
+        return "compile_mode reduce-overhead records CUDA graphs: it needs a CUDA device"
     if cfg.optimizer_impl != "default":
         try:
             probe = nn.Parameter(torch.zeros(2, device=cfg.device))
@@ -322,7 +324,7 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         # A fresh dynamo per compiled case: no compiled code, cache-size limit or recompile
         # record (``guard_failures``, read into the record as ``dynamo_recompiles``) carried over.
         torch._dynamo.reset()
-    model = torch.compile(wrapped) if cfg.compile else wrapped
+    model = torch.compile(wrapped, mode=cfg.compile_mode) if cfg.compile else wrapped
     optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(wrapped.parameters()))
     replicas = cfg.parallelism.replicas
     # Device-resident batches are one optimizer step, made once: build only those samples

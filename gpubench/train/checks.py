@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ class CheckResult:
     update_cosine: float | None = None
     """Cosine similarity of the first parameter update with the FP32 reference update."""
     update_norm_ratio: float | None = None
+    first_step_s: float | None = None
+    """Seconds of the first training step (with ``torch.compile``: the compilation too)."""
 
 
 def check_precision(cfg) -> str:
@@ -194,6 +197,7 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
         case.optimizer.register_step_post_hook(grad_ref.after_step),
     ]
     losses, skipped = [], 0
+    first_step_s = None
     scaler = case.precision.scaler
     try:
         # fp16: GradScaler skips the steps whose gradients overflow while it calibrates its
@@ -202,8 +206,12 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
         while len(losses) < steps and skipped <= MAX_SKIPPED_STEPS:
             scale = scaler.get_scale() if scaler.is_enabled() else None
             first = around_first_step is not None and not losses and not skipped
+            start = time.perf_counter()
             with around_first_step() if first else contextlib.nullcontext():
                 loss = case.step(itertools.cycle(fixed))
+            if first_step_s is None:
+                case.synchronize()
+                first_step_s = time.perf_counter() - start
             if scale is not None and scaler.get_scale() < scale:
                 skipped += 1
                 continue
@@ -237,7 +245,7 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
     upd_cos, upd_ratio = agreement.get("update", (None, None))
     if losses[0] is None:
         return CheckResult(None, None, rtol, [], skipped, grad_cos, grad_ratio, upd_cos,
-                           upd_ratio)
+                           upd_ratio, first_step_s)
     first = losses[0]
     if not all(math.isfinite(x) for x in losses):
         raise TrainingCheckError(f"{cid}: non-finite loss while training: {losses}")
@@ -249,4 +257,4 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
     if not losses[-1] < losses[0]:
         raise TrainingCheckError(f"{cid}: loss did not fall over {steps} steps: {losses}")
     return CheckResult(reference, first, rtol, losses, skipped, grad_cos, grad_ratio, upd_cos,
-                       upd_ratio)
+                       upd_ratio, first_step_s)

@@ -132,6 +132,9 @@ class RunConfig:
             raise ValueError(
                 f"chunks and schedule apply to parallel 'pipeline'; got {self.parallel!r}"
             )
+        if self.compile_mode != "default" and not self.compile:
+            raise ValueError(f"compile_mode {self.compile_mode!r} needs compile; got "
+                             "compile=False")
         if self.channels_last and not workload.uses_channels_last:
             raise ValueError(
                 f"channels_last applies to workloads whose input is one 4-D tensor; "

@@ -141,6 +141,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 PARALLELS = ("single", "dp", "ddp", "fsdp", "model", "pipeline")
 SCHEDULES = ("gpipe", "1f1b")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 TECHNIQUES: tuple[Technique, ...] = (
     # In case-id order.
@@ -229,9 +230,21 @@ TECHNIQUES: tuple[Technique, ...] = (
         if base.workload.uses_channels_last else []),
     Technique(
         "compile", "bool", default=False, tag="compile",
-        help="Wrap the model in ``torch.compile`` (needs a C++ compiler on the CPU).",
+        help="Wrap the model in ``torch.compile`` (needs a C++ compiler on the CPU). The record "
+             "says what compiling cost: ``compile_time_s`` (the first step's time less a "
+             "steady step's) and ``break_even_steps`` (that time over the seconds each step "
+             "saves against the baseline).",
         group="compile", cases=lambda base: [base.with_(compile=True),
                                              base.with_(precision="bf16", compile=True)]),
+    Technique(
+        "compile_mode", "choice", COMPILE_MODES, default="default", tag="{}",
+        help="``torch.compile``'s ``mode`` with ``compile``: default; reduce-overhead (CUDA "
+             "graphs: the step's kernels replayed as one graph, against launch overhead; CUDA "
+             "only); max-autotune-no-cudagraphs (Triton / C++ kernels autotuned per shape, "
+             "minutes of compilation).",
+        group="compile", cases=lambda base: [
+            base.with_(compile=True, compile_mode="reduce-overhead"),
+            base.with_(compile=True, compile_mode="max-autotune-no-cudagraphs")]),
     Technique(
         "parallel", "choice", PARALLELS, default="single",
         tag=lambda v, c: None if v == "single" else f"{v}{c.world_size}",

@@ -1,0 +1,97 @@
+"""torch.compile cases: the compile modes, what compiling costs (``compile_time_s``,
+``break_even_steps``), a compiled case that trains and is counted on its eager model, and the
+claims about compiling and CUDA graphs."""
+
+from __future__ import annotations
+
+import shutil
+
+import pandas as pd
+import pytest
+from test_advice import _row  # the tests folder is on sys.path (pytest's rootdir-less import)
+
+from gpubench.analysis.advice import advise
+from gpubench.measure import protocol
+from gpubench.measure.protocol import CaseProgram
+from gpubench.measure.runner import compile_cost
+from gpubench.suite.cases import profile_cases
+from gpubench.suite.claims import CLAIMS
+from gpubench.train.build import unsupported_reason
+from gpubench.train.config import RunConfig
+
+
+def test_compile_modes_are_cases_with_their_requirements():
+    ids = {c.id: c for c in profile_cases("cpu", "cpu", ("resnet18",), ("compile",))}
+    assert {"resnet18-fp32-compile", "resnet18-fp32-compile-reduce-overhead",
+            "resnet18-fp32-compile-max-autotune-no-cudagraphs"} <= set(ids)
+    assert all(c.slow for c in ids.values())
+    graphs = ids["resnet18-fp32-compile-reduce-overhead"].cfg
+    assert unsupported_reason(graphs) == ("compile_mode reduce-overhead records CUDA graphs: "
+                                          "it needs a CUDA device")
+    with pytest.raises(ValueError, match="compile_mode 'reduce-overhead' needs compile"):
+        RunConfig(model="resnet18", compile_mode="reduce-overhead")
+    with pytest.raises(ValueError, match="compile_mode must be one of default, reduce-overhead"):
+        RunConfig(model="resnet18", compile=True, compile_mode="fast")
+
+
+def test_compile_cost_and_break_even():
+    # A 10 s first step, 1 s steady steps, 1.25x the baseline's speed: 0.25 s saved a step.
+    info = {"first_step_s": 11.0, "step_time_s": 1.0, "baseline_step_time_s": 1.25,
+            "speedup_paired": 1.25}
+    assert compile_cost(info) == {"compile_time_s": 10.0, "break_even_steps": 40.0}
+    slower = {**info, "speedup_paired": 0.9}
+    assert compile_cost(slower) == {"compile_time_s": 10.0, "break_even_steps": None}
+    assert compile_cost({"step_time_s": 1.0}) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_a_compiled_case_trains_compiles_in_its_first_step_and_counts_as_eager():
+    counts, firsts = {}, {}
+    for cfg in (RunConfig(model="resnet18", profile="smoke"),
+                RunConfig(model="resnet18", profile="smoke", compile=True)):
+        protocol._LAST_COUNT.clear()
+        program = CaseProgram(0, 1, cfg)
+        try:
+            check = program.check()  # raises where the compiled step trains differently
+            counts[cfg.compile] = program.count()
+            firsts[cfg.compile] = check["first_step_s"]
+            steady = min(program.step() for _ in range(3))
+        finally:
+            program.close()
+    assert counts[True]["flops"] == counts[False]["flops"] > 0
+    assert counts[True]["activation_bytes"] == counts[False]["activation_bytes"]
+    assert firsts[True] > 5 * steady  # the first compiled step is the compilation
+
+
+def test_the_compile_claims():
+    compile_claim, graphs = CLAIMS["compile"].text, CLAIMS["cuda-graphs"].text
+    rows = [_row("bert-fp32", 1.0, noise=0.002, compile=False),
+            _row("bert-fp32-compile", 0.8, noise=0.002, compile=True, group="compile",
+                 compile_time_s=12.0, break_even_steps=60.0)]
+    verdicts = {v.claim: v for v in advise(pd.DataFrame(rows))}
+    assert verdicts[compile_claim].verdict == "holds"
+    assert "compiling took 12.0 s, won back after 60 steps" in verdicts[compile_claim].why
+    assert verdicts[graphs].verdict == "not testable here"
+    cuda = [_row("bert-fp32", 1.0, device="cuda", noise=0.002),
+            _row("bert-fp32-compile", 0.8, device="cuda", noise=0.002, compile=True),
+            _row("bert-fp32-compile-reduce-overhead", 0.5, device="cuda", noise=0.002,
+                 compile=True, compile_mode="reduce-overhead")]
+    verdicts = {v.claim: v for v in advise(pd.DataFrame(cuda))}
+    assert verdicts[graphs].verdict == "holds", verdicts[graphs]
+
+
+def test_the_summary_says_what_compiling_cost():
+    from gpubench.report.summary import compile_markdown
+
+    rows = pd.DataFrame([_row("bert-fp32-compile", 0.8, compile=True, compile_time_s=12.0,
+                              break_even_steps=60.0, speedup_paired=1.25, dynamo_recompiles=0),
+                         _row("bert-fp32-compile-x", 1.2, compile=True, compile_time_s=3.0,
+                              break_even_steps=None, speedup_paired=0.8, dynamo_recompiles=1)])
+    text = compile_markdown(rows)
+    assert "pays off after (steps)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| bert-fp32-compile "))
+    assert [c.strip() for c in row.strip("|").split("|")][-2:] == ["60", "0"]
+    assert "never (no saving)" in text
+    assert compile_markdown(pd.DataFrame([_row("bert-fp32", 1.0)])) == ""
