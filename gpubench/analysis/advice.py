@@ -755,6 +755,33 @@ def check_cuda_graphs(c: _Cases) -> list[Verdict]:
                     "speedup.png")]
 
 
+def check_flash_attention(c: _Cases) -> list[Verdict]:
+    """The FlashAttention kernel against the math kernel (the unfused attention eager code
+    computes) at fp32, separate cases: speed per sample, and training memory (the score
+    matrices the math kernel saves for backward, which flash recomputes)."""
+    spec = CLAIMS["flash-attention"]
+    math_row, flash = c.claim_case(spec.key, "base"), c.claim_case(spec.key)
+    if math_row is None or flash is None:
+        if c.find() is not None and c.find().get("uses_sdpa") is False:
+            return [_not_applicable(c, spec.text, "the model calls no "
+                                    "scaled_dot_product_attention", "speedup.png")]
+        return [_missing(c.model, spec.text, "speedup.png",
+                         "the sdpa_math and sdpa_flash cases (the attention group)")]
+    speed = compare_speed(math_row, flash)
+    memory = _memory(flash) / _memory(math_row)
+    parts = {"time": speed.judge(spec.parts["time"]),
+             "memory": judge_memory(memory, spec.parts["memory"])}
+    saved = (f"; saved activations {math_row['activation_bytes'] / 2**20:,.1f} -> "
+             f"{flash['activation_bytes'] / 2**20:,.1f} MiB per micro-batch"
+             if pd.notna(math_row.get("activation_bytes"))
+             and pd.notna(flash.get("activation_bytes")) else "")
+    why = (f"separate cases; time {parts['time']}, memory {parts['memory']} (claimed "
+           f"{_range(spec.parts['memory'], True)}){saved}; the gap grows with the sequence "
+           "length (the math kernel's scores are seq x seq per head)")
+    return [Verdict(c.model, spec.text, f"{speed.describe()}, memory x{memory:.2f}",
+                    combine_parts(parts), why, "speedup.png")]
+
+
 def check_offload(c: _Cases) -> list[Verdict]:
     """The largest micro-batch that fits with activation offloading against without (the OOM
     frontier of ``gpubench memory --techniques fp32,offload``), and the step time it costs
@@ -980,6 +1007,7 @@ JUDGES = {
     "dp-vs-ddp": check_dp_vs_ddp, "empty-cache": check_empty_cache,
     "empty-cache-oom": check_empty_cache_oom, "offload": check_offload,
     "compile": check_compile, "cuda-graphs": check_cuda_graphs,
+    "flash-attention": check_flash_attention,
     "adamw": check_adamw, "no-sync": check_no_sync,
     "sharding": check_sharding, "no-grad": check_no_grad, "del": check_del,
     "recipe": check_recipe, "parity": check_parity,

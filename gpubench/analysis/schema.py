@@ -59,6 +59,9 @@ METRICS: tuple[Metric, ...] = (
            "samples per optimizer step over every replica (micro-batch x k x replicas); the "
            "micro-batch's input shape; the seed of weights and data"),
     Metric(("workload_datasets",), None, "", "the workload's own datasets, by name"),
+    Metric(("uses_sdpa",), "bool", "",
+           "the workload's forward calls ``scaled_dot_product_attention`` (the attention "
+           "group's cases pin its kernel)"),
     Metric(("device_name", "launcher", "cudnn_benchmark"), ("str", "str", "bool"), "",
            "the device's name; ``torchrun`` for a record written by ``gpubench torchrun``; "
            "whether cuDNN autotuning was on (CUDA cases)"),

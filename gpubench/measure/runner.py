@@ -183,6 +183,7 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "model": cfg.name,
         "workload": cfg.model,
         "workload_datasets": list(cfg.workload.dataset_names),
+        "uses_sdpa": cfg.workload.facts.uses_sdpa,
         "case_id": cfg.id,
         "is_baseline": cfg.is_baseline,
         "micro_batch": micro_batch,

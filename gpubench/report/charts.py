@@ -33,10 +33,11 @@ from gpubench.util.stats import bootstrap_ratio_ci  # noqa: E402
 MIB = 2**20
 
 OTHER_COLOR = "#7f7f7f"
-GROUP_COLORS = dict(zip(GROUPS, [c for c in sns.color_palette("tab10").as_hex()
-                                 if c != OTHER_COLOR], strict=False))
+_PALETTE = [c for c in sns.color_palette("tab10").as_hex() if c != OTHER_COLOR] + [
+    c for c in sns.color_palette("tab20").as_hex()[1::2] if c != "#c7c7c7"]
+GROUP_COLORS = dict(zip(GROUPS, _PALETTE[:len(GROUPS)], strict=True))
 """One colour per technique group (``cases.GROUPS``, the legend order; the record field
-``group``), tab10 without its grey, which marks everything else."""
+``group``): tab10 without its grey, which marks everything else, then tab20's light shades."""
 PRECISION_MARKERS = {"fp32": "o", "tf32": "s", "fp16": "^", "bf16": "D"}
 BASELINE_COLOR = "black"
 

@@ -70,7 +70,7 @@ def budget_reason(cfg: RunConfig) -> str | None:
 
 
 GROUPS = ("precision", "accumulation", "optimizer", "memory", "layout", "parallel", "loader",
-          "recipe", "compile")
+          "recipe", "compile", "attention")
 """The case groups, each answering one question against the FP32 baseline."""
 
 PROFILE_SKIPS = {
@@ -273,6 +273,7 @@ def model_cases(model: str, profile: str, device: str) -> list[BenchCase]:
         "recipe": recipe_cases(base),  # its DDP case in the parallel group's ranks
         "loader": loader_cases(base),
         "compile": [],
+        "attention": [],
     }
     return [BenchCase(cfg, group, group in SLOW_GROUPS)
             for group, cfgs in own.items() for cfg in [*cfgs, *declared_cases(base, group)]]

@@ -105,7 +105,8 @@ SOURCES = {
           "PyTorch training and their solutions)",
     "S1": "PyTorch 训练加速技巧 (PyTorch training acceleration tips)",
     "S4": "PyTorch多GPU训练的自定义操作详解 (PyTorch multi-GPU training, in detail)",
-    "PT": "PyTorch's own documentation of the technique (``torch.compile``: faster steps after a "
+    "PT": "PyTorch's own documentation of the technique (``scaled_dot_product_attention``: fused "
+          "kernels faster and leaner than the math one; ``torch.compile``: faster steps after a "
           "compilation, CUDA graphs against launch overhead; ``torch.autograd.graph.save_on_cpu``: "
           "saved tensors moved to the CPU, trading GPU memory for copies)",
 }
@@ -160,6 +161,11 @@ CLAIMS = {c.key: c for c in (
           "steps", {"time": (1.05, float("inf"))},
           {"compile": True, "compile_mode": "reduce-overhead"}, base={"compile": True},
           devices=("cuda",), sources=("PT",)),
+    # Attention kernels: FlashAttention against the unfused math kernel (eager attention's
+    # computation: the score matrix materialised and saved for backward).
+    Claim("flash-attention", "flash attention is faster and uses less memory than eager "
+          "attention", {"time": (1.05, float("inf")), "memory": (0.0, 0.95)},
+          {"attention": "flash"}, base={"attention": "math"}, sources=("PT",)),
     # Activation offloading: a larger batch fits (the frontier) at a modest step-time cost
     # (speed at least 0.8 of the baseline's).
     Claim("offload", "offloading activations to the CPU lets larger batches fit at a modest "

@@ -85,6 +85,49 @@ class Offload(Implementation):
         return torch.autograd.graph.save_on_cpu(pin_memory=self.cfg.device == "cuda")
 
 
+class AttentionBackend(Implementation):
+    """``scaled_dot_product_attention`` pinned to one kernel around each forward and backward
+    (the backward runs the kernel its forward chose)."""
+
+    BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+
+    def _backend(self):
+        from torch.nn.attention import SDPBackend
+
+        return getattr(SDPBackend, self.BACKENDS[self.value])
+
+    def unsupported(self) -> str | None:
+        if not self.cfg.workload.facts.uses_sdpa:
+            return (f"attention {self.value}: {self.cfg.name}'s forward calls no "
+                    "scaled_dot_product_attention")
+        return _sdpa_probe(self.value, self.cfg.device, self.cfg.precision)
+
+    def forward(self) -> contextlib.AbstractContextManager:
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel(self._backend())
+
+
+@functools.cache
+def _sdpa_probe(backend: str, device: str, precision: str) -> str | None:
+    """Why the ``backend`` kernel cannot run forward and backward here at the precision's
+    compute dtype (a tiny attention tried under it), or None."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return None  # the case is skipped for its device already
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    q = torch.randn(1, 2, 16, 16, device=device, dtype=dtype, requires_grad=True)
+    try:
+        with sdpa_kernel(getattr(SDPBackend, AttentionBackend.BACKENDS[backend])):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"attention {backend} has no kernel for {precision} on {device}: {first}"
+    return None
+
+
 @functools.cache
 def _load(path: str) -> type[Implementation]:
     module, _, name = path.partition(":")

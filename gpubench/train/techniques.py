@@ -141,6 +141,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 PARALLELS = ("single", "dp", "ddp", "fsdp", "model", "pipeline")
 SCHEDULES = ("gpipe", "1f1b")
+ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 TECHNIQUES: tuple[Technique, ...] = (
@@ -221,6 +222,20 @@ TECHNIQUES: tuple[Technique, ...] = (
                           ("frontier",)),
                   Variant("offload+ckpt", {"offload": True, "checkpointing": True},
                           "offloading beside activation checkpointing", ("frontier",)))),
+    Technique(
+        "attention", "choice", ATTENTION_BACKENDS, default="default",
+        tag=lambda v, c: None if v == "default" else f"sdpa_{v}",
+        tag_doc="sdpa_{attention}",
+        help="The kernel ``scaled_dot_product_attention`` runs "
+             "(``torch.nn.attention.sdpa_kernel``): default (torch picks); flash "
+             "(FlashAttention, also on the CPU); efficient (memory-efficient attention, CUDA); "
+             "cudnn (cuDNN attention, CUDA); math (the unfused reference: the scores "
+             "materialised, as eager attention does). For workloads whose forward calls it.",
+        implementation="gpubench.train.implementations:AttentionBackend",
+        group="attention", cases=lambda base: [
+            base.with_(attention=b) for b in ("math", "flash", "efficient", "cudnn")]
+        + [base.with_(precision="bf16", attention="flash")]
+        if base.workload.facts.uses_sdpa else []),
     Technique(
         "channels_last", "bool", default=False, tag="cl",
         help="NHWC memory format (workloads whose input is one 4-D tensor).",

@@ -167,6 +167,7 @@ class Workload:
             model = _user_call(self, "build_model()", self.build_model)
         leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
         blocks = _block_list(model)
+        uses_sdpa = _calls_sdpa(model, inputs)
         sample_bytes = sum(t.element_size() * t.nelement()
                            for t in (*tree_flatten(inputs)[0], *tree_flatten(targets)[0])
                            if isinstance(t, torch.Tensor)) // 2
@@ -178,6 +179,7 @@ class Workload:
             parameters=sum(p.numel() for p in model.parameters()),
             blocks=len(blocks) if blocks is not None else 0,
             sample_bytes=sample_bytes,
+            uses_sdpa=uses_sdpa,
         )
 
     @property
@@ -208,6 +210,33 @@ class WorkloadFacts:
     """Blocks the default checkpointing wraps (``checkpoint_blocks``); 0: it finds none."""
     sample_bytes: int = 0
     """Bytes of one sample's tensors from ``make_batch`` (inputs and targets)."""
+    uses_sdpa: bool = False
+    """Its forward calls ``torch.nn.functional.scaled_dot_product_attention`` (the attention
+    backend cases pin its kernel)."""
+
+
+def _calls_sdpa(model: nn.Module, inputs: Any) -> bool:
+    """Whether a forward of ``model`` on ``inputs`` calls ``scaled_dot_product_attention``
+    (seen at the Python level, before it picks a kernel); a forward that needs the targets or
+    raises counts as not calling it."""
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    class Spy(TorchFunctionMode):
+        seen = False
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is sdpa:
+                Spy.seen = True
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with torch.no_grad(), Spy():
+            call_model(model, inputs)
+    except Exception:  # noqa: BLE001 - a forward that needs more than its inputs
+        return False
+    return Spy.seen
 
 
 def call_model(model: nn.Module, inputs: Any, *extra: Any) -> Any:

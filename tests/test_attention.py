@@ -1,0 +1,103 @@
+"""Attention backends (``attention``: ``scaled_dot_product_attention``'s kernel pinned with
+``sdpa_kernel``): which workloads have the cases, which kernels run here, that a pinned kernel
+really runs and trains, and the flash-attention claim."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from test_advice import _row  # the tests folder is on sys.path (pytest's rootdir-less import)
+
+from gpubench.analysis.advice import advise
+from gpubench.suite.cases import profile_cases
+from gpubench.suite.claims import CLAIMS
+from gpubench.train import implementations
+from gpubench.train.build import build, unsupported_reason
+from gpubench.train.checks import TrainingCheckError, check_case
+from gpubench.train.config import RunConfig
+from gpubench.workloads.registry import resolve
+
+FLASH = CLAIMS["flash-attention"].text
+
+
+def test_attention_cases_only_for_models_that_call_sdpa():
+    assert resolve("bert", "smoke").facts.uses_sdpa and resolve("gpt2", "smoke").facts.uses_sdpa
+    assert not resolve("resnet18", "smoke").facts.uses_sdpa
+    ids = {c.id for c in profile_cases("cpu", "cpu", ("resnet18", "bert"), ("attention",))}
+    assert ids == {"bert-fp32-sdpa_math", "bert-fp32-sdpa_flash", "bert-fp32-sdpa_efficient",
+                   "bert-fp32-sdpa_cudnn", "bert-bf16-sdpa_flash"}
+    reason = unsupported_reason(RunConfig(model="resnet18", attention="flash"))
+    assert reason == "attention flash: resnet18's forward calls no scaled_dot_product_attention"
+
+
+def test_the_cpu_runs_the_flash_and_math_kernels_only():
+    base = RunConfig(model="bert", profile="smoke")
+    for backend in ("flash", "math"):
+        assert unsupported_reason(base.with_(attention=backend)) is None
+    for backend in ("efficient", "cudnn"):
+        reason = unsupported_reason(base.with_(attention=backend))
+        assert reason.startswith(f"attention {backend} has no kernel for fp32 on cpu: ")
+
+
+@pytest.mark.parametrize("backend, op", [("flash", "_scaled_dot_product_flash_attention"),
+                                         ("math", "_softmax")])
+def test_a_pinned_kernel_runs_and_trains(backend, op):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = set()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with build(RunConfig(model="bert", profile="smoke", attention=backend)) as case:
+        check_case(case)
+        with Ops():
+            case.step()
+    assert any(op in name for name in seen), sorted(seen)
+    if backend == "math":
+        assert not any("flash" in name for name in seen)
+
+
+def test_a_kernel_that_computes_wrong_attention_fails_the_check(monkeypatch):
+    """A broken backend: each position attends to itself only (its value, unmixed)."""
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def wrong(q, k, v, *args, **kwargs):
+        return v * (1 + 0 * q.sum())  # the values, still a function of q for autograd
+
+    class _Patched:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __enter__(self):
+            torch.nn.functional.scaled_dot_product_attention = self.fn
+
+        def __exit__(self, *exc):
+            torch.nn.functional.scaled_dot_product_attention = real
+
+    monkeypatch.setattr(implementations.AttentionBackend, "forward",
+                        lambda self: _Patched(wrong))
+    # At the cpu profile's shape: smoke's 1 layer of 32 features barely feels its attention.
+    with build(RunConfig(model="bert", profile="cpu", attention="flash")) as case, \
+            pytest.raises(TrainingCheckError, match="gradient differs from plain FP32"):
+        check_case(case)
+
+
+@pytest.mark.parametrize("flash_median, flash_act, expected", [
+    (0.8, 200, "holds"), (1.0, 200, "partly holds (memory)"), (0.8, 500, "partly holds (time)")])
+def test_the_flash_attention_claim(flash_median, flash_act, expected):
+    rows = [_row("bert-fp32", 1.0, attention="default", noise=0.002),
+            _row("bert-fp32-sdpa_math", 1.0, attention="math", noise=0.002, group="attention"),
+            _row("bert-fp32-sdpa_flash", flash_median, attention="flash", noise=0.002,
+                 group="attention", activation_bytes=flash_act)]
+    (v,) = [v for v in advise(pd.DataFrame(rows)) if v.claim == FLASH]
+    assert v.verdict == expected, v
+
+
+def test_the_flash_attention_claim_does_not_apply_without_attention():
+    rows = [_row("bert-fp32", 1.0, uses_sdpa=False)]
+    (v,) = [v for v in advise(pd.DataFrame(rows)) if v.claim == FLASH]
+    assert v.verdict == "not applicable"
