@@ -25,7 +25,7 @@ def pytest_addoption(parser):
     group.addoption("--gpubench-models", default="",
                     help="comma-separated workloads: built-in names "
                     f"({', '.join(builtin_names())}), FILE.py:FACTORY, MODULE:FACTORY, "
-                    "torchvision:NAME, transformers:TYPE "
+                    "torchvision:NAME, timm:NAME, transformers:TYPE "
                     "(default: the profile's built-in models)")
     group.addoption("--gpubench-trace", default="", metavar="DIR",
                     help="after each case's timed rounds, profile a few steps: a Chrome trace "

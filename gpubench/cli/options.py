@@ -13,7 +13,8 @@ from gpubench.train.config import DEVICES, PROFILES
 from gpubench.util.argtypes import non_negative, non_negative_int, positive
 
 SPEC_HELP = ("workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY, "
-             "MODULE:FACTORY, torchvision:NAME or transformers:TYPE[?key=value&...]")
+             "MODULE:FACTORY, torchvision:NAME, timm:NAME or "
+             "transformers:TYPE[?key=value&...]")
 PROFILE_HELP = "problem size (default: cpu, or gpu-small when CUDA is present)"
 DEVICE_HELP = "where the cases run (default: cuda when present, else cpu)"
 

@@ -92,7 +92,8 @@ class RunConfig:
 
     model: str
     """The workload: a built-in name (resnet18, resnet50, bert, gpt2), FILE.py:FACTORY,
-    MODULE:FACTORY, torchvision:NAME or transformers:TYPE (see ``gpubench.workloads.api``)."""
+    MODULE:FACTORY, torchvision:NAME, timm:NAME or transformers:TYPE (see
+    ``gpubench.workloads.api``)."""
     profile: str = "cpu"
     """Problem size: smoke (tests), cpu (2-core laptop scale), gpu-small, gpu-full."""
     device: str = "cpu"

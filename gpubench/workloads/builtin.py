@@ -430,6 +430,62 @@ def torchvision_workload(spec: str, profile: str) -> Workload:
     )
 
 
+def timm_workload(spec: str, profile: str) -> Workload:
+    """Any timm model by name (``timm.create_model(name, pretrained=False)``: random weights,
+    nothing downloaded). Overrides after ``?``: ``image_size``, ``micro_batch``,
+    ``num_classes`` and ``create_model``'s own keyword arguments (``drop_path_rate=0.1``).
+    Activation checkpointing is timm's own (``set_grad_checkpointing``) where the model has
+    it. timm is an optional dependency: ``pip install -e ".[timm]"``."""
+    try:
+        import timm
+    except ImportError:
+        raise WorkloadError(f"workload {spec!r}: timm is not installed (pip install -e "
+                            "\".[timm]\", or pip install timm)") from None
+    name, overrides = _split_spec(spec, "timm:")
+    if not timm.is_model(name):
+        near = timm.list_models(f"*{name.split('.')[0][:6]}*")[:6] or timm.list_models()[:6]
+        raise WorkloadError(f"workload {spec!r}: timm has no model {name!r} (e.g. "
+                            f"{', '.join(near)}, ...)")
+    batch, side = GENERIC_IMAGE[profile]
+    micro_batch = _pop_int(spec, overrides, "micro_batch", batch)
+    side = _pop_int(spec, overrides, "image_size", side)
+    classes = _pop_int(spec, overrides, "num_classes", 10)
+    kwargs = {"pretrained": False, "num_classes": classes, **overrides}
+    # Models with positional embeddings (ViT, Swin) are built for the input size they will see.
+    if "img_size" not in kwargs and not name.startswith(("resnet", "efficientnet", "convnext",
+                                                         "mobilenet", "regnet")):
+        kwargs["img_size"] = side
+
+    def build_model():
+        try:
+            return timm.create_model(name, **kwargs)
+        except TypeError as err:
+            if "img_size" in str(err) and "img_size" not in overrides:
+                return timm.create_model(name, **{k: v for k, v in kwargs.items()
+                                                  if k != "img_size"})
+            raise WorkloadError(f"workload {spec!r}: {err}") from None
+
+    def checkpointing(model: nn.Module) -> None:
+        if hasattr(model, "set_grad_checkpointing"):
+            try:
+                model.set_grad_checkpointing(True)
+                return
+            except (AssertionError, NotImplementedError):
+                pass  # a model without timm's own: the generic blocks
+        from gpubench.workloads.api import checkpoint_blocks
+
+        checkpoint_blocks(model)
+
+    return Workload(
+        name=name.replace("/", "-"),
+        build_model=build_model,
+        make_batch=image_batch(side, classes),
+        micro_batch=micro_batch,
+        loss_fn=classification_loss,
+        checkpointing=checkpointing,
+    )
+
+
 def _hf_config(spec: str, source: str, overrides: dict):
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging

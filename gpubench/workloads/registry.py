@@ -94,13 +94,15 @@ def resolve(spec: str, profile: str) -> Workload:
 
     if not isinstance(spec, str) or not spec.strip():
         raise WorkloadError(f"model must be a workload spec (a name, FILE.py:FACTORY, "
-                            f"torchvision:NAME or transformers:TYPE); got {spec!r}")
+                            f"torchvision:NAME, timm:NAME or transformers:TYPE); got {spec!r}")
     if spec in builtin.BUILTIN:
         workload = builtin.BUILTIN[spec](profile)
     elif spec.startswith("torchvision:"):
         workload = builtin.torchvision_workload(spec, profile)
     elif spec.startswith("transformers:"):
         workload = builtin.transformers_workload(spec, profile)
+    elif spec.startswith("timm:"):
+        workload = builtin.timm_workload(spec, profile)
     elif ":" in spec:
         workload = _call_factory(_load_attr(spec), spec, profile)
     elif spec in _entry_points():
@@ -113,7 +115,7 @@ def resolve(spec: str, profile: str) -> Workload:
     else:
         raise WorkloadError(
             f"unknown workload {spec!r}: expected one of {', '.join(known_names())}, "
-            "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME or transformers:TYPE"
+            "FILE.py:FACTORY, MODULE:FACTORY, torchvision:NAME, timm:NAME or transformers:TYPE"
         )
     if workload.spec != spec:
         object.__setattr__(workload, "spec", spec)
