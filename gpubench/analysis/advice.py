@@ -762,7 +762,9 @@ def check_flash_attention(c: _Cases) -> list[Verdict]:
     spec = CLAIMS["flash-attention"]
     math_row, flash = c.claim_case(spec.key, "base"), c.claim_case(spec.key)
     if math_row is None or flash is None:
-        if c.find() is not None and c.find().get("uses_sdpa") is False:
+        known = [bool(v) for r in c.rows.values()
+                 if (v := r.get("uses_sdpa")) is not None and v is not pd.NA]
+        if known and not any(known):
             return [_not_applicable(c, spec.text, "the model calls no "
                                     "scaled_dot_product_attention", "speedup.png")]
         return [_missing(c.model, spec.text, "speedup.png",
