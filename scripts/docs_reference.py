@@ -163,10 +163,12 @@ def metrics_page() -> str:
     for m in METRICS:
         names = ", ".join(f"`{f}`" for f in m.fields)
         types = m.types()
-        checked = sorted({f"{t[0]} {t[1]}".replace(" any", "") for t in types.values() if t})
+        shown = {f: f"{t[0]} {t[1]}".replace(" any", "") if t else "-" for f, t in types.items()}
+        checked = ([next(iter(shown.values()))] if len(set(shown.values())) == 1
+                   else [f"`{f}` {t}" for f, t in shown.items()])
         if any(f in REQUIRED_FIELDS for f in m.fields):
             checked.append("required: " + ", ".join(f for f in m.fields if f in REQUIRED_FIELDS))
-        lines.append(f"| {names} | {_cell(', '.join(checked) or '-')} | {_cell(m.unit)} | "
+        lines.append(f"| {names} | {_cell('; '.join(checked) or '-')} | {_cell(m.unit)} | "
                      f"{m.kind} | {_cell(m.meaning.replace('``', '`'))} |")
     return "\n".join(lines) + "\n"
 
