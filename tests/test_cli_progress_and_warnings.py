@@ -40,7 +40,7 @@ def test_progress_line_on_a_terminal_shows_case_and_round():
         assert f"bert-bf16: round {i}/3" in text
     assert len(bench.stats.stats.data) == 3  # the wrapped benchmark's rounds and fields
     bench.extra_info["x"] = 1
-    assert bench._benchmark.extra_info == {"x": 1}
+    assert bench._benchmark.extra_info["x"] == 1
 
 
 def test_no_progress_line_off_a_terminal():
