@@ -121,3 +121,19 @@ def test_the_workers_verdict_compares_loader_cases_not_the_stack():
         r["loader_stall_fraction"] = 0.1
     (v,) = [v for v in advise(pd.DataFrame(rows)) if v.claim == CLAIMS["loader-workers"].text]
     assert "best: bert-fp32-tokens-w2" in v.why
+
+
+def test_a_recommendation_is_confirmed_against_fp32_with_every_step_technique_off():
+    from gpubench.analysis.recommend import confirm_baseline
+    from gpubench.train.config import LoaderConfig, RunConfig
+
+    loader = LoaderConfig(dataset="images-jpeg", num_workers=2)
+    stack = RunConfig(model="resnet18", precision="bf16", accum_steps=4, offload=True,
+                      optimizer="adamw", channels_last=True, parallel="ddp", world_size=2,
+                      ddp_no_sync=True, loader=loader)
+    base = confirm_baseline(stack)
+    assert base == RunConfig(model="resnet18", parallel="ddp", world_size=2, ddp_no_sync=True,
+                             loader=loader)
+    single = RunConfig(model="bert", attention="flash", compile=True,
+                       compile_mode="max-autotune-no-cudagraphs")
+    assert confirm_baseline(single) == single.baseline

@@ -16,7 +16,8 @@ from gpubench.analysis.speed import (
     compare_paired_rounds,
 )
 from gpubench.analysis.verdicts import ALPHA, MIN_EFFECT
-from gpubench.train.config import config_from_record, inert_techniques
+from gpubench.train.config import RunConfig, config_from_record, inert_techniques
+from gpubench.train.techniques import TECHNIQUES
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,19 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
     return out
 
 
+STRATEGY_FIELDS = ("parallel", "world_size", "ddp_no_sync", "fsdp_mixed_precision", "chunks",
+                   "schedule")
+"""The techniques that make the parallel layout, which ``confirm`` keeps."""
+
+
+def confirm_baseline(cfg: RunConfig) -> RunConfig:
+    """What ``confirm`` measures a configuration against: every technique of the step off
+    (from the declarations), its data path and parallel layout kept (a recipe stack is
+    confirmed against FP32 on the same loader and ranks)."""
+    return cfg.with_(**{t.field: t.default for t in TECHNIQUES
+                        if not t.loader and t.field not in STRATEGY_FIELDS})
+
+
 def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommendation:
     """Re-measure a recommended configuration against the FP32 baseline in alternating rounds:
     separately measured cases can differ by machine drift alone. Keeps the recommendation
@@ -104,9 +118,7 @@ def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommen
 
     rows = df.set_index("case_id")
     new = config_from_record(rows.loc[rec.case_id].to_dict())
-    base = new.with_(precision="fp32", accum_steps=1, micro_batch=None, optimizer="sgd",
-                     optimizer_impl="default", zero_grad_set_to_none=True, empty_cache=False,
-                     checkpointing=False, channels_last=False, compile=False)
+    base = confirm_baseline(new)
     if base == new:
         return rec
     bench = StandaloneBenchmark(f"confirm-{rec.case_id}")
