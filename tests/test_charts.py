@@ -23,7 +23,7 @@ from gpubench.report.charts import (
     spread_labels,
 )
 
-COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
+COMMITTED = Path(__file__).resolve().parent / "data" / "cpu-run.json"  # a frozen CPU run
 
 
 @pytest.fixture(scope="module")

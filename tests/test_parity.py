@@ -245,7 +245,7 @@ def test_report_shows_the_parity_beside_the_results(cli_run, tmp_path):
 
     from gpubench.report.page import write_report
 
-    committed = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
+    committed = Path(__file__).resolve().parent / "data" / "cpu-run.json"  # a frozen CPU run
     data = json.loads(committed.read_text())
     data["benchmarks"] = [b for b in data["benchmarks"]
                           if (b.get("extra_info") or {}).get("model") == "bert"]

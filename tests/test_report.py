@@ -9,7 +9,7 @@ import pytest
 
 from gpubench.report.page import write_report
 
-COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
+COMMITTED = Path(__file__).resolve().parent / "data" / "cpu-run.json"  # a frozen CPU run
 
 
 class Page(HTMLParser):

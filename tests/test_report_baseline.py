@@ -13,7 +13,7 @@ from gpubench.analysis.results import load_results
 from gpubench.cli import main as cli
 from gpubench.report.charts import CannotPlot, plot_accumulation
 
-COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
+COMMITTED = Path(__file__).resolve().parent / "data" / "cpu-run.json"  # a frozen CPU run
 
 
 def _file(tmp_path: Path, keep, name: str = "partial.json") -> Path:

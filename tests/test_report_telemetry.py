@@ -17,7 +17,7 @@ from gpubench.analysis.results import load_results
 from gpubench.report.charts import CannotPlot, energy_per_sample, plot_energy
 from gpubench.report.page import telemetry_markdown, write_report
 
-COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
+COMMITTED = Path(__file__).resolve().parent / "data" / "cpu-run.json"  # a frozen CPU run
 CONTENDED = "resnet18-fp32-zerofill"
 REASON = "run queue 6.0 threads on 2 cores, above what the case's own 2 process(es) explain"
 

@@ -16,7 +16,7 @@ from gpubench.analysis.results import (
     with_baseline_ratios,
 )
 
-COMMITTED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "benchmark.json"
+COMMITTED = Path(__file__).resolve().parent / "data" / "cpu-run.json"  # a frozen CPU run
 
 STATS = {"min": 0.09, "max": 0.12, "mean": 0.1, "stddev": 0.01, "median": 0.1, "iqr": 0.01,
          "q1": 0.095, "q3": 0.105, "rounds": 3, "data": [0.09, 0.1, 0.12]}

@@ -18,7 +18,7 @@ from gpubench.measure import machine
 from gpubench.util.tables import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = ROOT / "results" / "cpu" / "benchmark.json"
+COMMITTED = ROOT / "tests" / "data" / "cpu-run.json"  # a frozen CPU run
 
 
 @pytest.fixture(scope="module")
