@@ -391,6 +391,15 @@ def _pop_int(spec: str, overrides: dict, key: str, default: int) -> int:
     return value
 
 
+def _image_overrides(spec: str, overrides: dict, profile: str) -> tuple[int, int, int]:
+    """(micro_batch, image_size, num_classes) of an image-model spec: its overrides (taken out
+    of ``overrides``), else the profile's generic image shape and 10 classes."""
+    batch, side = GENERIC_IMAGE[profile]
+    return (_pop_int(spec, overrides, "micro_batch", batch),
+            _pop_int(spec, overrides, "image_size", side),
+            _pop_int(spec, overrides, "num_classes", 10))
+
+
 def torchvision_workload(spec: str, profile: str) -> Workload:
     """Any torchvision classification model by name, random weights. Overrides after ``?``:
     ``image_size``, ``micro_batch``, ``num_classes`` and the builder's own keyword arguments."""
@@ -401,10 +410,7 @@ def torchvision_workload(spec: str, profile: str) -> Workload:
     if name not in available:
         raise WorkloadError(f"workload {spec!r}: torchvision has no classification model "
                             f"{name!r} (e.g. {', '.join(available[:6])}, ...)")
-    batch, side = GENERIC_IMAGE[profile]
-    micro_batch = _pop_int(spec, overrides, "micro_batch", batch)
-    side = _pop_int(spec, overrides, "image_size", side)
-    classes = _pop_int(spec, overrides, "num_classes", 10)
+    micro_batch, side, classes = _image_overrides(spec, overrides, profile)
     builder = torchvision.models.get_model_builder(name)
     kwargs = {"weights": None, "num_classes": classes, **overrides}
     accepts = inspect.signature(builder).parameters
@@ -446,10 +452,7 @@ def timm_workload(spec: str, profile: str) -> Workload:
         near = timm.list_models(f"*{name.split('.')[0][:6]}*")[:6] or timm.list_models()[:6]
         raise WorkloadError(f"workload {spec!r}: timm has no model {name!r} (e.g. "
                             f"{', '.join(near)}, ...)")
-    batch, side = GENERIC_IMAGE[profile]
-    micro_batch = _pop_int(spec, overrides, "micro_batch", batch)
-    side = _pop_int(spec, overrides, "image_size", side)
-    classes = _pop_int(spec, overrides, "num_classes", 10)
+    micro_batch, side, classes = _image_overrides(spec, overrides, profile)
     kwargs = {"pretrained": False, "num_classes": classes, **overrides}
     # Models with positional embeddings (ViT, Swin) are built for the input size they will see.
     if "img_size" not in kwargs and not name.startswith(("resnet", "efficientnet", "convnext",
