@@ -10,7 +10,8 @@ from gpubench.train.config import LoaderConfig, RunConfig
 @pytest.mark.parametrize(
     ("changes", "bad", "valid"),
     [
-        ({"precision": "fp8"}, "'fp8'", "fp32, tf32, fp16, bf16"),
+        ({"precision": "fp4"}, "'fp4'", "fp32, tf32, fp16, bf16, fp8, fp8-rowwise"),
+            ({"fp8_layers": "all"}, "'all'", "fp8, fp8-rowwise"),
         ({"model": "vgg"}, "'vgg'", "resnet18, resnet50, bert, gpt2, FILE.py:FACTORY"),
         ({"optimizer": "lamb"}, "'lamb'", "sgd, adam, adamw"),
         ({"optimizer_impl": "triton"}, "'triton'", "default, foreach, fused"),

@@ -50,7 +50,8 @@ def test_case_ids_are_the_tags_of_what_differs_from_the_baseline(changes, part):
 
 @pytest.mark.parametrize("field, bad, says", [
     ("checkpointing", "yes", "checkpointing must be True or False; got 'yes'"),
-    ("precision", "fp8", "precision must be one of fp32, tf32, fp16, bf16; got 'fp8'"),
+    ("precision", "fp4", "precision must be one of fp32, tf32, fp16, bf16, fp8, fp8-rowwise; "
+                     "got 'fp4'"),
     ("accum_steps", 0, "accum_steps must be a positive integer; got 0"),
     ("schedule", "zb", "schedule must be one of gpipe, 1f1b; got 'zb'"),
 ])

@@ -43,7 +43,7 @@ from gpubench.analysis.speed import (
 )
 from gpubench.analysis.verdicts import FAILED, MIN_EFFECT, Kind, combine_parts
 from gpubench.suite.claims import CLAIMS
-from gpubench.train.config import baseline_fields, inert_techniques
+from gpubench.train.config import FP8_PRECISIONS, baseline_fields, inert_techniques
 
 
 @dataclass(frozen=True)
@@ -784,6 +784,40 @@ def check_flash_attention(c: _Cases) -> list[Verdict]:
                     combine_parts(parts), why, "speedup.png")]
 
 
+def check_fp8(c: _Cases) -> list[Verdict]:
+    """Each FP8 recipe (per-tensor and per-row scales) against bf16 autocast, separate cases of
+    the precision group: speed per sample where the float8 matmuls ran on FP8 units; *not
+    testable* where they were emulated (the training check still ran the recipe)."""
+    spec = CLAIMS["fp8"]
+    out = []
+    for precision in FP8_PRECISIONS:
+        text = f"{spec.text} ({precision})"
+        bf16 = c.claim_case(spec.key, "base")
+        row = c.claim_case(spec.key, precision=precision)
+        if bf16 is None or row is None:
+            out.append(_missing(c.model, text, "speedup.png",
+                                f"the bf16 and {precision} cases of the precision group; an fp8 "
+                                "case is skipped where none of the model's linears can convert"))
+            continue
+        converted = row.get("fp8_converted")
+        layers = (f"{len(converted)} linears converted ({row.get('fp8_layers')} filter)"
+                  if isinstance(converted, list) else "converted linears not recorded")
+        speed = compare_speed(bf16, row)
+        if _flag(row.get("fp8_emulated")) or c.device not in spec.devices:
+            out.append(Verdict(c.model, text, speed.describe(), Kind.NOT_TESTABLE,
+                               "needs FP8 matmul units (CUDA compute capability 8.9+: Ada, "
+                               "Hopper, Blackwell); here the float8 casts and matmuls were "
+                               f"emulated, so the speed is not FP8's; {layers}, training "
+                               "check passed", "speedup.png"))
+            continue
+        why = (f"separate cases; {layers}: FP8 pays off on large matmuls only (torchao's "
+               "filter keeps the linears its H100 measurements found faster), and each cast "
+               "and scale costs memory traffic")
+        out.append(Verdict(c.model, text, speed.describe(), speed.judge(spec.parts["time"]),
+                           why, "speedup.png"))
+    return out
+
+
 def check_offload(c: _Cases) -> list[Verdict]:
     """The largest micro-batch that fits with activation offloading against without (the OOM
     frontier of ``gpubench memory --techniques fp32,offload``), and the step time it costs
@@ -1009,7 +1043,7 @@ JUDGES = {
     "dp-vs-ddp": check_dp_vs_ddp, "empty-cache": check_empty_cache,
     "empty-cache-oom": check_empty_cache_oom, "offload": check_offload,
     "compile": check_compile, "cuda-graphs": check_cuda_graphs,
-    "flash-attention": check_flash_attention,
+    "flash-attention": check_flash_attention, "fp8": check_fp8,
     "adamw": check_adamw, "no-sync": check_no_sync,
     "sharding": check_sharding, "no-grad": check_no_grad, "del": check_del,
     "recipe": check_recipe, "parity": check_parity,

@@ -146,6 +146,14 @@ METRICS: tuple[Metric, ...] = (
            "device at the step's precision, times the devices the case occupies"),
     Metric(("mfu", "hfu"), "float>=0", "fraction",
            "model and hardware FLOP utilisation: achieved / ``peak_tflops``"),
+    Metric(("fp8_peak_tflops", "mfu_fp8"), "float>=0", "TFLOP/s, fraction",
+           "fp8 cases: the measured float8 matmul peak of the devices (``torch._scaled_mm``) "
+           "and the model FLOP utilisation against it (``mfu`` is against bf16's); null "
+           "without FP8 units"),
+    Metric(("fp8_converted", "fp8_emulated"), (None, "bool"), "",
+           "fp8 cases: the linears converted to float8 training (their module names), and "
+           "whether the float8 casts and matmuls were emulated (no FP8 units: a CPU, a GPU "
+           "below compute capability 8.9), which makes the speed not FP8's"),
     # The training check
     Metric(("loss_first", "last_loss", "loss_reference", "loss_rtol"), "loss", "loss",
            "the first and last loss of the case's check, the FP32 reference's first loss, and "

@@ -27,7 +27,8 @@ import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpubench.train.precision import Precision
+from gpubench.train.precision import Precision, fp8_units
+from gpubench.train.techniques import FP8_PRECISIONS
 
 aten = torch.ops.aten
 
@@ -238,7 +239,7 @@ def step_peak_flops(device_str: str, precision: str) -> float:
     ops stay in float32, so the ceiling is the faster of the autocast dtype's and fp32's peaks
     (on a CPU without fp16 units, fp32 is the faster path and autocast uses it for many ops)."""
     peak = matmul_peak_flops(device_str, precision)
-    if precision in ("fp16", "bf16"):
+    if precision in ("fp16", "bf16", *FP8_PRECISIONS):
         peak = max(peak, matmul_peak_flops(device_str, "fp32"))
     return peak
 
@@ -249,30 +250,64 @@ def matmul_peak_flops(device_str: str, precision: str) -> float:
 
     The side grows until one matmul takes >= 20 ms (or a cap is hit), so slow paths (fp16 on a
     CPU without half-precision units) stay quick to measure and fast ones reach their plateau.
+    The fp8 precisions compute their linears in float8 and the rest in bf16: their peak here is
+    bf16's (``fp8_peak_flops`` is the float8 matmul's).
     """
+    if precision in FP8_PRECISIONS:
+        return matmul_peak_flops(device_str, "bf16")
     device = torch.device(device_str)
     policy = Precision(precision, device.type)
     dtype = policy.autocast_dtype or torch.float32
-    cap = 8192 if device.type == "cuda" else 2048
-    n, elapsed = 256, 0.0
+
+    def matmul(n: int) -> Callable[[], object]:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        return lambda: a @ b
+
     with policy.math_mode():
-        while True:
-            a = torch.randn(n, n, device=device, dtype=dtype)
-            b = torch.randn(n, n, device=device, dtype=dtype)
-            a @ b  # warm-up: kernel selection, allocator
-            _sync(device)
-            start = time.perf_counter()
-            a @ b
-            _sync(device)
-            elapsed = time.perf_counter() - start
-            if elapsed >= 0.02 or n >= cap:
-                break
-            n *= 2
-        reps = max(3, min(50, int(0.3 / max(elapsed, 1e-6))))
-        best = float("inf")
-        for _ in range(reps):
-            start = time.perf_counter()
-            a @ b
-            _sync(device)
-            best = min(best, time.perf_counter() - start)
+        return _best_flops(matmul, device, 8192 if device.type == "cuda" else 2048)
+
+
+@functools.cache
+def fp8_peak_flops(device_str: str) -> float | None:
+    """Best FLOP/s of a square float8 (e4m3) matmul with per-tensor scales and a bf16 output
+    (``torch._scaled_mm``, what torchao's float8 linears run), measured once per process; None
+    on a device without FP8 units (``gpubench.train.precision.fp8_units``), where FP8 is
+    emulated and has no peak of its own."""
+    device = torch.device(device_str)
+    if not fp8_units(device.type):
+        return None
+
+    def matmul(n: int) -> Callable[[], object]:
+        a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major
+        one = torch.ones((), device=device)
+        return lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+
+    return _best_flops(matmul, device, 16384)
+
+
+def _best_flops(matmul: Callable[[int], Callable[[], object]], device: torch.device,
+                cap: int) -> float:
+    """FLOP/s of the fastest of repeated square matmuls ``matmul(n)()``, the side ``n`` doubled
+    from 256 until one takes >= 20 ms or reaches ``cap``."""
+    n = 256
+    while True:
+        run = matmul(n)
+        run()  # warm-up: kernel selection, allocator
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= 0.02 or n >= cap:
+            break
+        n *= 2
+    reps = max(3, min(50, int(0.3 / max(elapsed, 1e-6))))
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best

@@ -8,8 +8,8 @@ import platform
 
 import torch
 
-from gpubench.measure.flops import matmul_peak_flops
-from gpubench.train.config import PRECISIONS
+from gpubench.measure.flops import fp8_peak_flops, matmul_peak_flops
+from gpubench.train.config import FP8_PRECISIONS, PRECISIONS
 from gpubench.train.precision import unsupported_reason
 
 
@@ -41,11 +41,18 @@ def default_device() -> str:
 
 
 def measured_peaks_tflops(device: str) -> dict[str, float | None]:
-    """Measured matmul peak per precision, TFLOP/s (None where the precision cannot run)."""
-    return {
-        p: None if unsupported_reason(p, device) else matmul_peak_flops(device, p) / 1e12
-        for p in PRECISIONS
-    }
+    """Measured matmul peak per precision, TFLOP/s (None where the precision cannot run; for
+    the fp8 precisions, the float8 matmul's, None without FP8 units)."""
+    peaks = {}
+    for p in PRECISIONS:
+        if unsupported_reason(p, device):
+            peaks[p] = None
+        elif p in FP8_PRECISIONS:
+            fp8 = fp8_peak_flops(device)
+            peaks[p] = None if fp8 is None else fp8 / 1e12
+        else:
+            peaks[p] = matmul_peak_flops(device, p) / 1e12
+    return peaks
 
 
 def machine_info(device: str, storage_dir: str | os.PathLike | None = None) -> dict:

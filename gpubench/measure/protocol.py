@@ -157,6 +157,7 @@ class CaseProgram:
                 pass
         evictor = self.case.evictor
         info = measure_loader(self.case.loader, LOADER_PROBE_BATCHES, evictor)
+        info.update(self.case.facts)
         if evictor is not None:
             # Whether the files really left the page cache (a filesystem may ignore the drop).
             info["cold_resident_fraction"] = evictor.resident_after_eviction()

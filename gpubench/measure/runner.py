@@ -17,7 +17,7 @@ import torch
 
 from gpubench.launchers.distributed import backend_for
 from gpubench.launchers.workers import DEFAULT_TIMEOUT_S, WorkerGroup
-from gpubench.measure.flops import step_peak_flops
+from gpubench.measure.flops import fp8_peak_flops, step_peak_flops
 from gpubench.measure.machine import device_name
 from gpubench.measure.protocol import (
     MIN_ROUNDS,
@@ -29,7 +29,7 @@ from gpubench.measure.protocol import (
 )
 from gpubench.measure.trace import trace_case
 from gpubench.train.build import Unsupported, check_world_size, unsupported_reason
-from gpubench.train.config import RunConfig
+from gpubench.train.config import FP8_PRECISIONS, RunConfig
 
 __all__ = ["MIN_ROUNDS", "RankPool", "budget_rounds", "launcher", "record", "run_case"]
 
@@ -204,6 +204,12 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "hfu": hardware / peak,
         "note": _note(cfg, measured),
     }
+    if cfg.precision in FP8_PRECISIONS:
+        # The field has no agreed ceiling for FP8 MFU: against bf16's (``mfu``, what the rest
+        # of the step runs in) and the float8 matmul's (None without FP8 units).
+        fp8 = fp8_peak_flops(str(_device(cfg)))
+        info["fp8_peak_tflops"] = None if fp8 is None else fp8 * cfg.parallelism.devices / 1e12
+        info["mfu_fp8"] = None if fp8 is None else achieved / (fp8 * cfg.parallelism.devices)
     if cfg.parallel != "single":
         single = cfg.with_(parallel="single", world_size=1, ddp_no_sync=False, chunks=1,
                            schedule="gpipe", fsdp_mixed_precision=False)

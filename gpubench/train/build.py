@@ -7,7 +7,7 @@ import functools
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +25,7 @@ from gpubench.train.data import (
     seed_worker,
     shared_memory_reason,
 )
+from gpubench.train.implementations import Unsupported  # noqa: F401 - for every caller
 from gpubench.train.parallel import (
     FSDP,
     DataParallel,
@@ -94,8 +95,6 @@ def _stage_error(spec: str, profile: str, n: int) -> str | None:
     return None
 
 
-class Unsupported(Exception):
-    """This machine cannot run the case; the message says why (benchmarks skip with it)."""
 
 
 def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | None:
@@ -177,6 +176,8 @@ class Case:
     forward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """The techniques' ``forward`` contexts, entered around each micro-batch's forward and
     backward."""
+    facts: dict = field(default_factory=dict)
+    """Record fields the techniques report of this case (``Implementation.facts``)."""
     counted_forward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """The same of the counted techniques only: the step whose FLOPs and saved activations
     are counted leaves out the contexts of techniques that change neither (activation
@@ -362,6 +363,7 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         micro_batch=micro_batch,
         evictor=evictor,
         forward=forward,
+        facts=implementations.facts(impls),
         counted_forward=forward if len(counted) == len(impls)
         else implementations.forward_context(counted),
     )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from gpubench.train.techniques import (  # noqa: F401 - the choices, for every caller
     BY_FIELD,
+    FP8_PRECISIONS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PARALLELS,
@@ -133,6 +134,9 @@ class RunConfig:
             raise ValueError(
                 f"chunks and schedule apply to parallel 'pipeline'; got {self.parallel!r}"
             )
+        if self.fp8_layers != "auto" and self.precision not in FP8_PRECISIONS:
+            raise ValueError(f"fp8_layers {self.fp8_layers!r} needs an fp8 precision "
+                             f"({', '.join(FP8_PRECISIONS)}); got {self.precision!r}")
         if self.compile_mode != "default" and not self.compile:
             raise ValueError(f"compile_mode {self.compile_mode!r} needs compile; got "
                              "compile=False")

@@ -8,12 +8,14 @@ overrides only what its technique changes:
 - ``unsupported()``: why this machine cannot run the case (it is skipped with the reason);
 - ``wrap(model)``: the model as trained (after the parallel strategy, before ``torch.compile``);
 - ``forward()``: a context entered around each micro-batch's forward and backward;
-- ``after_step()``: called after each optimizer step.
+- ``after_step()``: called after each optimizer step;
+- ``facts()``: record fields saying what it did to the case (the layers FP8 converted).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 from collections.abc import Callable
@@ -26,6 +28,10 @@ from gpubench.train.techniques import TECHNIQUES
 
 if TYPE_CHECKING:
     from gpubench.train.config import RunConfig
+
+
+class Unsupported(Exception):
+    """This machine cannot run the case; the message says why (benchmarks skip with it)."""
 
 
 class Implementation:
@@ -53,6 +59,10 @@ class Implementation:
 
     def after_step(self) -> None:
         """Called after every optimizer step."""
+
+    def facts(self) -> dict:
+        """Record fields that say what the technique did to this case (after ``wrap``)."""
+        return {}
 
 
 class EmptyCache(Implementation):
@@ -128,6 +138,111 @@ def _sdpa_probe(backend: str, device: str, precision: str) -> str | None:
     return None
 
 
+class Float8(Implementation):
+    """FP8 training (the fp8 precisions; others pass through): the model's linears that
+    ``fp8_layers`` picks become torchao ``Float8Linear``s, whose matmuls cast their inputs,
+    weights and output gradients to float8 with dynamic scales (per tensor for ``fp8``, per row
+    for ``fp8-rowwise``) and run ``torch._scaled_mm``; the rest of the step runs in bf16
+    autocast (``gpubench.train.precision``). On a device without FP8 units the same casts and
+    scales are emulated (torchao's ``emulate``), so the training check and the FLOP count are
+    those of the real recipe, and its speed is not FP8's.
+
+    The conversion swaps modules in a structural copy of the model whose parameters are the
+    model's own, so the check's FP32 reference (the unconverted model) is left as it was."""
+
+    def _active(self) -> bool:
+        from gpubench.train.techniques import FP8_PRECISIONS
+
+        return self.value in FP8_PRECISIONS
+
+    def unsupported(self) -> str | None:
+        if not self._active():
+            return None
+        from gpubench.train.precision import fp8_reason
+
+        if fp8_reason():
+            return fp8_reason()
+        if self.cfg.parallel != "single":
+            return (f"{self.value} cases run on one device: torchao converts the linears before "
+                    f"DDP or FSDP wraps the model, which parallel {self.cfg.parallel!r} does "
+                    "here after")
+        keeps = self.keeps()
+        if not any(keeps(nn.Linear(i, o, device="meta"), name)
+                   for name, o, i in self.cfg.workload.facts.linears):
+            return self._none_kept()
+        return None
+
+    def _none_kept(self) -> str:
+        return (f"{self.value}: none of {self.cfg.name}'s "
+                f"{len(self.cfg.workload.facts.linears)} nn.Linear layers passes the fp8_layers "
+                f"{self.cfg.fp8_layers!r} filter ("
+                + ("torchao's thresholds, measured on an H100: try fp8_layers 'all'"
+                   if self.cfg.fp8_layers == "auto" else "dimensions multiples of 16") + ")")
+
+    def config(self):
+        """torchao's ``Float8LinearConfig`` of the case's recipe, emulated without FP8 units."""
+        import dataclasses
+
+        from gpubench.train.precision import fp8_units, import_float8
+        from gpubench.train.techniques import FP8_PRECISIONS
+
+        recipe = import_float8().Float8LinearConfig.from_recipe_name(FP8_PRECISIONS[self.value])
+        return dataclasses.replace(recipe, emulate=not fp8_units(self.cfg.device))
+
+    def keeps(self):
+        """The filter ``(module, fqn) -> bool`` of the linears to convert."""
+        from gpubench.train.techniques import FP8_PRECISIONS
+
+        if self.cfg.fp8_layers == "auto":
+            from gpubench.train.precision import import_float8
+
+            return import_float8()._auto_filter_for_recipe(FP8_PRECISIONS[self.value],
+                                                           filter_fqns=[])
+
+        def multiples_of_16(module: nn.Module, fqn: str) -> bool:
+            out_features, in_features = module.weight.shape
+            return out_features % 16 == 0 and in_features % 16 == 0
+
+        return multiples_of_16
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if not self._active():
+            return model
+        from gpubench.train.precision import import_float8
+
+        keeps, converted = self.keeps(), []
+
+        def chosen(module: nn.Module, fqn: str) -> bool:
+            if keeps(module, fqn):
+                converted.append(fqn)
+                return True
+            return False
+
+        model = import_float8().convert_to_float8_training(
+            structural_copy(model), config=self.config(), module_filter_fn=chosen)
+        if not converted:
+            raise Unsupported(self._none_kept())
+        self.converted = converted
+        return model
+
+    def facts(self) -> dict:
+        if not self._active():
+            return {}
+        return {"fp8_converted": list(getattr(self, "converted", [])),
+                "fp8_emulated": self.config().emulate}
+
+
+def structural_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module``'s tree of modules that shares its parameters and buffers: modules
+    swapped in the copy (a conversion) leave the original's tree as it was."""
+    clone = copy.copy(module)
+    clone._modules = {name: None if child is None else structural_copy(child)
+                      for name, child in module._modules.items()}
+    clone._parameters = dict(module._parameters)
+    clone._buffers = dict(module._buffers)
+    return clone
+
+
 @functools.cache
 def _load(path: str) -> type[Implementation]:
     module, _, name = path.partition(":")
@@ -159,6 +274,14 @@ def unsupported(cfg: RunConfig) -> str | None:
         if reason:
             return reason
     return None
+
+
+def facts(impls: list[Implementation]) -> dict:
+    """Every object's ``facts()``, in one mapping."""
+    out: dict = {}
+    for impl in impls:
+        out.update(impl.facts())
+    return out
 
 
 def forward_context(impls: list[Implementation]) -> Callable[[], contextlib.ExitStack]:

@@ -1,4 +1,6 @@
-"""Precision policies: FP32, TF32, AMP fp16 with gradient scaling, AMP bf16.
+"""Precision policies: FP32, TF32, AMP fp16 with gradient scaling, AMP bf16, and FP8 (bf16
+autocast around linears trained in float8: ``gpubench.train.implementations.Float8`` converts
+them).
 
 A policy is used the same way whatever the precision; its "off" parts are no-ops
 (autocast disabled, ``GradScaler(enabled=False)``), so the training step has no branches on it.
@@ -11,7 +13,10 @@ from collections.abc import Iterator
 
 import torch
 
-_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16,
+                    "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16}
+"""The autocast dtype of each reduced precision; FP8 training runs the rest of the model in bf16
+(torchao's float8 recipes are made for bf16 autocast or bf16 weights)."""
 
 
 class Precision:
@@ -83,6 +88,38 @@ def ieee_fp32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32 = saved[1]
 
 
+def import_float8():
+    """torchao's ``float8`` module. Its import registers enums with torch's pytree, which logs
+    a deprecation warning per enum on recent torch: those lines are kept out of the output."""
+    import logging
+
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
+    try:
+        import torchao.float8
+    finally:
+        pytree.setLevel(level)
+    return torchao.float8
+
+
+def fp8_reason() -> str | None:
+    """Why FP8 training cannot be set up here (torchao missing or too old), or None."""
+    try:
+        float8 = import_float8()
+        float8.Float8LinearConfig, float8.convert_to_float8_training  # noqa: B018
+    except (ImportError, AttributeError) as err:
+        return (f"fp8 trains with torchao's float8 ({err}): pip install 'gpubench[fp8]' "
+                "(torchao)")
+    return None
+
+
+def fp8_units(device_type: str) -> bool:
+    """Whether the device multiplies FP8 matrices in hardware (CUDA compute capability 8.9+:
+    Ada, Hopper, Blackwell); elsewhere FP8 training is emulated in higher precision."""
+    return device_type == "cuda" and torch.cuda.get_device_capability() >= (8, 9)
+
+
 def cudnn_benchmark(device_type: str) -> bool:
     """Whether ``Precision.math_mode`` turns cuDNN benchmark mode on: for CUDA cases."""
     return device_type == "cuda"
@@ -93,8 +130,13 @@ def unsupported_reason(name: str, device_type: str) -> str | None:
     if name == "tf32" and device_type == "cuda":
         if torch.cuda.get_device_capability()[0] < 8:
             return "tf32 needs an Ampere or newer GPU (compute capability >= 8.0)"
-    if name == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        return "bf16 is not supported by this GPU"
+    if name in ("bf16", "fp8", "fp8-rowwise") and device_type == "cuda" \
+            and not torch.cuda.is_bf16_supported():
+        return f"{name} needs bf16, which this GPU does not support"
+    if name.startswith("fp8"):
+        reason = fp8_reason()
+        if reason:
+            return reason
     dtype = _AUTOCAST_DTYPES.get(name)
     if dtype is not None and not torch.amp.is_autocast_available(device_type):
         return f"autocast is not available on {device_type}"

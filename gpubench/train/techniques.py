@@ -136,7 +136,10 @@ def _cached_tag(value: bool, loader: Any) -> str | None:
 
 _NO_ACCELERATOR = "no accelerator to copy to"
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp8-rowwise")
+FP8_PRECISIONS = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}
+"""The FP8 precisions and torchao's float8 recipe of each (scales per tensor, or per row)."""
+FP8_LAYERS = ("auto", "all")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 PARALLELS = ("single", "dp", "ddp", "fsdp", "model", "pipeline")
@@ -149,13 +152,29 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique(
         "precision", "choice", PRECISIONS, default="fp32",
         help="fp32; tf32 (TF32 matmul/conv on CUDA, same as fp32 elsewhere); fp16 (autocast + "
-             "GradScaler); bf16 (autocast).",
+             "GradScaler); bf16 (autocast); fp8 and fp8-rowwise (bf16 autocast, and the "
+             "linears ``fp8_layers`` picks trained in float8 by torchao's "
+             "``convert_to_float8_training``, scaled per tensor or per row; emulated where the "
+             "device has no FP8 matmul units: a CPU, a GPU below compute capability 8.9).",
         tag=lambda v, c: v, tag_doc="the value, always",
+        implementation="gpubench.train.implementations:Float8",
         count_as=lambda v: "fp32" if v == "tf32" else v,
         inert_on_cpu=lambda v: "tf32 (TF32 exists only on CUDA: identical to fp32)"
         if isinstance(v, str) and v == "tf32" else None,
         variants=(Variant("bf16", {"precision": "bf16"}, "AMP bf16 (autocast)"),
                   Variant("fp16", {"precision": "fp16"}, "AMP fp16 (autocast + GradScaler)"))),
+    Technique(
+        "fp8_layers", "choice", FP8_LAYERS, default="auto",
+        tag=lambda v, c: "f8all" if v == "all" and c.precision in FP8_PRECISIONS else None,
+        tag_doc="f8all, with an fp8 precision",
+        help="Which linears an fp8 precision converts: auto (torchao's own filter, "
+             "``_auto_filter_for_recipe``: dimensions multiples of 16 and large enough to gain "
+             "by its H100 measurements) or all (every linear whose dimensions are multiples "
+             "of 16, FP8 matmul's requirement). The record lists the converted layers "
+             "(``fp8_converted``).",
+        group="precision", cases=lambda base: [
+            base.with_(precision=p, fp8_layers="auto" if base.device == "cuda" else "all")
+            for p in FP8_PRECISIONS]),
     Technique(
         "accum_steps", "count", default=1, tag="accum{}",
         help="Micro-batches whose gradients are accumulated before one optimizer step.",

@@ -180,6 +180,8 @@ class Workload:
             blocks=len(blocks) if blocks is not None else 0,
             sample_bytes=sample_bytes,
             uses_sdpa=uses_sdpa,
+            linears=tuple((name, *m.weight.shape) for name, m in model.named_modules()
+                          if isinstance(m, nn.Linear)),
         )
 
     @property
@@ -213,6 +215,9 @@ class WorkloadFacts:
     uses_sdpa: bool = False
     """Its forward calls ``torch.nn.functional.scaled_dot_product_attention`` (the attention
     backend cases pin its kernel)."""
+    linears: tuple[tuple[str, int, int], ...] = ()
+    """Each ``nn.Linear`` of the model: (module name, out features, in features), what the fp8
+    precisions choose the linears they convert from."""
 
 
 def _calls_sdpa(model: nn.Module, inputs: Any) -> bool:
