@@ -156,6 +156,18 @@ def test_recommendation_ignores_techniques_that_do_nothing_on_this_device():
     rows = [_row("bert-fp32", 1.0), _row("bert-fp32-emptycache", 0.7, empty_cache=True)]
     (rec,) = recommend(pd.DataFrame(rows))
     assert rec.case_id == "bert-fp32"
+    # Nor can FP8 emulated without FP8 units (its casts run in higher precision).
+    rows = [_row("bert-fp32", 1.0), _row("bert-fp8", 0.7, precision="fp8", fp8_emulated=True)]
+    (rec,) = recommend(pd.DataFrame(rows))
+    assert rec.case_id == "bert-fp32"
+
+
+def test_a_compiled_recommendation_says_when_compiling_pays_off():
+    rows = [_row("bert-fp32", 1.0), _row("bert-fp32-compile", 0.7, compile=True,
+                                         compile_time_s=12.5, break_even_steps=41.7)]
+    (rec,) = recommend(pd.DataFrame(rows))
+    assert rec.case_id == "bert-fp32-compile"
+    assert "compiling took 12.5 s, won back after 42 steps" in rec.note
 
 
 def test_claims_are_one_list_read_by_the_verdicts_and_the_pairs():

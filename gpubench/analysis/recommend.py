@@ -43,7 +43,9 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
     keeps the baseline's training recipe (the same effective batch and optimizer), whose peak
     memory fits the budget and that beats the FP32 baseline significantly (Bonferroni-corrected
     over the candidates, and by at least ``MIN_EFFECT``); the baseline itself when none does. A
-    faster configuration that changes the recipe is named in the note, not recommended."""
+    faster configuration that changes the recipe is named in the note, not recommended; FP8
+    emulated without FP8 units is no candidate; a compiled winner's note says when its
+    compilation pays off."""
     df = with_baseline_ratios(df)
     out = []
     for model in dict.fromkeys(df["model"].dropna()):
@@ -59,7 +61,9 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
         if sub.empty:
             continue
         # A technique that does nothing on this device can only "win" by measurement noise.
-        inert = [bool(inert_techniques(r.to_dict())) for _, r in sub.iterrows()]
+        # So can an emulated one: FP8 without FP8 units runs its casts in higher precision.
+        inert = [bool(inert_techniques(r.to_dict())) or r.get("fp8_emulated") is True
+                 for _, r in sub.iterrows()]
         sub = sub[[not i for i in inert]]
         if budget_bytes is not None:
             sub = sub[sub["peak_memory_bytes"] <= budget_bytes]
@@ -90,6 +94,12 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                     f"{baseline['optimizer']})")
         if best is None:
             best, best_speed = baseline, SpeedComparison(1.0, 1.0, 1.0, 1.0, "none")
+        elif pd.notna(best.get("compile_time_s")):
+            even = best.get("break_even_steps")
+            note = "; ".join(filter(None, [
+                f"compiling took {best['compile_time_s']:.1f} s, won back after "
+                + (f"{even:,.0f} steps" if pd.notna(even) else "no step count measured"),
+                note]))
         out.append(Recommendation(model, best["case_id"], best_speed.ratio, best_speed.low,
                                   best_speed.high, float(best["training_memory_bytes"]),
                                   budget_bytes, note=note))
