@@ -4,7 +4,19 @@
 ``gpubench.workloads.api``); it is imported on first use, so the command line starts fast.
 """
 
+import logging
+
 __version__ = "0.2.0"
+
+
+def _not_enum_registration(record: logging.LogRecord) -> bool:
+    """torchao, which transformers imports where it is installed, registers enums with torch's
+    pytree, and recent torch logs a deprecation warning for each: lines about the libraries, not
+    about the benchmark, kept out of its output."""
+    return "Enum subclass" not in record.getMessage()
+
+
+logging.getLogger("torch.utils._pytree").addFilter(_not_enum_registration)
 __all__ = ["DataRequest", "Workload", "WorkloadError", "checkpoint_blocks", "load_results"]
 
 

@@ -26,7 +26,7 @@ def test_attention_cases_only_for_models_that_call_sdpa():
     assert not resolve("resnet18", "smoke").facts.uses_sdpa
     ids = {c.id for c in profile_cases("cpu", "cpu", ("resnet18", "bert"), ("attention",))}
     assert ids == {"bert-fp32-sdpa_math", "bert-fp32-sdpa_flash", "bert-fp32-sdpa_efficient",
-                   "bert-fp32-sdpa_cudnn", "bert-bf16-sdpa_flash"}
+                   "bert-fp32-sdpa_cudnn", "bert-bf16-sdpa_flash", "bert-fp32-attn_eager"}
     reason = unsupported_reason(RunConfig(model="resnet18", attention="flash"))
     assert reason == "attention flash: resnet18's forward calls no scaled_dot_product_attention"
 
@@ -101,3 +101,47 @@ def test_the_flash_attention_claim_does_not_apply_without_attention():
     rows = [_row("bert-fp32", 1.0, uses_sdpa=False)]
     (v,) = [v for v in advise(pd.DataFrame(rows)) if v.claim == FLASH]
     assert v.verdict == "not applicable"
+
+
+def test_transformers_models_get_an_eager_attention_case_others_none():
+    ids = {c.id for c in profile_cases("cpu", "cpu", ("bert", "resnet18"), ("attention",))}
+    assert "bert-fp32-attn_eager" in ids  # bert's default is sdpa: no attn_sdpa case
+    assert not any("attn_" in i for i in ids if i.startswith("resnet18"))
+    reason = unsupported_reason(RunConfig(model="resnet18", profile="cpu",
+                                          attn_implementation="eager"))
+    assert reason == "attn_implementation eager: resnet18 is not a Hugging Face transformers model"
+    with pytest.raises(ValueError, match="attention 'flash' pins a scaled_dot_product_attention"):
+        RunConfig(model="bert", attention="flash", attn_implementation="eager")
+
+
+def test_eager_attention_trains_without_calling_sdpa(monkeypatch):
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    with build(RunConfig(model="bert", profile="cpu", attn_implementation="eager")) as case:
+        result = check_case(case)
+        from gpubench.workloads.api import hf_model
+
+        assert hf_model(case.model).config._attn_implementation == "eager"
+    assert result.grad_cosine > 0.9999  # the same function, computed in other ops
+    assert calls == []  # neither the steps nor the FP32 reference (the same modules)
+    with build(RunConfig(model="bert", profile="cpu")) as case:
+        check_case(case)
+    assert calls  # while the default (sdpa) calls it in every forward
+
+
+@pytest.mark.parametrize("sdpa_median, sdpa_act, expected", [
+    (0.8, 200, "holds"), (1.0, 200, "partly holds (memory)")])
+def test_the_flash_attention_claim_compares_sdpa_with_eager(sdpa_median, sdpa_act, expected):
+    rows = [_row("bert-fp32", sdpa_median, hf_attention="sdpa", activation_bytes=sdpa_act,
+                 noise=0.002),
+            _row("bert-fp32-attn_eager", 1.0, attn_implementation="eager", group="attention",
+                 hf_attention="sdpa", noise=0.002)]
+    (v,) = [v for v in advise(pd.DataFrame(rows))
+            if v.claim == f"{FLASH} (transformers: sdpa vs eager)"]
+    assert v.verdict == expected, v

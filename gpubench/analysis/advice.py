@@ -768,7 +768,8 @@ def check_flash_attention(c: _Cases) -> list[Verdict]:
             return [_not_applicable(c, spec.text, "the model calls no "
                                     "scaled_dot_product_attention", "speedup.png")]
         return [_missing(c.model, spec.text, "speedup.png",
-                         "the sdpa_math and sdpa_flash cases (the attention group)")]
+                         "the sdpa_math and sdpa_flash cases (the attention group)"),
+                *_eager_attention(c)]
     speed = compare_speed(math_row, flash)
     memory = _memory(flash) / _memory(math_row)
     parts = {"time": speed.judge(spec.parts["time"]),
@@ -781,7 +782,37 @@ def check_flash_attention(c: _Cases) -> list[Verdict]:
            f"{_range(spec.parts['memory'], True)}){saved}; the gap grows with the sequence "
            "length (the math kernel's scores are seq x seq per head)")
     return [Verdict(c.model, spec.text, f"{speed.describe()}, memory x{memory:.2f}",
-                    combine_parts(parts), why, "speedup.png")]
+                    combine_parts(parts), why, "speedup.png"), *_eager_attention(c)]
+
+
+def _eager_attention(c: _Cases) -> list[Verdict]:
+    """A transformers model's ``sdpa`` attention against its ``eager`` one (separate cases;
+    the sdpa side is the baseline where that is the model's default), where measured."""
+    spec = CLAIMS["flash-attention"]
+    eager = c.find(attn_implementation="eager")
+    if eager is None:
+        return []
+    sdpa = c.find(attn_implementation="sdpa")
+    base = c.find()
+    if sdpa is None and base is not None and base.get("hf_attention") == "sdpa":
+        sdpa = base
+    if sdpa is None:
+        return [_missing(c.model, f"{spec.text} (transformers: sdpa vs eager)", "speedup.png",
+                         "the attn_sdpa case")]
+    speed = compare_speed(eager, sdpa)
+    memory = _memory(sdpa) / _memory(eager)
+    parts = {"time": speed.judge(spec.parts["time"]),
+             "memory": judge_memory(memory, spec.parts["memory"])}
+    why = (f"separate cases; time {parts['time']}, memory {parts['memory']}: transformers' "
+           "sdpa attention calls scaled_dot_product_attention (a fused kernel where one "
+           "runs), its eager attention materialises the scores and runs softmax and dropout "
+           "as ops of their own")
+    return [Verdict(c.model, f"{spec.text} (transformers: sdpa vs eager)",
+                    f"{speed.describe()}, memory x{memory:.2f}", combine_parts(parts), why,
+                    "speedup.png")]
+
+
+
 
 
 def check_fp8(c: _Cases) -> list[Verdict]:

@@ -59,6 +59,10 @@ METRICS: tuple[Metric, ...] = (
            "samples per optimizer step over every replica (micro-batch x k x replicas); the "
            "micro-batch's input shape; the seed of weights and data"),
     Metric(("workload_datasets",), None, "", "the workload's own datasets, by name"),
+    Metric(("hf_attention",), "str", "",
+           "the default attention implementation of the workload's Hugging Face transformers "
+           "model (``config._attn_implementation``; null for other models), what "
+           "``attn_implementation`` default means"),
     Metric(("uses_sdpa",), "bool", "",
            "the workload's forward calls ``scaled_dot_product_attention`` (the attention "
            "group's cases pin its kernel)"),

@@ -184,6 +184,7 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "workload": cfg.model,
         "workload_datasets": list(cfg.workload.dataset_names),
         "uses_sdpa": cfg.workload.facts.uses_sdpa,
+        "hf_attention": cfg.workload.facts.hf_attention,
         "case_id": cfg.id,
         "is_baseline": cfg.is_baseline,
         "micro_batch": micro_batch,

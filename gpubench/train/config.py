@@ -134,6 +134,10 @@ class RunConfig:
             raise ValueError(
                 f"chunks and schedule apply to parallel 'pipeline'; got {self.parallel!r}"
             )
+        if self.attention != "default" and self.attn_implementation == "eager":
+            raise ValueError(f"attention {self.attention!r} pins a scaled_dot_product_attention "
+                             "kernel, which attn_implementation 'eager' does not call; use "
+                             "attn_implementation 'default' or 'sdpa'")
         if self.fp8_layers != "auto" and self.precision not in FP8_PRECISIONS:
             raise ValueError(f"fp8_layers {self.fp8_layers!r} needs an fp8 precision "
                              f"({', '.join(FP8_PRECISIONS)}); got {self.precision!r}")

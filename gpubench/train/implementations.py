@@ -119,6 +119,24 @@ class AttentionBackend(Implementation):
         return sdpa_kernel(self._backend())
 
 
+class AttnImplementation(Implementation):
+    """The attention code of the workload's Hugging Face transformers model, switched on the
+    case's copy of it (``set_attn_implementation``; every case builds its own copy)."""
+
+    def unsupported(self) -> str | None:
+        if self.cfg.workload.facts.hf_attention is None:
+            return (f"attn_implementation {self.value}: {self.cfg.name} is not a Hugging Face "
+                    "transformers model")
+        return None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from gpubench.workloads.api import hf_model
+
+        if self.value != "default":
+            hf_model(model).set_attn_implementation(self.value)
+        return model
+
+
 @functools.cache
 def _sdpa_probe(backend: str, device: str, precision: str) -> str | None:
     """Why the ``backend`` kernel cannot run forward and backward here at the precision's

@@ -89,17 +89,9 @@ def ieee_fp32() -> Iterator[None]:
 
 
 def import_float8():
-    """torchao's ``float8`` module. Its import registers enums with torch's pytree, which logs
-    a deprecation warning per enum on recent torch: those lines are kept out of the output."""
-    import logging
+    """torchao's ``float8`` module (an optional dependency: ``gpubench[fp8]``)."""
+    import torchao.float8
 
-    pytree = logging.getLogger("torch.utils._pytree")
-    level = pytree.level
-    pytree.setLevel(logging.ERROR)
-    try:
-        import torchao.float8
-    finally:
-        pytree.setLevel(level)
     return torchao.float8
 
 

@@ -144,6 +144,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 PARALLELS = ("single", "dp", "ddp", "fsdp", "model", "pipeline")
 SCHEDULES = ("gpipe", "1f1b")
+ATTN_IMPLEMENTATIONS = ("default", "eager", "sdpa")
 ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
@@ -255,6 +256,19 @@ TECHNIQUES: tuple[Technique, ...] = (
             base.with_(attention=b) for b in ("math", "flash", "efficient", "cudnn")]
         + [base.with_(precision="bf16", attention="flash")]
         if base.workload.facts.uses_sdpa else []),
+    Technique(
+        "attn_implementation", "choice", ATTN_IMPLEMENTATIONS, default="default",
+        tag=lambda v, c: None if v == "default" else f"attn_{v}", tag_doc="attn_{value}",
+        help="The attention code of a Hugging Face transformers model "
+             "(``PreTrainedModel.set_attn_implementation``): default (the model's own, "
+             "``sdpa`` for most); eager (transformers' Python attention: the score matrix "
+             "materialised, softmax and dropout as separate ops); sdpa "
+             "(``scaled_dot_product_attention``, whose kernel ``attention`` can pin).",
+        implementation="gpubench.train.implementations:AttnImplementation",
+        group="attention", cases=lambda base: [
+            base.with_(attn_implementation=v) for v in ("eager", "sdpa")
+            if v != base.workload.facts.hf_attention]
+        if base.workload.facts.hf_attention else []),
     Technique(
         "channels_last", "bool", default=False, tag="cl",
         help="NHWC memory format (workloads whose input is one 4-D tensor).",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,6 +181,7 @@ class Workload:
             blocks=len(blocks) if blocks is not None else 0,
             sample_bytes=sample_bytes,
             uses_sdpa=uses_sdpa,
+            hf_attention=_hf_attention(model),
             linears=tuple((name, *m.weight.shape) for name, m in model.named_modules()
                           if isinstance(m, nn.Linear)),
         )
@@ -215,9 +217,26 @@ class WorkloadFacts:
     uses_sdpa: bool = False
     """Its forward calls ``torch.nn.functional.scaled_dot_product_attention`` (the attention
     backend cases pin its kernel)."""
+    hf_attention: str | None = None
+    """The attention implementation of its Hugging Face transformers model (``eager``,
+    ``sdpa``, ...: ``config._attn_implementation``), None for a model of another library."""
     linears: tuple[tuple[str, int, int], ...] = ()
     """Each ``nn.Linear`` of the model: (module name, out features, in features), what the fp8
     precisions choose the linears they convert from."""
+
+
+def hf_model(model: nn.Module) -> nn.Module | None:
+    """The outermost Hugging Face ``PreTrainedModel`` inside ``model``, or None."""
+    transformers = sys.modules.get("transformers")  # a model of it has imported it
+    if transformers is None:
+        return None
+    return next((m for m in model.modules() if isinstance(m, transformers.PreTrainedModel)),
+                None)
+
+
+def _hf_attention(model: nn.Module) -> str | None:
+    found = hf_model(model)
+    return None if found is None else found.config._attn_implementation
 
 
 def _calls_sdpa(model: nn.Module, inputs: Any) -> bool:
