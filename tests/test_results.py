@@ -69,6 +69,8 @@ def test_several_files_become_runs(tmp_path):
     with pytest.warns(UserWarning):
         df = load_results([a, b])
     assert list(df["run"]) == ["a", "b"]
+    with pytest.warns(UserWarning):  # one file may be given as its path alone
+        assert list(load_results(str(a))["run"]) == list(load_results(a)["run"]) == ["a"]
 
 
 def test_committed_results_load_with_nullable_dtypes():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -342,7 +343,7 @@ def _dtype(column: str) -> str | None:
     return {"int": "Int64", "bool": "boolean", "float": "float64"}.get(kind)
 
 
-def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = None) -> pd.DataFrame:
+def load_results(paths: str | Path | Iterable[str | Path], labels: Iterable[str] | None = None) -> pd.DataFrame:
     """Read result files (``read_benchmark_json``: a malformed file is a ``ResultsError``)
     into one frame, one row per benchmark record and file.
 
@@ -372,6 +373,8 @@ def load_results(paths: Iterable[str | Path], labels: Iterable[str] | None = Non
     Integer and boolean fields have pandas' nullable dtypes (``Int64``, ``boolean``): a field
     that a record kind lacks is ``<NA>``, not a float NaN or ``None``. Step records lacking
     gpubench fields load with a warning naming the file and the fields."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]  # one file
     paths = [Path(p) for p in paths]
     if not paths:
         raise ResultsError("no result files given")

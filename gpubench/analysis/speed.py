@@ -36,6 +36,11 @@ class SpeedComparison:
             return Kind.DOES_NOT_HOLD
         return Kind.INCONCLUSIVE
 
+    def inverted(self) -> SpeedComparison:
+        """``base`` against ``new``: the same measurement read the other way."""
+        return SpeedComparison(1 / self.ratio, self.p_value, 1 / self.high, 1 / self.low,
+                               self.test)
+
     def describe(self) -> str:
         return (f"{self.ratio:.2f}x speed (95% CI {self.low:.2f}-{self.high:.2f}, "
                 f"{self.test} p={self.p_value:.3g})")
