@@ -343,7 +343,8 @@ def _dtype(column: str) -> str | None:
     return {"int": "Int64", "bool": "boolean", "float": "float64"}.get(kind)
 
 
-def load_results(paths: str | Path | Iterable[str | Path], labels: Iterable[str] | None = None) -> pd.DataFrame:
+def load_results(paths: str | Path | Iterable[str | Path],
+                 labels: Iterable[str] | None = None) -> pd.DataFrame:
     """Read result files (``read_benchmark_json``: a malformed file is a ``ResultsError``)
     into one frame, one row per benchmark record and file.
 
