@@ -128,11 +128,27 @@ def test_eager_attention_trains_without_calling_sdpa(monkeypatch):
         from gpubench.workloads.api import hf_model
 
         assert hf_model(case.model).config._attn_implementation == "eager"
+        # The FP32 reference keeps the default, on the same parameters.
+        assert hf_model(case.reference_model).config._attn_implementation == "sdpa"
+        calls.clear()
+        case.step()
     assert result.grad_cosine > 0.9999  # the same function, computed in other ops
-    assert calls == []  # neither the steps nor the FP32 reference (the same modules)
-    with build(RunConfig(model="bert", profile="cpu")) as case:
+    assert calls == []  # the case's own steps do not call it
+
+
+def test_a_broken_eager_attention_fails_the_check(monkeypatch):
+    """Eager attention that forgets its softmax: the scores weigh the values unnormalised."""
+    from transformers.models.bert import modeling_bert
+
+    def no_softmax(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                   **kwargs):
+        weights = torch.matmul(query, key.transpose(2, 3)) * query.size(-1) ** -0.5
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    monkeypatch.setattr(modeling_bert, "eager_attention_forward", no_softmax)
+    with build(RunConfig(model="bert", profile="cpu", attn_implementation="eager")) as case, \
+            pytest.raises(TrainingCheckError):
         check_case(case)
-    assert calls  # while the default (sdpa) calls it in every forward
 
 
 @pytest.mark.parametrize("sdpa_median, sdpa_act, expected", [

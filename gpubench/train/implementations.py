@@ -120,8 +120,9 @@ class AttentionBackend(Implementation):
 
 
 class AttnImplementation(Implementation):
-    """The attention code of the workload's Hugging Face transformers model, switched on the
-    case's copy of it (``set_attn_implementation``; every case builds its own copy)."""
+    """The attention code of the workload's Hugging Face transformers model, switched
+    (``set_attn_implementation``) in a structural copy of the model with a config of its own,
+    so the check's FP32 reference keeps the model's default attention."""
 
     def unsupported(self) -> str | None:
         if self.cfg.workload.facts.hf_attention is None:
@@ -132,9 +133,15 @@ class AttnImplementation(Implementation):
     def wrap(self, model: nn.Module) -> nn.Module:
         from gpubench.workloads.api import hf_model
 
-        if self.value != "default":
-            hf_model(model).set_attn_implementation(self.value)
-        return model
+        if self.value == "default":
+            return model
+        config = hf_model(model).config
+        clone, own = structural_copy(model), copy.deepcopy(config)
+        for module in clone.modules():
+            if getattr(module, "config", None) is config:
+                module.config = own
+        hf_model(clone).set_attn_implementation(self.value)
+        return clone
 
 
 @functools.cache
