@@ -104,3 +104,10 @@ def test_the_fp8_claim_against_bf16(emulated, fp8_median, expected):
     for v in verdicts.values():
         assert v.verdict == expected, v
         assert "2 linears converted (auto filter)" in v.why
+
+
+def test_the_summary_states_an_fp8_mfu_against_both_peaks():
+    from gpubench.report.summary import _mfu_shown
+
+    assert _mfu_shown(0.40, [], 0.40, 0.21) == "40.0% of bf16 peak, 21.0% of FP8's"
+    assert _mfu_shown(0.40, [], 0.40, None) == 0.40  # emulated: no FP8 peak to state

@@ -55,9 +55,10 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
                     df["speedup_low"], df["speedup_high"], df["speedup_method"], df["speedup"],
                     df["run"], df["baseline_run"], strict=True)],
             "memory_ratio": df["memory_ratio"],
-            "mfu": [_mfu_shown(m, ops, h) for m, ops, h in zip(
+            "mfu": [_mfu_shown(m, ops, h, f8) for m, ops, h, f8 in zip(
                 df["mfu"], df["uncounted_ops"] if "uncounted_ops" in df else [None] * len(df),
-                df["hfu"] if "hfu" in df else [None] * len(df), strict=True)],
+                df["hfu"] if "hfu" in df else [None] * len(df),
+                df["mfu_fp8"] if "mfu_fp8" in df else [None] * len(df), strict=True)],
             # Single-device cases scale perfectly by definition: show the figure only where
             # it says something.
             "scaling_efficiency": df["scaling_efficiency"].where(df["parallel"] != "single"),
@@ -67,13 +68,16 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["run", "model", "speedup"], ascending=[True, True, False])
 
 
-def _mfu_shown(mfu, uncounted, hfu=None) -> object:
+def _mfu_shown(mfu, uncounted, hfu=None, mfu_fp8=None) -> object:
     """The MFU figure (model FLOPs), with the HFU (hardware FLOPs) beside it where the two
     differ by more than 1% (recomputation: checkpointing, fused attention); or "n/a" naming
     the heavy ops the FLOP count missed (an LSTM's ``aten.mkldnn_rnn_layer``): a count that
-    leaves out the work makes any MFU wrong."""
+    leaves out the work makes any MFU wrong. An FP8 case measured on FP8 units also shows its
+    MFU against the float8 matmul's peak (``mfu`` is against bf16's)."""
     if isinstance(uncounted, list | tuple) and uncounted:
         return f"n/a ({', '.join(uncounted)} not counted)"
+    if isinstance(mfu_fp8, float) and mfu_fp8 == mfu_fp8 and isinstance(mfu, float):
+        return f"{100 * mfu:.1f}% of bf16 peak, {100 * mfu_fp8:.1f}% of FP8's"
     if (isinstance(mfu, float) and isinstance(hfu, float) and mfu == mfu and hfu == hfu
             and mfu > 0 and abs(hfu / mfu - 1) > 0.01):
         return f"{100 * mfu:.1f}% (HFU {100 * hfu:.1f}%)"
