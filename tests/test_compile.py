@@ -95,3 +95,24 @@ def test_the_summary_says_what_compiling_cost():
     assert [c.strip() for c in row.strip("|").split("|")][-2:] == ["60", "0"]
     assert "never (no saving)" in text
     assert compile_markdown(pd.DataFrame([_row("bert-fp32", 1.0)])) == ""
+
+
+def test_a_miscompiled_model_fails_the_check(monkeypatch):
+    """A compiler that gets the model wrong (its outputs halved) is caught by the check."""
+    import torch
+
+    from gpubench.train import build as build_module
+    from gpubench.train.checks import TrainingCheckError, check_case
+
+    class Halved(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            return self.inner(*args, **kwargs) * 0.5
+
+    monkeypatch.setattr(build_module.torch, "compile", lambda model, **kw: Halved(model))
+    with build_module.build(RunConfig(model="bert", profile="smoke", compile=True)) as case, \
+            pytest.raises(TrainingCheckError):
+        check_case(case)
