@@ -187,7 +187,7 @@ def test_claims_are_one_list_read_by_the_verdicts_and_the_pairs():
 def test_a_claim_is_not_decided_by_one_part_while_another_is_inconclusive():
     """"2.32x speed (95% CI 1.10-24.15, p=0.25)" with memory smaller than claimed read
     "smaller than claimed": the time part could not be decided, so neither can the claim."""
-    from gpubench.analysis.verdicts import combine_parts
+    from gpubench.util.verdicts import combine_parts
 
     assert combine_parts({"time": "inconclusive", "memory": "smaller than claimed"}) \
         == "inconclusive"

@@ -41,9 +41,9 @@ from gpubench.analysis.speed import (
     compare_speed,
     judge_memory,
 )
-from gpubench.analysis.verdicts import FAILED, MIN_EFFECT, Kind, combine_parts
 from gpubench.suite.claims import CLAIMS
 from gpubench.train.config import FP8_PRECISIONS, baseline_fields, inert_techniques
+from gpubench.util.verdicts import FAILED, MIN_EFFECT, Kind, combine_parts
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from gpubench.analysis.results import (
     read_benchmark_json,
     training_memory,
 )
-from gpubench.analysis.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD, Kind
 from gpubench.util import atomic
 from gpubench.util.stats import can_reach_significance, mann_whitney_p
 from gpubench.util.tables import figures_table
+from gpubench.util.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD, Kind
 
 KEY = ("model", "profile", "device", "case_id")
 """What identifies a case across runs."""

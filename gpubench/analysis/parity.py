@@ -19,10 +19,10 @@ import math
 import statistics
 from pathlib import Path
 
-from gpubench.analysis.verdicts import Kind
 from gpubench.diagnostics.parity import TECHNIQUES
 from gpubench.suite.claims import CLAIMS
 from gpubench.util import atomic
+from gpubench.util.verdicts import Kind
 
 TOLERANCE = CLAIMS["parity"].parts["bf16"][1]
 """Largest |final loss - FP32's final loss| / FP32's initial loss that counts as parity (the
@@ -163,7 +163,7 @@ def parity_markdown(report: dict) -> str:
         lines.append(f"- not trained: {name}: {reason}")
     parts = verdict_parts(report)
     if parts:
-        from gpubench.analysis.verdicts import combine_parts
+        from gpubench.util.verdicts import combine_parts
 
         measured, why = describe(report)
         lines += ["", f"**{CLAIM}**: {combine_parts(parts)}. {measured}."]

@@ -15,9 +15,9 @@ from gpubench.analysis.speed import (
     _speed_vs_baseline,
     compare_paired_rounds,
 )
-from gpubench.analysis.verdicts import ALPHA, MIN_EFFECT
 from gpubench.train.config import RunConfig, config_from_record, inert_techniques
 from gpubench.train.techniques import TECHNIQUES
+from gpubench.util.verdicts import ALPHA, MIN_EFFECT
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gpubench.analysis.verdicts import ALPHA, MIN_EFFECT, Kind
 from gpubench.util.stats import compare_independent, compare_paired
+from gpubench.util.verdicts import ALPHA, MIN_EFFECT, Kind
 
 MIN_MEMORY_EFFECT = 0.05
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from gpubench.analysis.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD
 from gpubench.util.argtypes import bounded, non_negative
+from gpubench.util.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD
 
 _alpha = bounded(float, low=0, high=1, open_low=True, open_high=True)
 _threshold = non_negative

@@ -32,6 +32,7 @@ from gpubench.measure.memory import (
     track_large_allocations,
 )
 from gpubench.train.build import Case
+from gpubench.util.verdicts import Kind
 
 MIB = 2**20
 
@@ -80,12 +81,20 @@ class LeakResult:
                    self.sustained_growth_bytes_per_step) > self.threshold_bytes_per_step
 
     @property
-    def verdict(self) -> str:
+    def kind(self) -> Kind:
+        """The verdict's word: leaks, no leak, or does not fit."""
         if self.out_of_memory and not self.leaks:
-            return "does not fit (out of memory in its first step)"
+            return Kind.DOES_NOT_FIT
+        return Kind.LEAKS if self.leaks else Kind.NO_LEAK
+
+    @property
+    def verdict(self) -> str:
+        """The verdict's word, with how memory ran out where it did."""
+        if self.out_of_memory and not self.leaks:
+            return f"{Kind.DOES_NOT_FIT} (out of memory in its first step)"
         if self.out_of_memory:
-            return f"LEAKS (out of memory after {self.out_of_memory_after} steps)"
-        return "LEAKS" if self.leaks else "ok"
+            return f"{Kind.LEAKS} (out of memory after {self.out_of_memory_after} steps)"
+        return str(self.kind)
 
 
 class _OverBudget(Exception):

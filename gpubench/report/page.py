@@ -20,11 +20,11 @@ import pandas as pd
 
 from gpubench.analysis.advice import advice_markdown
 from gpubench.analysis.results import load_results
-from gpubench.analysis.verdicts import Kind
 from gpubench.report.charts import CHARTS, CannotPlot, energy_per_sample
 from gpubench.report.summary import summary_markdown
 from gpubench.util import atomic
 from gpubench.util.tables import markdown_table
+from gpubench.util.verdicts import Kind
 
 READING_GUIDE = """\
 - **Speedup** is the ratio of throughputs: the case's samples/s divided by the samples/s of the
@@ -69,7 +69,7 @@ for heat or a power brake); the summary flags such cases.
 
 VERDICT_CLASSES = {kind.value: kind.tone for kind in Kind}
 """Bold verdict words of the advice (and compare) tables -> CSS class of their colour
-(``gpubench.analysis.verdicts.Kind.tone``)."""
+(``gpubench.util.verdicts.Kind.tone``)."""
 
 STYLE = """
 :root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --zebra: #f6f8fa; --accent: #0969da; }

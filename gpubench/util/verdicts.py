@@ -13,9 +13,9 @@ from enum import StrEnum
 
 
 class Kind(StrEnum):
-    """The words every verdict is given in: a claim's (the advice, convergence parity) and a
-    regression check's (``gpubench compare``). Equal to their strings, so records and tables
-    keep plain text."""
+    """The words every verdict is given in: a claim's (the advice, convergence parity), a
+    regression check's (``gpubench compare``) and a leak check's (``gpubench memory``). Equal
+    to their strings, so records and tables keep plain text."""
 
     HOLDS = "holds"
     SMALLER = "smaller than claimed"
@@ -29,6 +29,10 @@ class Kind(StrEnum):
     IMPROVEMENT = "improvement"
     UNCHANGED = "unchanged"
     TOO_FEW = "too few rounds to decide"
+    # gpubench memory's leak check of a training loop
+    LEAKS = "LEAKS"
+    NO_LEAK = "ok"
+    DOES_NOT_FIT = "does not fit"
 
     @property
     def tone(self) -> str:
@@ -41,7 +45,7 @@ _TONES = {
     Kind.DOES_NOT_HOLD: "bad", Kind.FAILED: "bad", Kind.REGRESSION: "bad",
     Kind.INCONCLUSIVE: "unsure", Kind.SMALLER: "unsure", Kind.TOO_FEW: "unsure",
     Kind.NOT_TESTABLE: "na", Kind.NOT_APPLICABLE: "na",
-    Kind.UNCHANGED: "neutral",
+    Kind.UNCHANGED: "neutral", Kind.NO_LEAK: "good", Kind.LEAKS: "bad", Kind.DOES_NOT_FIT: "na",
 }
 
 
