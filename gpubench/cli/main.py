@@ -593,6 +593,14 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return parity_main(args)
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from gpubench.cli.tune import tune_main
+
+    if args.out:
+        check_output("--out", args.out)
+    return tune_main(args)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from gpubench.analysis.compare import write_github_json
 
@@ -726,6 +734,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parity_arguments(par)
     par.set_defaults(func=cmd_parity)
+
+    tun = sub.add_parser("tune", help="search the fastest configuration that keeps the global "
+                         "batch, fits the memory budget and still trains")
+    from gpubench.cli.tune import add_tune_arguments
+
+    add_tune_arguments(tun)
+    tun.set_defaults(func=cmd_tune)
 
     exp = sub.add_parser("export", help="a result file's figures for github-action-benchmark")
     exp.add_argument("file")

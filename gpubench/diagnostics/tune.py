@@ -1,0 +1,705 @@
+"""``gpubench tune``: the fastest configuration of one model that keeps its global batch, fits a
+memory budget and still trains, found by a search cheaper than measuring every combination.
+
+The search, in the order it runs:
+
+1. **Diagnosis** of the baseline step (``diagnose``): its model FLOP utilisation against the
+   device's measured matmul peak, the share of the step its optimizer takes, and how much faster
+   the device multiplies in reduced precision; from those, which techniques are predicted to
+   help. The space is ordered by the prediction (a search stopped by ``--time`` has measured the
+   likeliest first), and each prediction is scored against what was measured.
+2. **The space** (``search_space``): precision x micro-batch (with accumulation keeping the
+   global batch) x activation checkpointing x optimizer implementation x layout x compile, each
+   where the device and the workload can use it; a configuration the device cannot run is
+   pruned with its reason.
+3. **Memory pruning** before anything is timed (``MemoryModel``): parameters, gradients and
+   optimizer state counted exactly once, the activations autograd saves counted at one
+   micro-batch per precision and checkpointing and scaled with the micro-batch; a configuration
+   predicted over the budget is pruned. The winner's real figure is measured and set beside its
+   prediction.
+4. **Successive halving** on rounds paired with the baseline's (the baseline's case stays built;
+   each candidate alternates one step with it): every survivor gets ``RUNG_ROUNDS`` rounds, the
+   fastest third (``KEEP``) twice as many more, and so on until ``FINALISTS`` are left.
+5. **Confirmation** of the finalists with the suite's protocol: the training check (a finalist
+   that fails it is dropped and the next one confirmed), then ``CONFIRM_ROUNDS`` fresh paired
+   rounds (not the rounds that selected it, which favour whoever was lucky in them),
+   a speed ratio with its 95% interval (``gpubench.analysis``'s paired statistics) and its
+   measured training memory. The winner is the fastest finalist that beats the baseline
+   significantly by ``MIN_EFFECT``; the baseline when none does.
+6. **Ablation** of the winner: each of its techniques set back to the baseline's in turn,
+   measured the same way, so the table says what each is worth in this combination.
+
+Everything measured is written to ``tune.json`` as soon as it is measured; ``resume=True``
+continues a stopped tune from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpubench.measure.memory import SavedActivations, state_breakdown
+from gpubench.suite.cases import baseline, native_cpu_precisions
+from gpubench.train.build import build, unsupported_reason
+from gpubench.train.checks import TrainingCheckError, check_case
+from gpubench.train.config import RunConfig
+from gpubench.util import atomic
+from gpubench.util.stats import compare_paired
+from gpubench.util.verdicts import ALPHA, MIN_EFFECT
+
+DIMENSIONS = ("precision", "micro_batch", "checkpointing", "optimizer_impl", "channels_last",
+              "compile")
+"""The techniques the search combines (``micro_batch`` with the accumulation that keeps the
+global batch)."""
+
+RUNG_ROUNDS = 2
+"""Paired rounds every candidate gets in the first rung; each later rung doubles them."""
+KEEP = 1 / 3
+"""The share of a rung's candidates that go on to the next."""
+FINALISTS = 3
+"""Candidates confirmed with the full protocol."""
+CONFIRM_ROUNDS = 15
+"""Paired rounds of a confirmation (and of each ablation)."""
+WARMUP_STEPS = 1
+"""Untimed steps after a candidate is built (allocator, autotuning; compilation)."""
+VERSION = 1
+"""The version of ``tune.json``; ``resume`` refuses another."""
+
+
+class TuneError(ValueError):
+    """Bad input to the tuner (a one-line message naming the bad value)."""
+
+
+@dataclass
+class Candidate:
+    cfg: RunConfig
+    predicted_bytes: float | None = None
+    pruned: str | None = None
+    """Why it is not measured (unsupported here, over the budget), or None."""
+    ratios: list[float] = field(default_factory=list)
+    """Per paired round: the baseline's step time / the candidate's (same global batch: >1 is
+    faster)."""
+    rung: int = -1
+    """The last rung it was measured in (-1: none)."""
+
+    @property
+    def id(self) -> str:
+        return self.cfg.id
+
+    @property
+    def speed(self) -> float:
+        return statistics.median(self.ratios) if self.ratios else float("nan")
+
+
+def micro_batches(global_batch: int, min_batch: int) -> list[int]:
+    """The micro-batches the space tries for ``global_batch``: it, its half and its quarter,
+    where they divide it and are at least ``min_batch``."""
+    found = [global_batch // d for d in (1, 2, 4)
+             if global_batch % d == 0 and global_batch // d >= min_batch]
+    return list(dict.fromkeys(found))
+
+
+def with_micro(cfg: RunConfig, micro: int, global_batch: int) -> RunConfig:
+    """``cfg`` at micro-batch ``micro`` with the accumulation that keeps ``global_batch`` (the
+    profile's default micro-batch left implicit, so that ids stay the suite's)."""
+    default = cfg.with_(micro_batch=None).resolved_micro_batch
+    return cfg.with_(micro_batch=None if micro == default else micro,
+                     accum_steps=global_batch // micro)
+
+
+def space_values(base: RunConfig, global_batch: int, dims: tuple[str, ...],
+                 compile_: bool) -> dict[str, list]:
+    """Each dimension's values for ``base``'s workload on its device (the baseline's first)."""
+    w = base.workload
+    reduced = ["bf16", "fp16"] if base.device == "cuda" else (
+        [p for p in ("bf16", "fp16") if p in native_cpu_precisions()])
+    values = {
+        "precision": ["fp32", *reduced],
+        "micro_batch": micro_batches(global_batch, w.min_batch),
+        "checkpointing": [False, True] if (w.checkpointing or w.facts.blocks) else [False],
+        "optimizer_impl": ["default", "foreach", "fused"],
+        "channels_last": [False, True] if w.uses_channels_last else [False],
+        "compile": [False, True] if compile_ else [False],
+    }
+    return {d: values[d] if d in dims else values[d][:1] for d in DIMENSIONS}
+
+
+def search_space(base: RunConfig, global_batch: int, dims: tuple[str, ...] = DIMENSIONS,
+                 compile_: bool = False) -> list[RunConfig]:
+    """Every combination of ``dims`` (the others at the baseline's values), the baseline first;
+    the micro-batch comes with the accumulation that keeps ``global_batch``."""
+    values = space_values(base, global_batch, dims, compile_)
+    out = []
+    for combo in itertools.product(*(values[d] for d in DIMENSIONS)):
+        fields = dict(zip(DIMENSIONS, combo, strict=True))
+        micro = fields.pop("micro_batch")
+        out.append(with_micro(base.with_(**fields), micro, global_batch))
+    return list(dict.fromkeys(out))
+
+
+class MemoryModel:
+    """Predicted training memory of a configuration (parameters + gradients + optimizer state +
+    the activations its largest micro-batch saves), from exact counts: the state once, the
+    saved activations once per (precision, checkpointing, layout) at one micro-batch, scaled
+    linearly with the micro-batch."""
+
+    def __init__(self) -> None:
+        self._state: float | None = None
+        self._activations: dict[tuple, tuple[int, float]] = {}
+        self.counted = 0
+
+    def _count(self, cfg: RunConfig) -> tuple[int, float]:
+        key = (cfg.precision, cfg.checkpointing, cfg.channels_last)
+        if key not in self._activations:
+            probe = cfg.with_(compile=False, optimizer_impl="default", accum_steps=1)
+            with build(probe) as case, case.precision.math_mode():
+                with SavedActivations(case.model) as saved:
+                    case.step()
+                if self._state is None:
+                    self._state = float(sum(state_breakdown(case.model,
+                                                            case.optimizer).values()))
+            self._activations[key] = (probe.resolved_micro_batch, saved.per_micro_batch_bytes)
+            self.counted += 1
+        return self._activations[key]
+
+    def predict(self, cfg: RunConfig) -> float:
+        micro, saved = self._count(cfg)
+        return self._state + saved * cfg.resolved_micro_batch / micro
+
+
+def _timed(case) -> float:
+    """One synchronized step of ``case`` in its own math mode; its seconds."""
+    with case.precision.math_mode():
+        start = time.perf_counter()
+        case.synced_step()
+        return time.perf_counter() - start
+
+
+def paired_ratios(base_case, cfg: RunConfig, rounds: int, *, check: bool = False
+                  ) -> tuple[list[float], list[float], list[float], dict]:
+    """Build ``cfg`` (its training check first, with ``check``), warm it up, then ``rounds``
+    rounds alternating one baseline step and one of ``cfg`` (which goes first alternates
+    too). Returns (ratios, baseline seconds, candidate seconds, facts: its training memory)."""
+    with build(cfg) as case:
+        if check:
+            check_case(case)
+        for _ in range(WARMUP_STEPS):
+            case.synced_step()
+        base_s, new_s = [], []
+        for i in range(rounds):
+            if i % 2:
+                new_s.append(_timed(case))
+                base_s.append(_timed(base_case))
+            else:
+                base_s.append(_timed(base_case))
+                new_s.append(_timed(case))
+        facts = {}
+        if check:
+            with SavedActivations(case.model) as saved:
+                case.step()
+            facts["training_memory_bytes"] = float(
+                sum(state_breakdown(case.model, case.optimizer).values())
+                + saved.per_micro_batch_bytes)
+            if cfg.device == "cuda":
+                facts["peak_memory_bytes"] = float(torch.cuda.max_memory_allocated())
+    return [b / n for b, n in zip(base_s, new_s, strict=True)], base_s, new_s, facts
+
+
+@dataclass
+class Diagnosis:
+    mfu: float | None
+    optimizer_share: float
+    reduced_speedup: float | None
+    """How much faster the device multiplies in bf16 than in fp32 (measured matmul peaks)."""
+    step_s: float
+    bound: str
+    predictions: dict[str, str]
+    """Technique -> "helps", "hurts" or "neutral", with the reason after a colon."""
+
+
+def diagnose(base: RunConfig, base_case) -> Diagnosis:
+    """What bounds the baseline's step and which techniques that predicts will help."""
+    from gpubench.measure.flops import counting_flops, matmul_peak_flops
+
+    with base_case.precision.math_mode():
+        steps = [_timed(base_case) for _ in range(3)]
+        step_s = min(steps)
+        with counting_flops() as counted:
+            base_case.step()
+        opt = []
+        for _ in range(3):
+            start = time.perf_counter()
+            base_case.optimizer.step()
+            base_case.synchronize()
+            opt.append(time.perf_counter() - start)
+    fp32 = matmul_peak_flops(str(base_case.device), "fp32")
+    mfu = counted.result.model_total / step_s / fp32 if fp32 else None
+    reduced = None
+    if base.device == "cuda" or "bf16" in native_cpu_precisions():
+        reduced = matmul_peak_flops(str(base_case.device), "bf16") / fp32
+    share = min(1.0, min(opt) / step_s)
+    if mfu is not None and mfu >= 0.3:
+        bound = f"compute (matmuls at {mfu:.0%} of the fp32 peak)"
+    elif base.device == "cuda" and step_s < 0.01:
+        bound = f"launch and host overhead (a {step_s * 1e3:.1f} ms step of small kernels)"
+    else:
+        bound = ("memory traffic and small ops (matmuls at "
+                 f"{mfu:.0%} of the fp32 peak)" if mfu is not None else "unknown")
+    p = {}
+    if reduced is not None:
+        p["precision"] = (("helps" if reduced > 1.3 and (mfu or 0) > 0.05 else "neutral")
+                          + f": reduced-precision matmuls run {reduced:.1f}x fp32's here")
+    p["optimizer_impl"] = (("helps" if share > 0.1 else "neutral")
+                           + f": the optimizer takes {share:.0%} of the step")
+    p["checkpointing"] = "hurts: it re-runs each block's forward in backward (memory, not speed)"
+    p["micro_batch"] = ("hurts: smaller micro-batches run more, smaller kernels for the same "
+                        "samples")
+    p["channels_last"] = ("helps: NHWC convolutions on tensor cores" if base.device == "cuda"
+                          else "neutral: the CPU's convolutions gain little from NHWC")
+    p["compile"] = ("helps: fused kernels and fewer launches" if not bound.startswith("compute")
+                    else "neutral: a compute-bound step leaves little for fusion")
+    return Diagnosis(mfu, share, reduced, step_s, bound, p)
+
+
+def _changed(cfg: RunConfig, base: RunConfig) -> list[str]:
+    """The search dimensions in which ``cfg`` differs from ``base``."""
+    return [d for d in DIMENSIONS
+            if (cfg.resolved_micro_batch if d == "micro_batch" else getattr(cfg, d))
+            != (base.resolved_micro_batch if d == "micro_batch" else getattr(base, d))]
+
+
+def _priority(cfg: RunConfig, base: RunConfig, diagnosis: Diagnosis) -> float:
+    """Higher for configurations made of techniques predicted to help."""
+    score = {"helps": 1.0, "neutral": 0.0, "hurts": -1.0}
+    return sum(score[diagnosis.predictions.get(d, "neutral").split(":")[0]]
+               for d in _changed(cfg, base))
+
+
+def _speed_summary(base_s: list[float], new_s: list[float]) -> dict:
+    est = compare_paired(np.asarray(base_s), np.asarray(new_s))
+    return {"speedup": est.ratio, "low": est.low, "high": est.high, "p_value": est.p_value}
+
+
+def _significant(conf: dict) -> bool:
+    """Faster by ``MIN_EFFECT`` at least, with the test and the whole interval agreeing."""
+    return conf["p_value"] < ALPHA and conf["speedup"] >= 1 + MIN_EFFECT and conf["low"] > 1
+
+
+@dataclass
+class TuneResult:
+    model: str
+    device: str
+    profile: str
+    global_batch: int
+    budget_bytes: float | None
+    baseline: str
+    diagnosis: dict
+    candidates: list[dict]
+    confirmed: list[dict]
+    winner: dict
+    ablation: list[dict]
+    measured_s: float
+    """Seconds of the search's measurements: building, checking and timing candidates (the
+    memory model's counts and the diagnosis included; the ablation not)."""
+    complete: bool
+    ablation_s: float = 0.0
+
+
+class Tuner:
+    """One tune of ``spec`` into ``out`` (``tune.json``, ``tune.md``); ``progress`` receives a
+    line per measurement."""
+
+    def __init__(self, spec: str, profile: str, device: str, out: Path, *,
+                 global_batch: int | None = None, budget_bytes: float | None = None,
+                 time_s: float | None = None, dims: tuple[str, ...] = DIMENSIONS,
+                 compile_: bool = False, resume: bool = False, ablate: bool = True,
+                 progress: Callable[[str], None] = print):
+        self.base = baseline(spec, profile, device)
+        if global_batch is None:
+            global_batch = self.base.global_batch
+        if not isinstance(global_batch, int) or global_batch < 1:
+            raise TuneError(f"--global-batch must be a positive integer; got {global_batch!r}")
+        if not micro_batches(global_batch, self.base.workload.min_batch):
+            raise TuneError(
+                f"--global-batch {global_batch}: no micro-batch of {self.base.name} divides it "
+                f"(its smallest micro-batch is {self.base.workload.min_batch}: BatchNorm needs "
+                "two samples)")
+        bad = [d for d in dims if d not in DIMENSIONS]
+        if bad or not dims:
+            raise TuneError(f"techniques must be from {', '.join(DIMENSIONS)}; got "
+                            f"{','.join(dims)!r}")
+        if budget_bytes is None and device == "cuda":
+            budget_bytes = float(torch.cuda.get_device_properties(0).total_memory)
+        self.base = with_micro(self.base, global_batch, global_batch)
+        self.spec, self.profile, self.device, self.out = spec, profile, device, Path(out)
+        self.global_batch, self.budget = global_batch, budget_bytes
+        self.time_s, self.dims, self.compile = time_s, tuple(dims), compile_
+        self.progress = progress
+        self.path = self.out / "tune.json"
+        self.state = self._load() if resume else None
+        if resume and self.state is None:
+            raise TuneError(f"--resume: no tune to continue in {self.out}/ (no tune.json)")
+        self.measured_s = self.state["measured_s"] if self.state else 0.0
+        self.ablation_s = 0.0
+        self.ablate = ablate
+
+    # -- the journal --------------------------------------------------------------------------
+    def _identity(self) -> dict:
+        return {"version": VERSION, "model": self.spec, "profile": self.profile,
+                "device": self.device, "global_batch": self.global_batch,
+                "budget_bytes": self.budget, "dims": list(self.dims), "compile": self.compile}
+
+    def _load(self) -> dict | None:
+        if not self.path.exists():
+            return None
+        state = json.loads(self.path.read_text())
+        if state.get("identity") != self._identity():
+            raise TuneError(f"--resume: {self.path} is a tune of another search "
+                            f"({state.get('identity')}); start a new one in another --out")
+        return state
+
+    def _save(self, **parts) -> None:
+        state = self.state or {"identity": self._identity(), "rungs": {}, "confirmed": {},
+                               "ablation": {}}
+        state.update(parts)
+        state["measured_s"] = self.measured_s
+        self.state = state
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(self.path, json.dumps(state, indent=1, default=str))
+
+    # -- the search ---------------------------------------------------------------------------
+    def _measure(self, base_case, cfg: RunConfig, rounds: int, check: bool = False,
+                 ablation: bool = False):
+        start = time.perf_counter()
+        try:
+            return paired_ratios(base_case, cfg, rounds, check=check)
+        finally:
+            if ablation:
+                self.ablation_s += time.perf_counter() - start
+            else:
+                self.measured_s += time.perf_counter() - start
+
+    def _out_of_time(self, started: float) -> bool:
+        return self.time_s is not None and time.perf_counter() - started > self.time_s
+
+    def run(self) -> TuneResult:
+        started = time.perf_counter()
+        setup_start = started
+        base = self.base
+        reason = unsupported_reason(base)
+        if reason:
+            raise TuneError(f"the baseline {base.id} cannot run here: {reason}")
+        memory = MemoryModel()
+        with build(base) as base_case:
+            base_case.synced_step()
+            self.progress(f"gpubench tune: {base.id}, global batch {self.global_batch}: "
+                          "diagnosing the baseline step ...")
+            diagnosis = diagnose(base, base_case)
+            self.progress(f"gpubench tune: bound by {diagnosis.bound}")
+            cands = [Candidate(c) for c in search_space(base, self.global_batch, self.dims,
+                                                        self.compile)]
+            for c in cands:
+                if c.cfg != base:
+                    c.pruned = unsupported_reason(c.cfg)
+            if self.budget is not None:
+                for c in cands:
+                    if c.pruned is None:
+                        c.predicted_bytes = memory.predict(c.cfg)
+                        if c.predicted_bytes > self.budget:
+                            c.pruned = (f"predicted {c.predicted_bytes / 2**20:,.0f} MiB, over "
+                                        f"the budget of {self.budget / 2**20:,.0f} MiB")
+                if base.id in {c.id for c in cands if c.pruned}:
+                    raise TuneError(
+                        f"--budget {self.budget / 2**20:,.0f} MiB: not even the baseline fits "
+                        f"(predicted {cands[0].predicted_bytes / 2**20:,.0f} MiB)")
+            alive = sorted([c for c in cands if c.pruned is None and c.cfg != base],
+                           key=lambda c: -_priority(c.cfg, base, diagnosis))
+            self.measured_s += time.perf_counter() - setup_start
+            self.progress(f"gpubench tune: {len(cands)} configurations, "
+                          f"{sum(c.pruned is not None for c in cands)} pruned, {len(alive)} to "
+                          "search")
+            rung, rounds = 0, RUNG_ROUNDS
+            done = (self.state or {}).get("rungs", {})
+            while alive:
+                for i, c in enumerate(alive):
+                    key = f"{rung}:{c.id}"
+                    if key in done:
+                        c.ratios += done[key]
+                    elif not self._out_of_time(started):
+                        try:
+                            ratios, _, _, _ = self._measure(base_case, c.cfg, rounds)
+                        except (RuntimeError, TrainingCheckError) as err:
+                            c.pruned = f"failed to run: {str(err).splitlines()[0][:200]}"
+                            ratios = []
+                        c.ratios += ratios
+                        done[key] = ratios
+                        self._save(rungs=done)
+                    c.rung = rung
+                    self.progress(f"gpubench tune: rung {rung} [{i + 1}/{len(alive)}] {c.id}: "
+                                  f"{c.speed:.2f}x")
+                alive = [c for c in alive if c.pruned is None and c.ratios]
+                if len(alive) <= FINALISTS + 1 or self._out_of_time(started):
+                    break
+                alive = sorted(alive, key=lambda c: -c.speed)[:max(FINALISTS,
+                                                                   math.ceil(len(alive) * KEEP))]
+                rung, rounds = rung + 1, rounds * 2
+            finalists = sorted(alive, key=lambda c: -c.speed)[:FINALISTS]
+            confirmed = self._confirm(base_case, finalists, cands)
+            winner = max((c for c in confirmed if c.get("check") == "passed"
+                          and _significant(c)), key=lambda c: c["speedup"], default=None)
+            if winner is None:
+                winner = {"case_id": base.id, "speedup": 1.0, "low": 1.0, "high": 1.0,
+                          "p_value": 1.0, "config": base, "check": "baseline",
+                          "why": "no configuration beat the baseline significantly by "
+                          f"{MIN_EFFECT:.0%}"}
+            ablation = self._ablate(base_case, winner) if self.ablate else []
+        result = TuneResult(
+            self.spec, self.device, self.profile, self.global_batch, self.budget, base.id,
+            {**diagnosis.__dict__, "memory_counts": memory.counted},
+            [{"case_id": c.id, "speed": c.speed, "rounds": len(c.ratios), "rung": c.rung,
+              "pruned": c.pruned, "predicted_bytes": c.predicted_bytes,
+              "changed": _changed(c.cfg, base)} for c in cands],
+            [{k: v for k, v in c.items() if k != "config"} for c in confirmed],
+            {k: v for k, v in winner.items() if k != "config"} | {
+                "config": _config_fields(winner["config"])}, ablation,
+            self.measured_s, not self._out_of_time(started), self.ablation_s)
+        self._save(result=result.__dict__)
+        return result
+
+    def _confirm(self, base_case, finalists: list[Candidate],
+                 cands: list[Candidate]) -> list[dict]:
+        """The finalists through the check and ``CONFIRM_ROUNDS`` paired rounds; one that fails
+        the check is replaced by the next-fastest candidate."""
+        out, done = [], (self.state or {}).get("confirmed", {})
+        queue = list(finalists)
+        reserve = sorted([c for c in cands if c.ratios and c not in finalists],
+                         key=lambda c: -c.speed)
+        while queue and len([c for c in out if c["check"] == "passed"]) < FINALISTS:
+            c = queue.pop(0)
+            if c.id in done:
+                entry = done[c.id]
+            else:
+                try:
+                    _, base_s, new_s, facts = self._measure(base_case, c.cfg, CONFIRM_ROUNDS,
+                                                            check=True)
+                    entry = {"case_id": c.id, "check": "passed", **_speed_summary(base_s, new_s),
+                             **facts, "predicted_bytes": c.predicted_bytes}
+                except TrainingCheckError as err:
+                    entry = {"case_id": c.id, "check": f"failed: {str(err).splitlines()[0]}"}
+                    if reserve:
+                        queue.append(reserve.pop(0))
+                done[c.id] = entry
+                self._save(confirmed=done)
+            self.progress(f"gpubench tune: confirmed {c.id}: " + (
+                f"{entry['speedup']:.2f}x [{entry['low']:.2f}-{entry['high']:.2f}]"
+                if entry["check"] == "passed" else entry["check"]))
+            out.append({**entry, "config": c.cfg})
+        return out
+
+    def _ablate(self, base_case, winner: dict) -> list[dict]:
+        cfg, base = winner["config"], self.base
+        done, out = (self.state or {}).get("ablation", {}), []
+        for d in _changed(cfg, base):
+            back = (with_micro(cfg, base.resolved_micro_batch, self.global_batch)
+                    if d == "micro_batch" else cfg.with_(**{d: getattr(base, d)}))
+            if back == base:
+                entry = {"removed": d, "case_id": back.id, "speedup": 1.0, "low": 1.0,
+                         "high": 1.0, "p_value": 1.0}
+            elif d in done:
+                entry = done[d]
+            else:
+                try:
+                    _, base_s, new_s, _ = self._measure(base_case, back, CONFIRM_ROUNDS,
+                                                        ablation=True)
+                    entry = {"removed": d, "case_id": back.id, **_speed_summary(base_s, new_s)}
+                except (RuntimeError, ValueError) as err:
+                    entry = {"removed": d, "case_id": back.id,
+                             "error": str(err).splitlines()[0]}
+                done[d] = entry
+                self._save(ablation=done)
+            self.progress(f"gpubench tune: without {d}: " + (
+                f"{entry['speedup']:.2f}x" if "speedup" in entry else entry["error"]))
+            out.append(entry)
+        return out
+
+
+def exhaustive(spec: str, profile: str, device: str, *, global_batch: int | None = None,
+               dims: tuple[str, ...] = DIMENSIONS, progress: Callable[[str], None] = print
+               ) -> dict:
+    """Every configuration of the tuner's space measured as the tuner confirms its finalists
+    (the training check, then ``CONFIRM_ROUNDS`` rounds paired with the baseline's): what a
+    search has to beat. Returns the entries, the winner (the fastest significant one, else
+    the baseline) and the measured seconds."""
+    tuner = Tuner(spec, profile, device, Path("."), global_batch=global_batch, dims=dims,
+                  progress=progress)
+    base, entries, start = tuner.base, [], time.perf_counter()
+    with build(base) as base_case:
+        base_case.synced_step()
+        for cfg in search_space(base, tuner.global_batch, tuner.dims):
+            if cfg == base or unsupported_reason(cfg):
+                continue
+            try:
+                _, base_s, new_s, _ = paired_ratios(base_case, cfg, CONFIRM_ROUNDS, check=True)
+            except (TrainingCheckError, RuntimeError):
+                continue
+            entries.append({"case_id": cfg.id, "check": "passed",
+                            **_speed_summary(base_s, new_s)})
+            progress(f"gpubench tune (exhaustive): {cfg.id}: {entries[-1]['speedup']:.2f}x")
+    winner = max((e for e in entries if _significant(e)), key=lambda e: e["speedup"],
+                 default={"case_id": base.id, "speedup": 1.0, "low": 1.0, "high": 1.0})
+    return {"entries": entries, "winner": winner, "baseline": base.id,
+            "measured_s": time.perf_counter() - start}
+
+
+def _config_fields(cfg: RunConfig) -> dict:
+    return {**{d: getattr(cfg, d) for d in DIMENSIONS if d != "micro_batch"},
+            "micro_batch": cfg.resolved_micro_batch, "accum_steps": cfg.accum_steps,
+            "optimizer": cfg.optimizer, "compile_mode": cfg.compile_mode}
+
+
+def case_command(result: TuneResult) -> str:
+    """The ``gpubench case`` command that re-measures the winner."""
+    c = result.winner["config"]
+    flags = [f"--model {result.model}", f"--profile {result.profile}",
+             f"--device {result.device}", f"--precision {c['precision']}",
+             f"--micro-batch {c['micro_batch']}", f"--accum-steps {c['accum_steps']}",
+             f"--optimizer-impl {c['optimizer_impl']}"]
+    flags += [f"--{f.replace('_', '-')}" for f in ("checkpointing", "channels_last", "compile")
+              if c[f]]
+    return "gpubench case " + " ".join(flags)
+
+
+def snippet(result: TuneResult) -> str:
+    """A training loop with the winner's settings, to paste into the user's script."""
+    c = result.winner["config"]
+    dev = result.device
+    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(c["precision"])
+    opt_kw = {"default": "", "foreach": ", foreach=True", "fused": ", fused=True"}[
+        c["optimizer_impl"]]
+    optimizer = {"sgd": f"torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9{opt_kw})",
+                 "adam": f"torch.optim.Adam(model.parameters(), lr=1e-3{opt_kw})",
+                 "adamw": f"torch.optim.AdamW(model.parameters(), lr=1e-3{opt_kw})"}[
+        c["optimizer"]]
+    lines = ["import torch", ""]
+    if c["precision"] == "tf32":
+        lines += ["torch.backends.cuda.matmul.allow_tf32 = True",
+                  "torch.backends.cudnn.allow_tf32 = True"]
+    if dev == "cuda":
+        lines.append("torch.backends.cudnn.benchmark = True")
+    layout = ", memory_format=torch.channels_last" if c["channels_last"] else ""
+    lines += [f'model = build_model().to("{dev}"{layout})']
+    if c["checkpointing"]:
+        lines += ["# activation checkpointing: wrap each block's forward, for example",
+                  "# from torch.utils.checkpoint import checkpoint",
+                  "# block.forward = functools.partial(checkpoint, block.forward, "
+                  "use_reentrant=False)"]
+    lines.append(f"optimizer = {optimizer}")
+    if c["precision"] == "fp16":
+        lines.append(f'scaler = torch.amp.GradScaler("{dev}")')
+    if c["compile"]:
+        mode = "" if c["compile_mode"] == "default" else f', mode="{c["compile_mode"]}"'
+        lines.append(f"model = torch.compile(model{mode})")
+    k = c["accum_steps"]
+    lines += [f"accum_steps, micro_batch = {k}, {c['micro_batch']}  # "
+              f"global batch {result.global_batch}", "",
+              "for batches in loader_of(micro_batch):  # accum_steps micro-batches per step",
+              "    optimizer.zero_grad(set_to_none=True)",
+              "    for inputs, targets in batches:"]
+    cl = ".to(memory_format=torch.channels_last)" if c["channels_last"] else ""
+    lines.append(f'        inputs = inputs.to("{dev}", non_blocking=True){cl}')
+    body = "loss = loss_fn(model(inputs), targets)" + (f" / {k}" if k > 1 else "")
+    if dtype:
+        lines += [f'        with torch.autocast("{dev}", dtype={dtype}):',
+                  f"            {body}"]
+    else:
+        lines.append(f"        {body}")
+    if c["precision"] == "fp16":
+        lines += ["        scaler.scale(loss).backward()", "    scaler.step(optimizer)",
+                  "    scaler.update()"]
+    else:
+        lines += ["        loss.backward()", "    optimizer.step()"]
+    return "\n".join(lines)
+
+
+def _mib(value) -> str:
+    return "-" if value is None or value != value else f"{value / 2**20:,.1f} MiB"
+
+
+def tune_markdown(result: TuneResult) -> str:
+    """``tune.md``: the answer first, then why."""
+    w = result.winner
+    n = len(result.candidates)
+    pruned = [c for c in result.candidates if c["pruned"]]
+    searched = [c for c in result.candidates if c["rounds"]]
+    head = (f"**{w['case_id']}**: {w['speedup']:.2f}x the baseline's speed (95% CI "
+            f"{w['low']:.2f}-{w['high']:.2f}) at global batch {result.global_batch}"
+            if w["case_id"] != result.baseline else
+            f"**the baseline ({result.baseline})**: {w.get('why', '')}")
+    lines = [f"# gpubench tune: {result.model} ({result.device}, {result.profile})", "",
+             f"Winner: {head}.", ""]
+    if not result.complete:
+        lines += ["The search stopped at its time limit (`--time`): later rungs were not "
+                  "measured.", ""]
+    lines += [f"Searched {len(searched)} of {n} configurations ({len(pruned)} pruned) in "
+              f"{result.measured_s:.0f} s of measurement.", "",
+              "## Use it", "", "```python", snippet(result), "```", "",
+              f"Re-measure it: `{case_command(result)}`", "",
+              "## Diagnosis of the baseline step", "",
+              f"Bound by **{result.diagnosis['bound']}**; the optimizer takes "
+              f"{result.diagnosis['optimizer_share']:.0%} of the step.", "",
+              "| technique | predicted | measured alone | right? |", "|---|---|---|---|"]
+    alone = {tuple(c["changed"]): c for c in result.candidates if len(c["changed"]) == 1}
+    for tech, pred in result.diagnosis["predictions"].items():
+        c = alone.get((tech,))
+        measured = (f"{c['speed']:.2f}x ({c['case_id']})" if c and c["rounds"] else "-")
+        verdict = "-"
+        if c and c["rounds"]:
+            word = pred.split(":")[0]
+            gain = c["speed"] >= 1 + MIN_EFFECT
+            loss = c["speed"] <= 1 - MIN_EFFECT
+            verdict = ("yes" if (word == "helps" and gain) or (word == "hurts" and loss)
+                       or (word == "neutral" and not gain and not loss) else "no")
+        lines.append(f"| {tech} | {pred} | {measured} | {verdict} |")
+    lines += ["", "## Confirmed finalists", "",
+              "| case | check | speedup | 95% CI | training memory | predicted |",
+              "|---|---|---|---|---|---|"]
+    for c in result.confirmed:
+        if c["check"] == "passed":
+            lines.append(f"| {c['case_id']} | passed | {c['speedup']:.2f}x | {c['low']:.2f}-"
+                         f"{c['high']:.2f} | {_mib(c.get('training_memory_bytes'))} | "
+                         f"{_mib(c.get('predicted_bytes'))} |")
+        else:
+            lines.append(f"| {c['case_id']} | {c['check']} | - | - | - | - |")
+    lines += ["", "## Ablation of the winner (each technique set back in turn)", ""]
+    if result.ablation:
+        lines += ["| without | case | speedup | 95% CI |", "|---|---|---|---|"]
+        for a in result.ablation:
+            lines.append(f"| {a['removed']} | {a['case_id']} | " + (
+                f"{a['speedup']:.2f}x | {a['low']:.2f}-{a['high']:.2f} |" if "speedup" in a
+                else f"{a['error']} | - |"))
+    else:
+        lines.append("The winner is the baseline: nothing to take away.")
+    lines += ["", "## Every configuration", "",
+              "| case | rounds | last rung | speed (paired rounds) | pruned |",
+              "|---|---|---|---|---|"]
+    for c in sorted(result.candidates, key=lambda c: -(c["speed"] if c["rounds"] else -1)):
+        speed = f"{c['speed']:.2f}x" if c["rounds"] else "-"
+        lines.append(f"| {c['case_id']} | {c['rounds']} | {c['rung'] if c['rung'] >= 0 else '-'}"
+                     f" | {speed} | {c['pruned'] or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_tune(result: TuneResult, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "tune.md"
+    atomic.write_text(path, tune_markdown(result))
+    return path

@@ -1,0 +1,150 @@
+"""``gpubench tune``: the search space, memory pruning, bad input, the outputs (the winner, the
+ablation, the diagnosis, the snippet), a stopped tune resumed, and the search against an
+exhaustive sweep of the same space measured the same way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpubench.diagnostics import tune
+from gpubench.diagnostics.tune import MemoryModel, TuneError, Tuner, search_space, snippet
+from gpubench.suite.cases import baseline
+
+QUIET = lambda line: None  # noqa: E731
+
+
+def test_the_space_keeps_the_global_batch_and_starts_at_the_baseline():
+    base = baseline("bert", "smoke", "cpu")
+    space = search_space(base, 4, ("precision", "micro_batch", "optimizer_impl",
+                                   "checkpointing"))
+    assert space[0] == base and len(space) == len(set(space))
+    assert all(c.global_batch == 4 for c in space)
+    assert {c.resolved_micro_batch for c in space} == {4, 2, 1}
+    # bf16 where this CPU computes it (AVX512-BF16/AMX), fp16 only on CUDA or AMX-FP16.
+    assert {c.precision for c in space} >= {"fp32"}
+    assert len(space) == 3 * 3 * 2 * len({c.precision for c in space})
+    assert "bert-fp32-accum4-mb1-sgd_fused-ckpt" in {c.id for c in space}
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"spec": "resnet18", "global_batch": 1}, "--global-batch 1: no micro-batch of resnet18 "
+     "divides it (its smallest micro-batch is 2: BatchNorm needs two samples)"),
+    ({"spec": "bert", "dims": ("precision", "lr")}, "techniques must be from precision, "
+     "micro_batch, checkpointing, optimizer_impl, channels_last, compile; got 'precision,lr'"),
+])
+def test_bad_input_is_one_line_naming_it(tmp_path, kwargs, says):
+    spec = kwargs.pop("spec")
+    with pytest.raises(TuneError) as err:
+        Tuner(spec, "smoke", "cpu", tmp_path, progress=QUIET, **kwargs)
+    assert str(err.value) == says
+
+
+def test_an_impossible_budget_is_one_line(tmp_path):
+    with pytest.raises(TuneError, match=r"^--budget 0 MiB: not even the baseline fits "
+                       r"\(predicted [0-9,.]+ MiB\)$"):
+        Tuner("bert", "smoke", "cpu", tmp_path, budget_bytes=1024, dims=("micro_batch",),
+              progress=QUIET).run()
+
+
+def test_the_memory_model_predicts_the_measured_training_memory():
+    base = baseline("bert", "smoke", "cpu")
+    model = MemoryModel()
+    for cfg in (base.with_(micro_batch=2, accum_steps=2),
+                base.with_(checkpointing=True), base):
+        with tune.build(base) as base_case:
+            _, _, _, facts = tune.paired_ratios(base_case, cfg, 1, check=True)
+        assert model.predict(cfg) == pytest.approx(facts["training_memory_bytes"], rel=0.1)
+    assert model.counted == 2  # one count per (precision, checkpointing, layout)
+
+
+def test_a_tune_writes_the_winner_its_ablation_the_diagnosis_and_the_snippet(tmp_path):
+    out = tmp_path / "tune"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpubench", "tune", "--model", "bert", "--profile", "smoke",
+         "--techniques", "optimizer_impl,micro_batch", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "gpubench tune: rung 0 [1/" in proc.stdout  # progress while it searches
+    assert "gpubench tune: wrote" in proc.stdout and "re-measure it with: gpubench case" in (
+        proc.stdout)
+    md = (out / "tune.md").read_text()
+    for heading in ("Winner: ", "## Use it", "## Diagnosis of the baseline step",
+                    "## Confirmed finalists", "## Ablation of the winner",
+                    "## Every configuration"):
+        assert heading in md, heading
+    state = json.loads((out / "tune.json").read_text())
+    result = state["result"]
+    assert len(result["candidates"]) == 9 and result["baseline"] == "bert-fp32"
+    assert all(c["check"] == "passed" or c["check"].startswith("failed")
+               for c in result["confirmed"])
+    assert result["diagnosis"]["predictions"]["optimizer_impl"].split(":")[0] in (
+        "helps", "neutral", "hurts")
+    winner = result["winner"]
+    if winner["case_id"] == "bert-fp32":
+        assert result["ablation"] == [] and "nothing to take away" in md
+    else:  # each of its techniques set back in turn
+        assert result["ablation"] and all(a["removed"] in tune.DIMENSIONS
+                                          for a in result["ablation"])
+
+
+@pytest.mark.parametrize("precision, micro, ckpt, cl", [
+    ("bf16", 2, True, False), ("fp16", 1, False, True), ("fp32", 4, False, False)])
+def test_the_snippet_is_python_with_the_winners_settings(precision, micro, ckpt, cl):
+    config = {"precision": precision, "micro_batch": micro, "accum_steps": 4 // micro,
+              "checkpointing": ckpt, "optimizer_impl": "fused", "channels_last": cl,
+              "compile": True, "optimizer": "sgd", "compile_mode": "default"}
+    result = tune.TuneResult("bert", "cuda", "gpu-small", 4, None, "bert-fp32", {}, [], [],
+                             {"case_id": "x", "config": config}, [], 0.0, True)
+    code = snippet(result)
+    compile(code, "snippet", "exec")
+    assert "fused=True" in code and "torch.compile(model)" in code
+    assert ("GradScaler" in code) == (precision == "fp16")
+    assert (f"accum_steps, micro_batch = {4 // micro}, {micro}") in code
+    assert ("channels_last" in code) == cl
+
+
+def test_a_stopped_tune_resumes_from_what_it_measured(tmp_path):
+    out = tmp_path / "tune"
+    lines = []
+
+    def stop_after_three(line):
+        lines.append(line)
+        if sum("rung 0 [" in x for x in lines) == 3:
+            raise KeyboardInterrupt
+
+    dims = ("optimizer_impl", "micro_batch")
+    with pytest.raises(KeyboardInterrupt):
+        Tuner("bert", "smoke", "cpu", out, dims=dims, progress=stop_after_three).run()
+    kept = json.loads((out / "tune.json").read_text())["rungs"]
+    assert len(kept) == 3  # every measured candidate, written as it was measured
+    resumed = Tuner("bert", "smoke", "cpu", out, dims=dims, resume=True, progress=QUIET)
+    result = resumed.run()
+    state = json.loads((out / "tune.json").read_text())
+    assert all(state["rungs"][k] == v for k, v in kept.items())  # reused, not re-measured
+    assert result.complete and len(result.candidates) == 9
+    with pytest.raises(TuneError, match="is a tune of another search"):
+        Tuner("bert", "smoke", "cpu", out, dims=("micro_batch",), resume=True, progress=QUIET)
+    with pytest.raises(TuneError, match="no tune to continue"):
+        Tuner("bert", "smoke", "cpu", tmp_path / "none", resume=True, progress=QUIET)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["bert", "gpt2"])
+def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(tmp_path, spec):
+    """36 configurations: the tuner's winner is the exhaustive sweep's, or within that
+    sweep's interval of it, for at most 40% of the sweep's measured seconds."""
+    dims = ("precision", "micro_batch", "optimizer_impl", "checkpointing")
+    result = Tuner(spec, "smoke", "cpu", tmp_path, dims=dims, ablate=False,
+                   progress=QUIET).run()
+    sweep = tune.exhaustive(spec, "smoke", "cpu", dims=dims, progress=QUIET)
+    best = sweep["winner"]
+    if result.winner["case_id"] != best["case_id"]:
+        found = {e["case_id"]: e for e in sweep["entries"]}.get(result.winner["case_id"],
+                                                                {"speedup": 1.0})
+        assert best["low"] <= found["speedup"] <= best["high"], (result.winner, best)
+    assert result.measured_s <= 0.4 * sweep["measured_s"], (result.measured_s,
+                                                             sweep["measured_s"])
