@@ -308,10 +308,13 @@ class TuneResult:
     winner: dict
     ablation: list[dict]
     measured_s: float
-    """Seconds of the search's measurements: building, checking and timing candidates (the
-    memory model's counts and the diagnosis included; the ablation not)."""
+    """Seconds of the search's measurements: building, checking and timing candidates, the
+    memory model's counts included (what an exhaustive sweep of the space is compared on)."""
     complete: bool
     ablation_s: float = 0.0
+    diagnosis_s: float = 0.0
+    """Seconds of the diagnosis (the device's matmul peaks, a counted baseline step): a fixed
+    cost of the device and model, whatever the space."""
 
 
 class Tuner:
@@ -404,6 +407,8 @@ class Tuner:
             self.progress(f"gpubench tune: {base.id}, global batch {self.global_batch}: "
                           "diagnosing the baseline step ...")
             diagnosis = diagnose(base, base_case)
+            diagnosis_s = time.perf_counter() - setup_start
+            setup_start = time.perf_counter()
             self.progress(f"gpubench tune: bound by {diagnosis.bound}")
             cands = [Candidate(c) for c in search_space(base, self.global_batch, self.dims,
                                                         self.compile)]
@@ -471,7 +476,7 @@ class Tuner:
             [{k: v for k, v in c.items() if k != "config"} for c in confirmed],
             {k: v for k, v in winner.items() if k != "config"} | {
                 "config": _config_fields(winner["config"])}, ablation,
-            self.measured_s, not self._out_of_time(started), self.ablation_s)
+            self.measured_s, not self._out_of_time(started), self.ablation_s, diagnosis_s)
         self._save(result=result.__dict__)
         return result
 
@@ -650,7 +655,8 @@ def tune_markdown(result: TuneResult) -> str:
         lines += ["The search stopped at its time limit (`--time`): later rungs were not "
                   "measured.", ""]
     lines += [f"Searched {len(searched)} of {n} configurations ({len(pruned)} pruned) in "
-              f"{result.measured_s:.0f} s of measurement.", "",
+              f"{result.measured_s:.0f} s of measurement (diagnosis {result.diagnosis_s:.0f} s, "
+              f"ablation {result.ablation_s:.0f} s on top).", "",
               "## Use it", "", "```python", snippet(result), "```", "",
               f"Re-measure it: `{case_command(result)}`", "",
               "## Diagnosis of the baseline step", "",
