@@ -420,12 +420,12 @@ class Tuner:
                     if c.pruned is None:
                         c.predicted_bytes = memory.predict(c.cfg)
                         if c.predicted_bytes > self.budget:
-                            c.pruned = (f"predicted {c.predicted_bytes / 2**20:,.0f} MiB, over "
-                                        f"the budget of {self.budget / 2**20:,.0f} MiB")
+                            c.pruned = (f"predicted {_size(c.predicted_bytes)}, over the "
+                                        f"budget of {_size(self.budget)}")
                 if base.id in {c.id for c in cands if c.pruned}:
                     raise TuneError(
-                        f"--budget {self.budget / 2**20:,.0f} MiB: not even the baseline fits "
-                        f"(predicted {cands[0].predicted_bytes / 2**20:,.0f} MiB)")
+                        f"--budget {_size(self.budget)}: not even the baseline fits "
+                        f"(predicted {_size(cands[0].predicted_bytes)})")
             alive = sorted([c for c in cands if c.pruned is None and c.cfg != base],
                            key=lambda c: -_priority(c.cfg, base, diagnosis))
             self.measured_s += time.perf_counter() - setup_start
@@ -462,10 +462,15 @@ class Tuner:
             winner = max((c for c in confirmed if c.get("check") == "passed"
                           and _significant(c)), key=lambda c: c["speedup"], default=None)
             if winner is None:
+                best = max((c for c in confirmed if c.get("check") == "passed"),
+                           key=lambda c: c["speedup"], default=None)
                 winner = {"case_id": base.id, "speedup": 1.0, "low": 1.0, "high": 1.0,
                           "p_value": 1.0, "config": base, "check": "baseline",
                           "why": "no configuration beat the baseline significantly by "
-                          f"{MIN_EFFECT:.0%}"}
+                          f"{MIN_EFFECT:.0%}" + ("" if best is None else (
+                              f" (the fastest confirmed, {best['case_id']}: "
+                              f"{best['speedup']:.2f}x [{best['low']:.2f}-"
+                              f"{best['high']:.2f}], p={best['p_value']:.2g})"))}
             ablation = self._ablate(base_case, winner) if self.ablate else []
         result = TuneResult(
             self.spec, self.device, self.profile, self.global_batch, self.budget, base.id,
@@ -633,6 +638,14 @@ def snippet(result: TuneResult) -> str:
     else:
         lines += ["        loss.backward()", "    optimizer.step()"]
     return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure at 1 or more."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
 
 
 def _mib(value) -> str:
