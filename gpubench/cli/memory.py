@@ -18,7 +18,7 @@ from gpubench.suite.cases import baseline
 from gpubench.train.config import RunConfig
 from gpubench.train.techniques import variants
 from gpubench.util import atomic
-from gpubench.util.argtypes import BYTE_SIZE_HELP, byte_size, positive_int
+from gpubench.util.argtypes import BYTE_SIZE_HELP, byte_size, name_list, positive_int
 from gpubench.util.tables import markdown_table
 
 TECHNIQUES = {"fp32": {}, **{name: dict(v.changes) for name, v in variants("frontier").items()}}
@@ -42,17 +42,6 @@ def technique_config(base: RunConfig, name: str) -> RunConfig:
     if name not in TECHNIQUES:
         raise ValueError(f"technique must be one of {', '.join(TECHNIQUES)}; got {name!r}")
     return base.with_(**TECHNIQUES[name])
-
-
-def technique_list(text: str) -> str:
-    """``--techniques``: comma-separated names from ``TECHNIQUES``, checked when the command
-    line is parsed (a bad name: argparse's one-line error, exit 2, nothing run)."""
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in names if t not in TECHNIQUES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"techniques must be from {', '.join(TECHNIQUES)}; got {text!r}")
-    return ",".join(names)
 
 
 
@@ -86,7 +75,8 @@ def _mib(n) -> str:
 
 def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     add_target_arguments(p, model=True)
-    p.add_argument("--techniques", default="fp32,bf16,bf16+ckpt", type=technique_list,
+    p.add_argument("--techniques", default="fp32,bf16,bf16+ckpt",
+                   type=name_list(TECHNIQUES, joined=True),
                    help=f"comma-separated, from {', '.join(TECHNIQUES)}")
     p.add_argument("--budget", type=byte_size,
                    help="memory budget standing in for the device on the CPU (process peak), "

@@ -53,22 +53,11 @@ def run_parity_for(specs, profile: str, device: str, out: Path, chart: bool = Tr
     return write_parity(reports, out, chart)
 
 
-def technique_list(text: str) -> list[str]:
-    """``--techniques``: comma-separated names from ``TECHNIQUES`` (a bad one: argparse's
-    one-line error, exit 2, nothing run)."""
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in names if t not in TECHNIQUES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"techniques must be from {', '.join(TECHNIQUES)}; got {text!r}")
-    return names
-
-
 def add_parity_arguments(p: argparse.ArgumentParser) -> None:
-    from gpubench.util.argtypes import non_negative_int, positive, positive_int
+    from gpubench.util.argtypes import name_list, non_negative_int, positive, positive_int
 
     add_target_arguments(p, model=True)
-    p.add_argument("--techniques", type=technique_list, default=None,
+    p.add_argument("--techniques", type=name_list(TECHNIQUES), default=None,
                    help=f"comma-separated, from {', '.join(TECHNIQUES)}; fp32 (the reference) "
                    "is always trained (default: all; on a CPU that emulates fp16, all but fp16)")
     p.add_argument("--steps", type=positive_int, default=None,

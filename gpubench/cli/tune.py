@@ -8,22 +8,17 @@ import sys
 from pathlib import Path
 
 from gpubench.cli.options import add_target_arguments, resolve_target
-
-DIMENSIONS = ("precision", "micro_batch", "checkpointing", "optimizer_impl", "channels_last",
-              "compile")  # gpubench.diagnostics.tune.DIMENSIONS, without importing torch
-
-
-def dimension_list(text: str) -> tuple[str, ...]:
-    names = tuple(t.strip() for t in text.split(",") if t.strip())
-    bad = [t for t in names if t not in DIMENSIONS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"techniques must be from {', '.join(DIMENSIONS)}; got {text!r}")
-    return names
+from gpubench.train.techniques import SEARCH_DIMENSIONS as DIMENSIONS
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
-    from gpubench.util.argtypes import BYTE_SIZE_HELP, byte_size, positive, positive_int
+    from gpubench.util.argtypes import (
+        BYTE_SIZE_HELP,
+        byte_size,
+        name_list,
+        positive,
+        positive_int,
+    )
 
     add_target_arguments(p, model=True)
     p.add_argument("--global-batch", type=positive_int, default=None,
@@ -34,7 +29,7 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    "the GPU's memory on CUDA, none on the CPU)")
     p.add_argument("--time", type=positive, default=None, metavar="MINUTES",
                    help="stop searching after this many minutes and confirm the best found")
-    p.add_argument("--techniques", type=dimension_list, default=DIMENSIONS[:-1],
+    p.add_argument("--techniques", type=name_list(DIMENSIONS), default=DIMENSIONS[:-1],
                    help=f"the techniques combined, comma-separated from {', '.join(DIMENSIONS)} "
                    "(default: all but compile, which --compile adds)")
     p.add_argument("--compile", action="store_true",

@@ -49,17 +49,15 @@ import torch
 
 from gpubench.measure.memory import SavedActivations, state_breakdown
 from gpubench.suite.cases import baseline, native_cpu_precisions
-from gpubench.train.build import build, unsupported_reason
+from gpubench.train.build import LEARNING_RATES, build, unsupported_reason
 from gpubench.train.checks import TrainingCheckError, check_case
 from gpubench.train.config import RunConfig
+from gpubench.train.techniques import SEARCH_DIMENSIONS
 from gpubench.util import atomic
 from gpubench.util.stats import compare_paired
 from gpubench.util.verdicts import ALPHA, MIN_EFFECT
 
-DIMENSIONS = ("precision", "micro_batch", "checkpointing", "optimizer_impl", "channels_last",
-              "compile")
-"""The techniques the search combines (``micro_batch`` with the accumulation that keeps the
-global batch)."""
+DIMENSIONS = SEARCH_DIMENSIONS
 
 RUNG_ROUNDS = 2
 """Paired rounds every candidate gets in the first rung; each later rung doubles them."""
@@ -204,6 +202,8 @@ def paired_ratios(base_case, cfg: RunConfig, rounds: int, *, check: bool = False
                 new_s.append(_timed(case))
         facts = {}
         if check:
+            if cfg.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
             with SavedActivations(case.model) as saved:
                 case.step()
             facts["training_memory_bytes"] = float(
@@ -595,10 +595,11 @@ def snippet(result: TuneResult) -> str:
     dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(c["precision"])
     opt_kw = {"default": "", "foreach": ", foreach=True", "fused": ", fused=True"}[
         c["optimizer_impl"]]
-    optimizer = {"sgd": f"torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9{opt_kw})",
-                 "adam": f"torch.optim.Adam(model.parameters(), lr=1e-3{opt_kw})",
-                 "adamw": f"torch.optim.AdamW(model.parameters(), lr=1e-3{opt_kw})"}[
-        c["optimizer"]]
+    lr = LEARNING_RATES[c["optimizer"]]  # the suite's (``build_optimizer``): yours may differ
+    optimizer = {"sgd": f"torch.optim.SGD(model.parameters(), lr={lr:g}, momentum=0.9{opt_kw})",
+                 "adam": f"torch.optim.Adam(model.parameters(), lr={lr:g}{opt_kw})",
+                 "adamw": f"torch.optim.AdamW(model.parameters(), lr={lr:g}, "
+                          f"weight_decay=0.01{opt_kw})"}[c["optimizer"]]
     lines = ["import torch", ""]
     if c["precision"] == "tf32":
         lines += ["torch.backends.cuda.matmul.allow_tf32 = True",

@@ -380,6 +380,11 @@ TECHNIQUES: tuple[Technique, ...] = (
 
 BY_FIELD = {t.field: t for t in TECHNIQUES}
 
+SEARCH_DIMENSIONS = ("precision", "micro_batch", "checkpointing", "optimizer_impl",
+                     "channels_last", "compile")
+"""The techniques ``gpubench tune`` combines (``micro_batch`` with the accumulation that keeps
+the global batch)."""
+
 
 def column_type(technique: Technique) -> tuple[str, str]:
     """The record column type of a technique's field, as ``gpubench.analysis.results`` checks

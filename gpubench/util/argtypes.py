@@ -37,6 +37,23 @@ def bounded(cast: Callable[[str], float], *, low: float | None = None,
     return parse
 
 
+def name_list(valid, what: str = "techniques", *, joined: bool = False) -> Callable:
+    """argparse type of a comma-separated list of names from ``valid``: the names in order (a
+    list, or one comma-joined string with ``joined``); an empty or unknown one is argparse's
+    one-line error naming the valid ones, exit 2, nothing run."""
+    valid = tuple(valid)
+
+    def parse(text: str):
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names or any(t not in valid for t in names):
+            raise argparse.ArgumentTypeError(
+                f"{what} must be from {', '.join(valid)}; got {text!r}")
+        return ",".join(names) if joined else names
+
+    parse.__name__ = f"{what} list"
+    return parse
+
+
 positive_int = bounded(int, low=1)
 non_negative_int = bounded(int, low=0)
 non_negative = bounded(float, low=0)
