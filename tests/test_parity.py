@@ -22,6 +22,7 @@ from gpubench.diagnostics.parity import (
 )
 from gpubench.train import parallel
 from gpubench.train.config import RunConfig
+from gpubench.util.verdicts import Kind
 
 STEPS = 80  # bert smoke: FP32 falls from 2.30 to about 0.45 (the task is learned)
 
@@ -271,3 +272,22 @@ def test_run_parity_for_passes_over_records_without_a_model_and_warns_on_failure
         run_parity_for([float("nan"), "bert"], "smoke", "cpu", tmp_path, steps=0)
     assert json.loads((tmp_path / "parity.json").read_text()) == []
     assert load_parity_reports([tmp_path / "parity.json"]) == []
+
+
+def test_a_tuned_configuration_trains_beside_fp32_at_the_tunes_global_batch():
+    """``gpubench tune --parity``: the winner (any configuration, here micro-batch 2 x 2
+    accumulation steps with the fused optimizer) trains from FP32's weights on FP32's data, at the
+    global batch the tune kept, and is judged like a named technique; a configuration of
+    another global batch is refused in one line."""
+    base = RunConfig(model="bert", profile="smoke", device="cpu")
+    tuned = base.with_(micro_batch=2, accum_steps=2, optimizer_impl="fused")
+    report = judge(run_parity("bert", "smoke", "cpu", ["fp32"], STEPS, extra={"tuned": tuned},
+                              micro_batch=4))
+    runs = {r["technique"]: r for r in report["techniques"]}
+    assert set(runs) == {"fp32", "tuned"} and report["global_batch"] == 4
+    assert runs["tuned"]["case_id"] == tuned.id
+    assert runs["tuned"]["initial_weights"] == runs["fp32"]["initial_weights"]
+    assert runs["tuned"]["verdict"] == Kind.HOLDS, runs["tuned"]
+    with pytest.raises(ValueError, match="global batch of 4, the reference 8"):
+        run_parity("bert", "smoke", "cpu", ["fp32"], STEPS, extra={"tuned": tuned},
+                   micro_batch=8)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from gpubench.diagnostics import tune
 from gpubench.diagnostics.tune import MemoryModel, TuneError, Tuner, search_space, snippet
@@ -106,6 +107,45 @@ def test_the_snippet_is_python_with_the_winners_settings(precision, micro, ckpt,
     assert ("GradScaler" in code) == (precision == "fp16")
     assert (f"accum_steps, micro_batch = {4 // micro}, {micro}") in code
     assert ("channels_last" in code) == cl
+
+
+def _config(**changes):
+    return {"precision": "fp32", "micro_batch": 2, "accum_steps": 2, "checkpointing": False,
+            "optimizer_impl": "default", "channels_last": False, "compile": False,
+            "optimizer": "sgd", "compile_mode": "default", **changes}
+
+
+def test_the_snippet_sets_attention_offload_and_fp8():
+    config = _config(precision="fp8", attn_implementation="eager", attention="flash",
+                     offload=True)
+    code = snippet(tune.TuneResult("bert", "cuda", "gpu-small", 4, None, "bert-fp32", {}, [],
+                                   [], {"case_id": "x", "config": config}, [], 0.0, True))
+    compile(code, "snippet", "exec")
+    assert 'model.set_attn_implementation("eager")' in code
+    assert "convert_to_float8_training(model)" in code and "torch.bfloat16" in code
+    assert "sdpa_kernel(SDPBackend.FLASH_ATTENTION)" in code
+    # Offloaded tensors come back in backward: it runs inside save_on_cpu.
+    inside = code.split("save_on_cpu(pin_memory=True):")[1].splitlines()
+    assert inside[1].strip().startswith("loss =") and inside[2].strip() == "loss.backward()"
+
+
+def test_the_snippet_trains_a_model_as_written():
+    """The snippet, run as pasted (with a model, loss and loader of the user's), takes
+    optimizer steps: its loop is code, not a sketch."""
+    config = _config(precision="bf16", optimizer_impl="foreach", offload=True)
+    code = snippet(tune.TuneResult("m", "cpu", "cpu", 4, None, "m-fp32", {}, [], [],
+                                   {"case_id": "x", "config": config}, [], 0.0, True))
+    def build_model():
+        torch.manual_seed(0)
+        return torch.nn.Linear(8, 2)
+
+    def loader_of(micro):  # three optimizer steps of accum_steps micro-batches
+        return [[(torch.randn(micro, 8), torch.randn(micro, 2)) for _ in range(2)]] * 3
+
+    scope = {"build_model": build_model, "loader_of": loader_of,
+             "loss_fn": torch.nn.functional.mse_loss}
+    exec(compile(code, "snippet", "exec"), scope)
+    assert not torch.equal(build_model().weight, scope["model"].weight)
 
 
 def test_a_stopped_tune_resumes_from_what_it_measured(tmp_path):

@@ -32,8 +32,68 @@ class Recommendation:
     confirmed: bool = False
     """Re-measured against the baseline in alternating rounds (``confirm``)."""
     note: str = ""
+    is_baseline: bool = False
+    reason: str = ""
+    """Why this configuration: what it beat, or why none beat the baseline."""
+    passed_over: tuple[PassedOver, ...] = ()
+    """Measured configurations with a higher speedup than this one's, each with why it was
+    not chosen (fastest first)."""
 
 
+@dataclass(frozen=True)
+class PassedOver:
+    case_id: str
+    speedup: float
+    low: float
+    high: float
+    batch_factor: float
+    """Its effective (global) batch over the baseline's (1: the same)."""
+    why: str
+
+
+PASSED_OVER_SHOWN = 8
+"""At most this many passed-over candidates per model (the fastest)."""
+
+
+def _passed_over(measured: pd.DataFrame, baseline: pd.Series, chosen: float, eligible: set,
+                 inert: dict, budget_bytes: float | None, alpha: float, n: int
+                 ) -> tuple[PassedOver, ...]:
+    """Every measured case of the model faster than ``chosen`` (by its speedup), with the
+    first rule of ``recommend`` it fails."""
+    out = []
+    faster = measured[(measured["speedup"] > chosen)
+                      & (measured["case_id"] != baseline["case_id"])]
+    for _, row in faster.sort_values("speedup", ascending=False).iterrows():
+        if len(out) == PASSED_OVER_SHOWN:
+            break
+        speed = _speed_vs_baseline(baseline, row)
+        factor = float(row["global_batch"]) / float(baseline["global_batch"])
+        if row["case_id"] in inert:
+            why = inert[row["case_id"]]
+        elif row["case_id"] not in eligible:
+            why = (f"runs {row['parallel']} on {int(row['world_size'])} processes"
+                   if row["parallel"] != "single" else
+                   f"loads its batches from {row['dataset']}, the baseline's are "
+                   f"{baseline['dataset']}")
+            why += ": a single-device technique is compared on the baseline's data path"
+        elif budget_bytes is not None and row["peak_memory_bytes"] > budget_bytes:
+            why = (f"peak memory {row['peak_memory_bytes'] / 2**20:,.0f} MiB is over the "
+                   f"budget of {budget_bytes / 2**20:,.0f} MiB")
+        elif factor != 1:
+            why = (f"changes the training recipe: effective batch {int(row['global_batch'])} "
+                   f"vs {int(baseline['global_batch'])}")
+        elif row["optimizer"] != baseline["optimizer"]:
+            why = f"changes the training recipe: optimizer {row['optimizer']} vs " \
+                  f"{baseline['optimizer']}"
+        elif speed.p_value >= alpha:
+            why = (f"not significant: p={speed.p_value:.2g}, where {n} candidates need "
+                   f"p < {alpha:.2g} (Bonferroni)")
+        elif speed.ratio < 1 + MIN_EFFECT:
+            why = f"under the smallest counted effect ({MIN_EFFECT:.0%} faster)"
+        else:
+            why = "slower than the recommendation in its own paired rounds"
+        out.append(PassedOver(row["case_id"], speed.ratio, speed.low, speed.high, factor, why))
+    return tuple(out)
 
 
 def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recommendation]:
@@ -62,9 +122,16 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
             continue
         # A technique that does nothing on this device can only "win" by measurement noise.
         # So can an emulated one: FP8 without FP8 units runs its casts in higher precision.
-        inert = [bool(inert_techniques(r.to_dict())) or r.get("fp8_emulated") is True
-                 for _, r in sub.iterrows()]
-        sub = sub[[not i for i in inert]]
+        inert = {}
+        for _, r in sub.iterrows():
+            does_nothing = inert_techniques(r.to_dict())
+            if does_nothing:
+                inert[r["case_id"]] = (f"{', '.join(does_nothing)} does nothing on this "
+                                       "device: its gain is noise")
+            elif r.get("fp8_emulated") is True:
+                inert[r["case_id"]] = "FP8 emulated without FP8 units (casts in bf16)"
+        eligible = set(sub["case_id"])
+        sub = sub[~sub["case_id"].isin(inert)]
         if budget_bytes is not None:
             sub = sub[sub["peak_memory_bytes"] <= budget_bytes]
         base = sub[sub["is_baseline"] == True]  # noqa: E712
@@ -94,15 +161,25 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                     f"{baseline['optimizer']})")
         if best is None:
             best, best_speed = baseline, SpeedComparison(1.0, 1.0, 1.0, 1.0, "none")
-        elif pd.notna(best.get("compile_time_s")):
+            reason = (f"no configuration with the baseline's recipe beat FP32 significantly "
+                      f"(p < {alpha:.2g}, Bonferroni over {len(sub) - 1}) by "
+                      f"{MIN_EFFECT:.0%} or more")
+        else:
+            reason = (f"the fastest of {len(sub) - 1} configurations with the baseline's "
+                      f"recipe to beat FP32 significantly (p < {alpha:.2g}) by "
+                      f"{MIN_EFFECT:.0%} or more")
+        if best is not baseline and pd.notna(best.get("compile_time_s")):
             even = best.get("break_even_steps")
             note = "; ".join(filter(None, [
                 f"compiling took {best['compile_time_s']:.1f} s, won back after "
                 + (f"{even:,.0f} steps" if pd.notna(even) else "no step count measured"),
                 note]))
+        passed = _passed_over(measured, baseline, float(best_speed.ratio), eligible, inert,
+                              budget_bytes, alpha, len(sub) - 1)
         out.append(Recommendation(model, best["case_id"], best_speed.ratio, best_speed.low,
                                   best_speed.high, float(best["training_memory_bytes"]),
-                                  budget_bytes, note=note))
+                                  budget_bytes, note=note, is_baseline=best is baseline,
+                                  reason=reason, passed_over=passed))
     return out
 
 

@@ -520,7 +520,23 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
                                  else pd.Series(float("nan"), index=df.index)
                                  ) * offset.fillna(1.0)
     df["memory_ratio"] = df["training_memory_bytes"] / df["base_training_memory_bytes"]
+    df["batch_factor"] = (df["global_batch"].astype(float)
+                          / df["base_global_batch"].astype(float))
     return with_plausibility(with_scaling(df))
+
+
+def batch_mark(factor: float) -> str:
+    """The mark of a case whose effective (global) batch is ``factor`` times its baseline's
+    (``batch_factor`` of ``with_baseline_ratios``), wherever cases are ranked: such a case does
+    other work per step, and a user who trains with it changes their training recipe. "" for
+    the same batch or an unknown one."""
+    if factor is None or factor != factor or factor == 1:
+        return ""
+    return f" [batch x{factor:g}]"
+
+
+BATCH_MARK_NOTE = ("[batch xN]: the case's effective (global) batch is N times the baseline's, "
+                   "another training recipe")
 
 
 NOOP_TOLERANCE = 0.03

@@ -400,6 +400,11 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
 
         write_report([json_path], out, labels=[profile])
     print("\n" + text)
+    from gpubench.analysis.answer import answer_markdown, tune_reports_beside
+
+    answer = answer_markdown(df, tune_reports_beside([json_path]), base=out)
+    if answer:
+        print("## The answer: what to train with\n\n" + answer)
     print(f"gpubench: {_run_cost_line(df, time.monotonic() - started)}")
     print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
     if not args.no_charts:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from gpubench.cli.options import add_target_arguments, resolve_target
+from gpubench.train.techniques import DEFAULT_SEARCH
 from gpubench.train.techniques import SEARCH_DIMENSIONS as DIMENSIONS
 
 
@@ -29,13 +30,20 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    "the GPU's memory on CUDA, none on the CPU)")
     p.add_argument("--time", type=positive, default=None, metavar="MINUTES",
                    help="stop searching after this many minutes and confirm the best found")
-    p.add_argument("--techniques", type=name_list(DIMENSIONS), default=DIMENSIONS[:-1],
+    p.add_argument("--techniques", type=name_list(DIMENSIONS), default=DEFAULT_SEARCH,
                    help=f"the techniques combined, comma-separated from {', '.join(DIMENSIONS)} "
-                   "(default: all but compile, which --compile adds)")
+                   f"(default: {', '.join(DEFAULT_SEARCH)}; --compile adds compile)")
     p.add_argument("--compile", action="store_true",
                    help="add torch.compile to the space (minutes of compilation per try)")
     p.add_argument("--out", default=None,
-                   help="folder of tune.md and tune.json (default: results/tune-<model>)")
+                   help="folder of tune.md and tune.json (default: results/<profile>/tune-<model>, "
+                   "where the report of a gpubench run of that profile shows its winner first)")
+    p.add_argument("--parity", action="store_true",
+                   help="then train the winner and FP32 for --parity-steps steps from the same "
+                   "weights on the same data and compare their loss curves (parity.json, "
+                   "parity.png, a section of tune.md)")
+    p.add_argument("--parity-steps", type=positive_int, default=None, metavar="N",
+                   help="optimizer steps of --parity (default: the profile's parity steps)")
     p.add_argument("--resume", action="store_true",
                    help="continue the tune stopped in --out, reusing what it measured")
 
@@ -48,7 +56,7 @@ def tune_main(args: argparse.Namespace) -> int:
     if args.compile and "compile" not in dims:
         dims += ("compile",)
     name = args.model.split("?")[0].replace("/", "-").replace(":", "-").replace(".py", "")
-    out = Path(args.out) if args.out else Path("results") / f"tune-{name}"
+    out = Path(args.out) if args.out else Path("results") / profile / f"tune-{name}"
     try:
         tuner = Tuner(args.model, profile, device, out, global_batch=args.global_batch,
                       budget_bytes=args.budget, time_s=None if args.time is None
@@ -62,8 +70,11 @@ def tune_main(args: argparse.Namespace) -> int:
         print(f"gpubench tune: interrupted; what was measured is in {out}/tune.json: the same "
               "command with --resume continues it", file=sys.stderr)
         return 130
-    path = write_tune(result, out)
     w = result.winner
+    parity = ""
+    if args.parity:
+        parity = _parity(args, tuner, result, profile, device, out)
+    path = write_tune(result, out, parity)
     print(f"gpubench tune: winner {w['case_id']} "
           + (f"{w['speedup']:.2f}x [{w['low']:.2f}-{w['high']:.2f}]"
              if w["case_id"] != result.baseline else f"(the baseline: {w.get('why', '')})")
@@ -71,3 +82,35 @@ def tune_main(args: argparse.Namespace) -> int:
     print(f"gpubench tune: re-measure it with: {case_command(result)}")
     print(f"gpubench tune: wrote {path} and {out / 'tune.json'}")
     return 0
+
+
+def _parity(args, tuner, result, profile: str, device: str, out: Path) -> str:
+    """The winner's convergence parity against FP32 (``gpubench.diagnostics.parity``), written
+    into ``out``; its Markdown for ``tune.md`` (a line saying why not, where it is not run)."""
+    from gpubench.analysis.parity import judge, parity_markdown, write_parity
+    from gpubench.diagnostics.parity import run_parity
+    from gpubench.launchers.workers import WorkerError
+
+    if result.winner["case_id"] == result.baseline:
+        print("gpubench tune: --parity: the winner is the FP32 baseline; nothing to compare",
+              flush=True)
+        return "The winner is the FP32 baseline: nothing to compare.\n"
+    print(f"gpubench tune: convergence parity of {result.winner['case_id']} against FP32 ...",
+          flush=True)
+    try:
+        report = judge(run_parity(args.model, profile, device, ["fp32"], args.parity_steps,
+                                  extra={"tuned": tuner.winner_config},
+                                  micro_batch=result.global_batch))
+    except (ValueError, RuntimeError, WorkerError) as err:
+        line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"gpubench tune: --parity failed: {line}", file=sys.stderr)
+        return f"Not measured: {line}.\n"
+    write_parity(report, out)
+    tuned = next((r for r in report["techniques"] if r["technique"] == "tuned"), None)
+    if tuned is None:
+        why = report.get("left_out", {}).get("tuned", "not trained")
+        print(f"gpubench tune: --parity: the winner was not trained: {why}", flush=True)
+    else:
+        print(f"gpubench tune: parity of the winner: {tuned['verdict']} (final loss "
+              f"{tuned['gap']:+.2%} of FP32's initial loss from FP32's)", flush=True)
+    return parity_markdown(report).split("\n", 2)[-1] + "\n![parity](parity.png)\n"

@@ -235,13 +235,17 @@ def emulated(cfg: RunConfig) -> bool:
 
 def run_parity(model: str, profile: str, device: str, techniques: list[str] | None = None,
                steps: int | None = None, seed: int = 0, timeout_s: float = 300.0,
-               progress=None) -> dict:
+               progress=None, extra: dict[str, RunConfig] | None = None,
+               micro_batch: int | None = None) -> dict:
     """Train every technique (FP32 first, as the reference; default: all of ``TECHNIQUES``)
     for ``steps`` steps (default per profile, ``DEFAULT_STEPS``) and return the report
     (``gpubench.analysis.parity.judge`` adds the verdicts). A technique this machine cannot run
     is left out with the reason, and so is a default one in a precision this CPU emulates
     whose first steps project more than ``EMULATED_BUDGET_S``.
-    ``progress``: a tqdm-like bar (``total``, ``update``, ``set_description_str``) or None."""
+    ``progress``: a tqdm-like bar (``total``, ``update``, ``set_description_str``) or None.
+    ``extra``: configurations trained beside them by name (``gpubench tune --parity``'s
+    winner), each at the global batch ``micro_batch`` (default: the profile's) that the
+    reference trains with one micro-batch."""
     import time
 
     from gpubench.train.build import LEARNING_RATES, unsupported_reason
@@ -254,8 +258,14 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
     techniques = list(TECHNIQUES) if techniques is None else techniques
     left_out: dict[str, str] = {}
     techniques = list(dict.fromkeys([REFERENCE, *techniques]))  # the reference first, once
-    base = RunConfig(model=model, profile=profile, device=device, seed=seed)
+    base = RunConfig(model=model, profile=profile, device=device, seed=seed,
+                     micro_batch=micro_batch)
     plan = DataPlan(base.resolved_micro_batch, seed=seed)
+    for name, cfg in (extra or {}).items():
+        split = cfg.resolved_micro_batch * cfg.accum_steps * cfg.parallelism.replicas
+        if split != plan.global_batch:
+            raise ValueError(f"{name}: {cfg.id} trains a global batch of {split}, the "
+                             f"reference {plan.global_batch}")
     configs = {}
     for name in techniques:
         try:
@@ -272,6 +282,12 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
             left_out[name] = reason
             continue
         configs[name] = cfg
+    for name, cfg in (extra or {}).items():
+        reason = unsupported_reason(cfg)
+        if reason:
+            left_out[name] = reason
+        else:
+            configs[name] = cfg.with_(seed=seed)
     if progress is not None:
         progress.reset(total=steps * len(configs))
     runs = []
@@ -288,7 +304,7 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
             if progress is not None:
                 progress.total -= steps - PROBE_STEPS[0]  # the warm-up step counted
             continue
-        runs.append({"technique": name, "description": DESCRIPTIONS[name], **run})
+        runs.append({"technique": name, "description": DESCRIPTIONS.get(name, cfg.id), **run})
     return {"kind": "parity", "model": base.name, "workload": model, "profile": profile,
             "device": device, "steps": steps, "global_batch": plan.global_batch,
             "learning_rate": LEARNING_RATES[base.optimizer],

@@ -52,7 +52,7 @@ from gpubench.suite.cases import baseline, native_cpu_precisions
 from gpubench.train.build import LEARNING_RATES, build, unsupported_reason
 from gpubench.train.checks import TrainingCheckError, check_case
 from gpubench.train.config import RunConfig
-from gpubench.train.techniques import SEARCH_DIMENSIONS
+from gpubench.train.techniques import DEFAULT_SEARCH, SEARCH_DIMENSIONS
 from gpubench.util import atomic
 from gpubench.util.stats import compare_paired
 from gpubench.util.verdicts import ALPHA, MIN_EFFECT
@@ -117,18 +117,61 @@ def with_micro(cfg: RunConfig, micro: int, global_batch: int) -> RunConfig:
 def space_values(base: RunConfig, global_batch: int, dims: tuple[str, ...],
                  compile_: bool) -> dict[str, list]:
     """Each dimension's values for ``base``'s workload on its device (the baseline's first)."""
-    w = base.workload
-    reduced = ["bf16", "fp16"] if base.device == "cuda" else (
+    return _space(base, global_batch, dims, compile_)[0]
+
+
+def left_out(base: RunConfig, global_batch: int, dims: tuple[str, ...],
+             compile_: bool) -> list[str]:
+    """The values of ``dims`` the space leaves out on this device and workload, each with why
+    (what ``tune.md`` lists beside the pruned configurations)."""
+    return _space(base, global_batch, dims, compile_)[1]
+
+
+def _space(base: RunConfig, global_batch: int, dims: tuple[str, ...], compile_: bool
+           ) -> tuple[dict[str, list], list[str]]:
+    from gpubench.train.precision import fp8_reason, fp8_units
+
+    w, cuda = base.workload, base.device == "cuda"
+    out: list[str] = []
+    reduced = ["bf16", "fp16"] if cuda else (
         [p for p in ("bf16", "fp16") if p in native_cpu_precisions()])
+    out += [f"precision {p}: this CPU has no native {p} matmul (emulated, slower than fp32)"
+            for p in ("bf16", "fp16") if p not in reduced]
+    fp8 = []
+    why = fp8_reason()
+    if why is None and not (cuda and fp8_units("cuda")):
+        why = ("FP8 would be emulated in higher precision here (FP8 units: CUDA compute "
+               "capability 8.9+)")
+    if why is None:
+        fp8 = ["fp8"]
+    else:
+        out.append(f"precision fp8: {why}")
+    hf = w.facts.hf_attention
+    other_attn = ([v for v in ("eager", "sdpa") if v != hf][:1] if hf else [])
+    if not hf:
+        out.append("attn_implementation: not a Hugging Face transformers model")
+    backends = (["flash", "efficient", "cudnn"] if cuda else ["flash"]) if w.facts.uses_sdpa \
+        else []
+    if not w.facts.uses_sdpa:
+        out.append("attention: the model's forward calls no scaled_dot_product_attention")
+    if not cuda:
+        out.append("offload: activations already live in host memory on the CPU (only the "
+                   "copies would remain)")
+    if not w.uses_channels_last:
+        out.append("channels_last: the model's input is not one 4-D tensor")
     values = {
-        "precision": ["fp32", *reduced],
+        "precision": ["fp32", *reduced, *fp8],
         "micro_batch": micro_batches(global_batch, w.min_batch),
         "checkpointing": [False, True] if (w.checkpointing or w.facts.blocks) else [False],
         "optimizer_impl": ["default", "foreach", "fused"],
         "channels_last": [False, True] if w.uses_channels_last else [False],
+        "attn_implementation": ["default", *other_attn],
+        "offload": [False, True] if cuda else [False],
+        "attention": ["default", *backends],
         "compile": [False, True] if compile_ else [False],
     }
-    return {d: values[d] if d in dims else values[d][:1] for d in DIMENSIONS}
+    out = [line for line in out if line.split(" ")[0].rstrip(":") in dims]
+    return {d: values[d] if d in dims else values[d][:1] for d in DIMENSIONS}, out
 
 
 def search_space(base: RunConfig, global_batch: int, dims: tuple[str, ...] = DIMENSIONS,
@@ -140,7 +183,10 @@ def search_space(base: RunConfig, global_batch: int, dims: tuple[str, ...] = DIM
     for combo in itertools.product(*(values[d] for d in DIMENSIONS)):
         fields = dict(zip(DIMENSIONS, combo, strict=True))
         micro = fields.pop("micro_batch")
-        out.append(with_micro(base.with_(**fields), micro, global_batch))
+        try:
+            out.append(with_micro(base.with_(**fields), micro, global_batch))
+        except ValueError:  # techniques that exclude each other (eager attention, a kernel)
+            continue
     return list(dict.fromkeys(out))
 
 
@@ -156,7 +202,8 @@ class MemoryModel:
         self.counted = 0
 
     def _count(self, cfg: RunConfig) -> tuple[int, float]:
-        key = (cfg.precision, cfg.checkpointing, cfg.channels_last)
+        key = (cfg.precision, cfg.checkpointing, cfg.channels_last, cfg.attn_implementation,
+               cfg.attention, cfg.offload)
         if key not in self._activations:
             probe = cfg.with_(compile=False, optimizer_impl="default", accum_steps=1)
             with build(probe) as case, case.precision.math_mode():
@@ -265,6 +312,14 @@ def diagnose(base: RunConfig, base_case) -> Diagnosis:
                         "samples")
     p["channels_last"] = ("helps: NHWC convolutions on tensor cores" if base.device == "cuda"
                           else "neutral: the CPU's convolutions gain little from NHWC")
+    hf = base.workload.facts.hf_attention
+    if hf:
+        p["attn_implementation"] = (
+            "hurts: eager attention materialises the scores and runs softmax as separate ops"
+            if hf != "eager" else "helps: sdpa fuses attention into one kernel")
+    p["offload"] = "hurts: every saved activation is copied to the host and back (memory, not " \
+        "speed)"
+    p["attention"] = "neutral: torch's default already picks the fastest supported kernel"
     p["compile"] = ("helps: fused kernels and fewer launches" if not bound.startswith("compute")
                     else "neutral: a compute-bound step leaves little for fusion")
     return Diagnosis(mfu, share, reduced, step_s, bound, p)
@@ -312,6 +367,10 @@ class TuneResult:
     memory model's counts included (what an exhaustive sweep of the space is compared on)."""
     complete: bool
     ablation_s: float = 0.0
+    left_out: list[str] = field(default_factory=list)
+    """Values of the searched techniques this device or workload cannot use, each with why."""
+    name: str = ""
+    """The workload's name (the model column of the suite's records)."""
     diagnosis_s: float = 0.0
     """Seconds of the diagnosis (the device's matmul peaks, a counted baseline step): a fixed
     cost of the device and model, whatever the space."""
@@ -323,7 +382,7 @@ class Tuner:
 
     def __init__(self, spec: str, profile: str, device: str, out: Path, *,
                  global_batch: int | None = None, budget_bytes: float | None = None,
-                 time_s: float | None = None, dims: tuple[str, ...] = DIMENSIONS,
+                 time_s: float | None = None, dims: tuple[str, ...] = DEFAULT_SEARCH,
                  compile_: bool = False, resume: bool = False, ablate: bool = True,
                  progress: Callable[[str], None] = print):
         self.base = baseline(spec, profile, device)
@@ -407,6 +466,8 @@ class Tuner:
             self.progress(f"gpubench tune: {base.id}, global batch {self.global_batch}: "
                           "diagnosing the baseline step ...")
             diagnosis = diagnose(base, base_case)
+            diagnosis.predictions = {d: v for d, v in diagnosis.predictions.items()
+                                     if d in self.dims}
             diagnosis_s = time.perf_counter() - setup_start
             setup_start = time.perf_counter()
             self.progress(f"gpubench tune: bound by {diagnosis.bound}")
@@ -472,6 +533,7 @@ class Tuner:
                               f"{best['speedup']:.2f}x [{best['low']:.2f}-"
                               f"{best['high']:.2f}], p={best['p_value']:.2g})"))}
             ablation = self._ablate(base_case, winner) if self.ablate else []
+        self.winner_config = winner["config"]
         result = TuneResult(
             self.spec, self.device, self.profile, self.global_batch, self.budget, base.id,
             {**diagnosis.__dict__, "memory_counts": memory.counted},
@@ -481,7 +543,8 @@ class Tuner:
             [{k: v for k, v in c.items() if k != "config"} for c in confirmed],
             {k: v for k, v in winner.items() if k != "config"} | {
                 "config": _config_fields(winner["config"])}, ablation,
-            self.measured_s, not self._out_of_time(started), self.ablation_s, diagnosis_s)
+            self.measured_s, not self._out_of_time(started), self.ablation_s,
+            left_out(base, self.global_batch, self.dims, self.compile), base.name, diagnosis_s)
         self._save(result=result.__dict__)
         return result
 
@@ -583,8 +646,10 @@ def case_command(result: TuneResult) -> str:
              f"--device {result.device}", f"--precision {c['precision']}",
              f"--micro-batch {c['micro_batch']}", f"--accum-steps {c['accum_steps']}",
              f"--optimizer-impl {c['optimizer_impl']}"]
-    flags += [f"--{f.replace('_', '-')}" for f in ("checkpointing", "channels_last", "compile")
-              if c[f]]
+    flags += [f"--{f.replace('_', '-')}" for f in ("checkpointing", "channels_last", "offload",
+                                                   "compile") if c.get(f)]
+    flags += [f"--{f.replace('_', '-')} {c[f]}" for f in ("attn_implementation", "attention")
+              if c.get(f, "default") != "default"]
     return "gpubench case " + " ".join(flags)
 
 
@@ -592,7 +657,8 @@ def snippet(result: TuneResult) -> str:
     """A training loop with the winner's settings, to paste into the user's script."""
     c = result.winner["config"]
     dev = result.device
-    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(c["precision"])
+    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.bfloat16",
+             "fp8-rowwise": "torch.bfloat16"}.get(c["precision"])
     opt_kw = {"default": "", "foreach": ", foreach=True", "fused": ", fused=True"}[
         c["optimizer_impl"]]
     lr = LEARNING_RATES[c["optimizer"]]  # the suite's (``build_optimizer``): yours may differ
@@ -601,6 +667,8 @@ def snippet(result: TuneResult) -> str:
                  "adamw": f"torch.optim.AdamW(model.parameters(), lr={lr:g}, "
                           f"weight_decay=0.01{opt_kw})"}[c["optimizer"]]
     lines = ["import torch", ""]
+    if c.get("attention", "default") != "default":
+        lines.insert(1, "from torch.nn.attention import SDPBackend, sdpa_kernel")
     if c["precision"] == "tf32":
         lines += ["torch.backends.cuda.matmul.allow_tf32 = True",
                   "torch.backends.cudnn.allow_tf32 = True"]
@@ -608,6 +676,15 @@ def snippet(result: TuneResult) -> str:
         lines.append("torch.backends.cudnn.benchmark = True")
     layout = ", memory_format=torch.channels_last" if c["channels_last"] else ""
     lines += [f'model = build_model().to("{dev}"{layout})']
+    if c.get("attn_implementation", "default") != "default":
+        lines.append(f'model.set_attn_implementation("{c["attn_implementation"]}")  '
+                     "# transformers")
+    if c["precision"] in ("fp8", "fp8-rowwise"):
+        recipe = "" if c["precision"] == "fp8" else (
+            ', config=Float8LinearConfig.from_recipe_name("rowwise")')
+        lines += ["from torchao.float8 import Float8LinearConfig, convert_to_float8_training",
+                  f"convert_to_float8_training(model{recipe})  # FP8 linears, under bf16 "
+                  "autocast"]
     if c["checkpointing"]:
         lines += ["# activation checkpointing: wrap each block's forward, for example",
                   "# from torch.utils.checkpoint import checkpoint",
@@ -628,16 +705,28 @@ def snippet(result: TuneResult) -> str:
     cl = ".to(memory_format=torch.channels_last)" if c["channels_last"] else ""
     lines.append(f'        inputs = inputs.to("{dev}", non_blocking=True){cl}')
     body = "loss = loss_fn(model(inputs), targets)" + (f" / {k}" if k > 1 else "")
+    contexts = []
     if dtype:
-        lines += [f'        with torch.autocast("{dev}", dtype={dtype}):',
-                  f"            {body}"]
+        contexts.append(f'torch.autocast("{dev}", dtype={dtype})')
+    if c.get("attention", "default") != "default":
+        backend = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                   "cudnn": "CUDNN_ATTENTION", "math": "MATH"}[c["attention"]]
+        contexts.append(f"sdpa_kernel(SDPBackend.{backend})")
+    if c.get("offload"):
+        contexts.append(f"torch.autograd.graph.save_on_cpu(pin_memory={dev == 'cuda'})")
+    backward = "loss.backward()" if c["precision"] != "fp16" else "scaler.scale(loss).backward()"
+    if contexts:
+        lines += [f"        with {', '.join(contexts)}:", f"            {body}"]
+        if c.get("offload"):  # the saved tensors come back in backward: inside the context
+            lines.append(f"            {backward}")
     else:
         lines.append(f"        {body}")
+    if not c.get("offload"):
+        lines.append(f"        {backward}")
     if c["precision"] == "fp16":
-        lines += ["        scaler.scale(loss).backward()", "    scaler.step(optimizer)",
-                  "    scaler.update()"]
+        lines += ["    scaler.step(optimizer)", "    scaler.update()"]
     else:
-        lines += ["        loss.backward()", "    optimizer.step()"]
+        lines.append("    optimizer.step()")
     return "\n".join(lines)
 
 
@@ -708,6 +797,9 @@ def tune_markdown(result: TuneResult) -> str:
                 else f"{a['error']} | - |"))
     else:
         lines.append("The winner is the baseline: nothing to take away.")
+    if result.left_out:
+        lines += ["", "## Left out of the space", "",
+                  *(f"- {line}" for line in result.left_out)]
     lines += ["", "## Every configuration", "",
               "| case | rounds | last rung | speed (paired rounds) | pruned |",
               "|---|---|---|---|---|"]
@@ -718,8 +810,13 @@ def tune_markdown(result: TuneResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_tune(result: TuneResult, out: Path) -> Path:
+def write_tune(result: TuneResult, out: Path, parity: str = "") -> Path:
+    """``tune.md`` into ``out``; ``parity``: the Markdown of the winner's convergence parity
+    (``gpubench tune --parity``), appended."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "tune.md"
-    atomic.write_text(path, tune_markdown(result))
+    text = tune_markdown(result)
+    if parity:
+        text += "\n## Convergence parity of the winner\n\n" + parity
+    atomic.write_text(path, text)
     return path

@@ -26,7 +26,12 @@ import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from gpubench.analysis.results import training_memory, with_baseline_ratios  # noqa: E402
+from gpubench.analysis.results import (  # noqa: E402
+    BATCH_MARK_NOTE,
+    batch_mark,
+    training_memory,
+    with_baseline_ratios,
+)
 from gpubench.suite.cases import GROUPS  # noqa: E402
 from gpubench.util.stats import bootstrap_ratio_ci  # noqa: E402
 
@@ -169,7 +174,9 @@ def plot_speedup(df: pd.DataFrame) -> plt.Figure:
                     ax.text(end + 0.01 * xmax, yy, f"{s:.2f}x", va="center", fontsize=6.5,
                             bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3,
                                   "alpha": 0.8})
-        ax.set_yticks(range(len(order)), [_short(c, model) for c in order], fontsize=7.5)
+        factor = sub.groupby("case_id")["batch_factor"].first()
+        ax.set_yticks(range(len(order)), [_short(c, model) + batch_mark(factor.get(c))
+                                          for c in order], fontsize=7.5)
         if len(runs) > 1:
             for label, case in zip(ax.get_yticklabels(), order, strict=True):
                 label.set_color(group_color(groups.get(case)))
@@ -178,8 +185,10 @@ def plot_speedup(df: pd.DataFrame) -> plt.Figure:
         ax.axvline(1.0, color=BASELINE_COLOR, ls="--", lw=1)
         ax.set_title(f"{model}: speedup over the FP32 baseline (higher is faster)", loc="left",
                      fontsize="medium")
+        marked = (factor.fillna(1) != 1).any()
         ax.set_xlabel("speedup = case samples/s ÷ FP32 baseline samples/s  "
-                      "(whiskers: 95% bootstrap interval)", fontsize="small")
+                      "(whiskers: 95% bootstrap interval)"
+                      + (f"\n{BATCH_MARK_NOTE}" if marked else ""), fontsize="small")
         ax.grid(axis="x", alpha=0.3)
     present = [g for g in GROUPS if "group" in df and (df["group"] == g).any()]
     handles = ([Patch(color=run_colors[r], label=f"run {r}") for r in runs] if len(runs) > 1

@@ -222,8 +222,19 @@ def telemetry_markdown(df: pd.DataFrame) -> str:
 def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
                     memory_reports: list[dict] | None = None,
                     parity_reports: list[dict] | None = None,
-                    failures: list[dict] | None = None) -> list[Section]:
-    sections = [Section("runs", "Runs", runs_markdown(df) + "\n" + baseline_notes(df))]
+                    failures: list[dict] | None = None,
+                    tunes: list[dict] | None = None, base: Path | None = None
+                    ) -> list[Section]:
+    """The report's sections, the answer first (one run: the tuner's winner or the
+    recommendation, ``gpubench.analysis.answer``)."""
+    sections = []
+    if df["run"].nunique() == 1:
+        from gpubench.analysis.answer import answer_markdown
+
+        answer = answer_markdown(df, tunes, base=base)
+        if answer:
+            sections.append(Section("answer", "The answer: what to train with", answer))
+    sections.append(Section("runs", "Runs", runs_markdown(df) + "\n" + baseline_notes(df)))
     if failures:  # gpubench.measure.journal: cases that failed are results too
         from gpubench.analysis.failures import failures_markdown
 
@@ -311,10 +322,11 @@ def _write_report_into(out: Path, final: Path, files: list, df) -> list[Path]:
                  if c.is_file()]
         if found:
             pngs[found[0].stem] = base64.b64encode(found[0].read_bytes()).decode()
+    from gpubench.analysis.answer import tune_reports_beside
     from gpubench.measure.journal import failures_beside
 
     sections = report_sections(df, drawn, skipped, memory_reports_beside(files), parity,
-                               failures_beside(files))
+                               failures_beside(files), tune_reports_beside(files), final)
     markdown = f"# {title}\n\n" + "\n".join(f"## {s.title}\n\n{s.body}" for s in sections)
     atomic.write_text(out / "report.md", markdown)
     written.append(out / "report.md")
@@ -327,11 +339,11 @@ def render_html(title: str, sections: list[Section], pngs: dict[str, str]) -> st
     """A self-contained page: the sections' Markdown rendered with Python-Markdown (tables,
     table of contents, anchors), verdicts coloured, charts embedded as base64 PNG."""
     # Result files are data: no raw HTML from them reaches the page.
-    text = "\n".join(
-        f"## {s.title} {{#{s.anchor}}}\n\n{s.body.replace('<', '&lt;')}" for s in sections
-    )
+    parts = [f"## {s.title} {{#{s.anchor}}}\n\n{s.body.replace('<', '&lt;')}" for s in sections]
+    # The answer opens the page, above the table of contents.
+    first = 1 if sections and sections[0].anchor == "answer" else 0
     body = md_lib.markdown(
-        "**Contents**\n\n[TOC]\n\n" + text,
+        "\n".join([*parts[:first], "**Contents**\n\n[TOC]\n", *parts[first:]]),
         extensions=["tables", "toc", "attr_list", "sane_lists"],
         extension_configs={"toc": {"toc_depth": "2-3"}},
         output_format="html",

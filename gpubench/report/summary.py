@@ -15,6 +15,7 @@ COLUMNS = {
     "step_time_ms": "median step (ms)",
     "iqr_ms": "IQR (ms)",
     "samples_per_s": "samples/s",
+    "global_batch": "global batch",
     "peak_memory_mib": "peak mem (MiB)",
     "step_memory_mib": "step mem (MiB)",
     "speedup": "speedup vs fp32",  # throughput ratio
@@ -39,6 +40,11 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
             "step_time_ms": df["step_time_s"] * 1e3,
             "iqr_ms": df.get("step_time_iqr_s", pd.Series(math.nan, index=df.index)) * 1e3,
             "samples_per_s": df["samples_per_s"],
+            # The mark of a case that changes the effective batch, wherever it is ranked.
+            "global_batch": [
+                "-" if gb != gb else f"{gb:.0f}" + (f" (x{f:g})" if f == f and f != 1 else "")
+                for gb, f in zip(df["global_batch"].astype(float),
+                                 df["batch_factor"].astype(float), strict=True)],
             "peak_memory_mib": df["peak_memory_bytes"].astype(float) / 2**20,
             "step_memory_mib": df.get("step_memory_bytes", pd.Series(math.nan, index=df.index))
             .astype(float)

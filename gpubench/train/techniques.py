@@ -381,9 +381,12 @@ TECHNIQUES: tuple[Technique, ...] = (
 BY_FIELD = {t.field: t for t in TECHNIQUES}
 
 SEARCH_DIMENSIONS = ("precision", "micro_batch", "checkpointing", "optimizer_impl",
-                     "channels_last", "compile")
-"""The techniques ``gpubench tune`` combines (``micro_batch`` with the accumulation that keeps
-the global batch)."""
+                     "channels_last", "attn_implementation", "offload", "attention", "compile")
+"""The techniques ``gpubench tune`` can combine (``micro_batch`` with the accumulation that keeps
+the global batch); each where the device and the workload can use it."""
+DEFAULT_SEARCH = SEARCH_DIMENSIONS[:-2]
+"""Those it combines by default: all but the pinned SDPA kernel (torch's default already picks
+the fastest supported one) and compile (minutes of compilation per try)."""
 
 
 def column_type(technique: Technique) -> tuple[str, str]:
