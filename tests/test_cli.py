@@ -68,6 +68,9 @@ def test_run_prints_and_writes_summary(smoke_run):
         assert header in summary and header in stdout
     assert "resnet18-fp32-accum2-mb4" in summary
     assert "Harness overhead" in summary
+    # The run ends with the answer: each model's configuration to train with, and why.
+    answer = stdout.split("## The answer: what to train with")[1]
+    assert "**resnet18**: train with" in answer and "**bert**: train with" in answer
 
 
 def test_run_judges_no_grad_and_del_from_its_own_measurements(smoke_run):
@@ -92,6 +95,7 @@ def test_run_writes_charts_and_report(smoke_run):
         assert (out / f"{name}.svg").exists()
     report = (out / "report.md").read_text()
     assert "## scaling" in report and "## loader" in report
+    assert report.split("\n## ")[1].startswith("The answer: what to train with")
     assert "data:image/png;base64" in (out / "report.html").read_text()
 
 

@@ -32,11 +32,32 @@ def test_the_space_keeps_the_global_batch_and_starts_at_the_baseline():
     assert "bert-fp32-accum4-mb1-sgd_fused-ckpt" in {c.id for c in space}
 
 
+def test_the_space_has_attention_where_the_model_has_it_and_says_what_it_leaves_out():
+    bert, resnet = baseline("bert", "smoke", "cpu"), baseline("resnet18", "smoke", "cpu")
+    dims = ("attn_implementation", "attention", "offload", "precision", "channels_last")
+    ids = {c.id for c in search_space(bert, 4, dims)}
+    # transformers' eager attention, and a pinned SDPA kernel, each on its own: the two
+    # exclude each other (eager calls no SDPA), so no such pair is in the space.
+    assert {"bert-fp32-attn_eager", "bert-fp32-sdpa_flash"} <= ids
+    assert not any("attn_eager" in i and "sdpa_" in i for i in ids)
+    assert not any("offload" in i for i in ids)  # inert on the CPU
+    said = tune.left_out(bert, 4, dims, False)
+    assert any(line.startswith("offload: activations already live in host memory")
+               for line in said)
+    assert any(line.startswith("channels_last: ") for line in said)
+    assert any(line.startswith("precision fp8: ") for line in said)  # emulated on a CPU
+    said = tune.left_out(resnet, 4, dims, False)
+    assert any(line.startswith("attn_implementation: not a Hugging Face") for line in said)
+    assert not any(line.startswith("channels_last") for line in said)
+    assert tune.left_out(resnet, 4, ("optimizer_impl",), False) == []  # only what was asked
+
+
 @pytest.mark.parametrize("kwargs, says", [
     ({"spec": "resnet18", "global_batch": 1}, "--global-batch 1: no micro-batch of resnet18 "
      "divides it (its smallest micro-batch is 2: BatchNorm needs two samples)"),
     ({"spec": "bert", "dims": ("precision", "lr")}, "techniques must be from precision, "
-     "micro_batch, checkpointing, optimizer_impl, channels_last, compile; got 'precision,lr'"),
+     "micro_batch, checkpointing, optimizer_impl, channels_last, attn_implementation, offload, "
+     "attention, compile; got 'precision,lr'"),
 ])
 def test_bad_input_is_one_line_naming_it(tmp_path, kwargs, says):
     spec = kwargs.pop("spec")
@@ -67,7 +88,8 @@ def test_a_tune_writes_the_winner_its_ablation_the_diagnosis_and_the_snippet(tmp
     out = tmp_path / "tune"
     proc = subprocess.run(
         [sys.executable, "-m", "gpubench", "tune", "--model", "bert", "--profile", "smoke",
-         "--techniques", "optimizer_impl,micro_batch", "--out", str(out)],
+         "--techniques", "optimizer_impl,micro_batch", "--out", str(out), "--parity",
+         "--parity-steps", "8"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "gpubench tune: rung 0 [1/" in proc.stdout  # progress while it searches
@@ -86,11 +108,19 @@ def test_a_tune_writes_the_winner_its_ablation_the_diagnosis_and_the_snippet(tmp
     assert result["diagnosis"]["predictions"]["optimizer_impl"].split(":")[0] in (
         "helps", "neutral", "hurts")
     winner = result["winner"]
+    assert "## Left out of the space" not in md  # both searched techniques apply here
+    assert set(result["diagnosis"]["predictions"]) == {"optimizer_impl", "micro_batch"}
+    parity = md.split("## Convergence parity of the winner")[1]
     if winner["case_id"] == "bert-fp32":
         assert result["ablation"] == [] and "nothing to take away" in md
-    else:  # each of its techniques set back in turn
+        assert "nothing to compare" in parity and not (out / "parity.json").exists()
+    else:  # each of its techniques set back in turn, and its loss curve beside FP32's
         assert result["ablation"] and all(a["removed"] in tune.DIMENSIONS
                                           for a in result["ablation"])
+        report = json.loads((out / "parity.json").read_text())
+        assert [r["technique"] for r in report["techniques"]] == ["fp32", "tuned"]
+        assert report["techniques"][1]["case_id"] == winner["case_id"]
+        assert (out / "parity.png").exists() and "| tuned " in parity
 
 
 @pytest.mark.parametrize("precision, micro, ckpt, cl", [

@@ -182,7 +182,8 @@ def plot_parity(report: dict):
 
     batches = report["batches"]
     fig, (ax, bar) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=(2.2, 1))
-    colors = dict(zip(TECHNIQUES, sns.color_palette("tab10", len(TECHNIQUES)), strict=True))
+    named = list(dict.fromkeys([*TECHNIQUES, *(r["technique"] for r in report["techniques"])]))
+    colors = dict(zip(named, sns.color_palette("tab10", len(named)), strict=True))
     lows = []
     for run in report["techniques"]:
         curve = smoothed(run["losses"], batches)

@@ -55,14 +55,14 @@ PASSED_OVER_SHOWN = 8
 """At most this many passed-over candidates per model (the fastest)."""
 
 
-def _passed_over(measured: pd.DataFrame, baseline: pd.Series, chosen: float, eligible: set,
+def _passed_over(measured: pd.DataFrame, baseline: pd.Series, chosen: pd.Series, eligible: set,
                  inert: dict, budget_bytes: float | None, alpha: float, n: int
                  ) -> tuple[PassedOver, ...]:
-    """Every measured case of the model faster than ``chosen`` (by its speedup), with the
-    first rule of ``recommend`` it fails."""
+    """Every measured case of the model faster than the ``chosen`` one (by the speedup
+    column), with the first rule of ``recommend`` it fails."""
     out = []
-    faster = measured[(measured["speedup"] > chosen)
-                      & (measured["case_id"] != baseline["case_id"])]
+    faster = measured[(measured["speedup"] > float(chosen["speedup"]))
+                      & ~measured["case_id"].isin([baseline["case_id"], chosen["case_id"]])]
     for _, row in faster.sort_values("speedup", ascending=False).iterrows():
         if len(out) == PASSED_OVER_SHOWN:
             break
@@ -174,7 +174,7 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                 f"compiling took {best['compile_time_s']:.1f} s, won back after "
                 + (f"{even:,.0f} steps" if pd.notna(even) else "no step count measured"),
                 note]))
-        passed = _passed_over(measured, baseline, float(best_speed.ratio), eligible, inert,
+        passed = _passed_over(measured, baseline, best, eligible, inert,
                               budget_bytes, alpha, len(sub) - 1)
         out.append(Recommendation(model, best["case_id"], best_speed.ratio, best_speed.low,
                                   best_speed.high, float(best["training_memory_bytes"]),
