@@ -34,8 +34,8 @@
 # steps and timed rounds (--max-time 2: 2 s, at least 6 steps, at most 20; --unpaired: no
 # baseline step per round). A gpubench run costs, besides its cases, about 10 s to start
 # (CLI, pytest, torch and transformers imports, each model validated once on the CPU, the
-# machine's peaks) and 6 s + 5 s per model after them (CUDA start in the CLI, its no_grad/del
-# measurement of each model, summary and advice). --timeout 90: one command of a case (its
+# machine's peaks) and 6 s after them (CUDA start in the CLI, summary and advice), plus 5 s per
+# model in the headline step (its no_grad/del measurement, which the later steps leave out). --timeout 90: one command of a case (its
 # build, which generates the loader's data, its check, its rounds) taking longer fails the case
 # as hung, and the next case runs.
 #
@@ -140,6 +140,8 @@ step_command() {
                 && k=$(<"$WORK/setup/$name.k") || return 1
             [[ -n $models ]] && args+=(--models "$models")
             [[ $name != loader ]] && args+=(--no-storage-probe)
+            # The no_grad/del measurement of each model, once: in the headline step.
+            [[ $name != headline ]] && args+=(--no-hygiene)
             local rounds=("${RUN_ARGS[@]}")
             [[ $name == claims && $MODE == gpu ]] && rounds=(--rounds 10 --warmup 1 --max-time 2)
             CMD=(python3 -m gpubench run --profile "$PROFILE" --device "$DEVICE" "${rounds[@]}"

@@ -204,9 +204,10 @@ def test_a_stopped_tune_resumes_from_what_it_measured(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["bert", "gpt2"])
+@pytest.mark.parametrize("spec", ["bert"])
 def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(tmp_path, spec):
-    """36 configurations: the tuner's winner is the exhaustive sweep's, or within that
+    """36 configurations (``scripts/tune_vs_exhaustive.py`` measures more models the same
+    way): the tuner's winner is the exhaustive sweep's, or within that
     sweep's interval of it (less than ``MIN_EFFECT``, the smallest speed change the verdicts
     count, below its lower bound: on this machine the fused optimizer's gain sits at that
     threshold, so either side of it is a right answer), for at most 40% of the sweep's
