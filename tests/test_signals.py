@@ -305,9 +305,10 @@ def test_interrupt_while_starting_is_one_line(fake_pytest, previous, capsys, mon
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
 
-    import gpubench.workloads.datasets
+    import gpubench.workloads.datacache
 
-    monkeypatch.setattr(gpubench.workloads.datasets, "remove_stale_partials", interrupted_cleanup)
+    monkeypatch.setattr(gpubench.workloads.datacache, "remove_stale_partials",
+                        interrupted_cleanup)
     assert cli.main([*RUN, "--out", str(out)]) == 130
     assert capsys.readouterr().err.strip().splitlines() == [
         "gpubench: interrupted (SIGINT) while starting; nothing was run"]

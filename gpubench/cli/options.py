@@ -28,16 +28,32 @@ def add_target_arguments(p: argparse.ArgumentParser, *, model: bool = False) -> 
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES), help=DEVICE_HELP)
 
 
+ACCELERATOR_NODES = ("/dev/nvidia*", "/dev/dxg", "/dev/kfd")
+"""The device files a CUDA device needs on Linux (NVIDIA; WSL 2's GPU; ROCm's HIP)."""
+
+
+def no_accelerator_nodes() -> bool:
+    """Linux without any of ``ACCELERATOR_NODES``: ``torch.cuda.is_available()`` would be False,
+    known without importing torch (3 s here). False elsewhere (then torch decides)."""
+    import glob
+    import sys
+
+    return sys.platform == "linux" and not any(glob.glob(p) for p in ACCELERATOR_NODES)
+
+
 def resolve_target(device: str, profile: str) -> tuple[str, str]:
     """``(device, profile)`` with "auto" resolved: CUDA where present, and the device's default
     profile (``gpubench.workloads.profiles.default_profile``). Imports torch only for
-    "auto"."""
+    "auto", and not where the machine has no accelerator's device files."""
     from gpubench.workloads.profiles import default_profile
 
     if device == "auto":
-        from gpubench.measure.machine import default_device
+        if no_accelerator_nodes():
+            device = "cpu"
+        else:
+            from gpubench.measure.machine import default_device
 
-        device = default_device()
+            device = default_device()
     return device, default_profile(device) if profile == "auto" else profile
 
 

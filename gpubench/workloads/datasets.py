@@ -21,7 +21,6 @@ import ctypes
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -35,6 +34,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from gpubench.util import atomic
+from gpubench.workloads.datacache import (  # noqa: F401 - part of this module's interface
+    default_data_dir,
+    remove_stale_partials,
+)
 
 MANIFEST = "manifest.json"
 IMAGE_FORMATS = {"images-jpeg": ("JPEG", ".jpg"), "images-png": ("PNG", ".png")}
@@ -58,12 +61,6 @@ class DataError(ValueError):
     """A dataset folder or file that cannot be used; the message names it."""
 
 
-def default_data_dir() -> Path:
-    """``$GPUBENCH_DATA_DIR``, else ``~/.cache/gpubench/data``."""
-    env = os.environ.get("GPUBENCH_DATA_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "gpubench" / "data"
-
-
 def ensure_writable_dir(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -72,17 +69,6 @@ def ensure_writable_dir(path: Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise DataError(f"the data cache folder {path} is not writable")
     return path
-
-
-_PARTIAL = re.compile(r"^\.(?:images-|tokens-).+\.[a-z0-9_]{8}$")
-"""Hidden temporary dataset folders: ``.<final name>.[<pid>-<host>.]<random>``."""
-
-
-def remove_stale_partials(root: str | os.PathLike) -> list[Path]:
-    """Remove the partial dataset folders that killed generations left in ``root``: those
-    whose owner process is gone (same host) or, when that cannot be checked, unchanged for
-    ``atomic.STALE_AFTER_S``. A concurrent generation's folder is kept."""
-    return atomic.remove_stale_temporaries(root, lambda name: bool(_PARTIAL.match(name)))
 
 
 def _read_manifest(folder: Path) -> dict | None:
