@@ -115,3 +115,31 @@ def test_saved_activations_of_built_model_same_with_and_without_accumulation():
         assert saved.micro_batches == k
         figures[k] = saved.per_micro_batch_bytes
     assert figures[1] == figures[4] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cpu_peak_supported(), reason="needs Linux /proc/self/clear_refs")
+def test_a_cases_cpu_training_peak_is_what_a_hand_written_loop_holds(tmp_path):
+    """The CPU training peak (``peak_above_base_bytes``: the resident high-water mark above the
+    resident size before the model was built) of a plain case is a fresh hand-written loop's of
+    the same model, batch and optimizer, measured the same way (tests/data/handwritten_peak.py),
+    within 10%: the suite's own state (its imports, the probe build, the initial weights every
+    case copies, the check's reference) lies below the base, not in the figure."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "case.json"
+    subprocess.run([sys.executable, "-m", "gpubench", "case", "--model", "resnet18",
+                    "--profile", "cpu", "--device", "cpu", "--rounds", "5",
+                    "-o", str(out)], check=True, capture_output=True, env=env, timeout=300)
+    info = json.loads(out.read_text())["benchmarks"][0]["extra_info"]
+    script = Path(__file__).parent / "data" / "handwritten_peak.py"
+    loop = int(subprocess.run([sys.executable, str(script)], check=True, capture_output=True,
+                              text=True, env=env, timeout=300).stdout)
+    assert info["peak_above_base_bytes"] == pytest.approx(loop, rel=0.10), (
+        info["peak_above_base_bytes"], loop, info["resident_base_bytes"])
+    assert info["peak_memory_bytes"] - info["resident_base_bytes"] == info["peak_above_base_bytes"]

@@ -112,6 +112,10 @@ METRICS: tuple[Metric, ...] = (
            "CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``; CPU (Linux): the "
            "process's resident high-water mark ``VmHWM``, reset before the timed steps, so it "
            "includes the interpreter and libraries; and how it was measured"),
+    Metric(("resident_base_bytes", "peak_above_base_bytes"), "int>=0", "bytes",
+           "CPU (Linux): the process's resident size before the case built its model "
+           "(interpreter, libraries, what earlier cases left), and the training peak: "
+           "``VmHWM`` above it, what a user's loop measures the same way; null on CUDA"),
     Metric(("step_memory_bytes",), "int>=0", "bytes",
            "how far the timed steps raised memory above what was held when they began "
            "(activations, temporaries, gradients freed by ``set_to_none``): the part "

@@ -586,7 +586,11 @@ def cmd_case(args: argparse.Namespace) -> int:
     info = bench.extra_info
     print(f"gpubench case: {cfg.id}: median step {info['step_time_s'] * 1e3:.2f} ms, "
           f"{info['samples_per_s']:.1f} samples/s, peak memory "
-          f"{(info['peak_memory_bytes'] or 0) / 2**20:.1f} MiB; wrote {out}")
+          f"{(info['peak_memory_bytes'] or 0) / 2**20:.1f} MiB"
+          + ("" if info.get("peak_above_base_bytes") is None else
+             f" (training peak {info['peak_above_base_bytes'] / 2**20:.1f} MiB above the "
+             f"{info['resident_base_bytes'] / 2**20:.0f} MiB resident before the model)")
+          + f"; wrote {out}")
     return 0
 
 

@@ -146,8 +146,21 @@ def allocator_health(stats: dict | None,
     }
 
 
+def resident_base(device_type: str) -> int | None:
+    """The process's resident size before a case builds its model (CPU, Linux; None
+    elsewhere), freed heap handed back first: the interpreter, the libraries imported and what
+    earlier work left resident. The CPU training peak is the high-water mark above it
+    (``peak_above_base_bytes``), the figure a user's own loop compares with under the same
+    definition (its resident size before it builds the model, and its peak after)."""
+    if device_type != "cpu" or not cpu_peak_supported():
+        return None
+    release_free_memory()
+    return status_bytes("VmRSS")
+
+
 def read_peak(device: torch.device, start_bytes: int | None,
-              start_counters: dict | None = None) -> dict[str, int | float | str | None]:
+              start_counters: dict | None = None,
+              base_bytes: int | None = None) -> dict[str, int | float | str | None]:
     """Peak memory since ``reset_peak`` (which returned ``start_bytes``), read while the case
     still holds its memory (right after its steps, nothing freed).
 
@@ -155,7 +168,8 @@ def read_peak(device: torch.device, start_bytes: int | None,
     raised it above the memory held at the start (model, gradients kept, optimizer state):
     activations, temporaries and freshly allocated gradients. On CUDA also the allocator's
     health over the window (``allocator_health``; ``start_counters``: ``allocator_counters`` at
-    the window's start), None on the CPU.
+    the window's start), None on the CPU. On the CPU, with ``base_bytes`` (``resident_base``),
+    ``resident_base_bytes`` and ``peak_above_base_bytes``, the peak less that base.
     """
     stats = None
     if device.type == "cuda":
@@ -175,6 +189,9 @@ def read_peak(device: torch.device, start_bytes: int | None,
         "step_memory_bytes": None if peak is None else max(0, peak - start_bytes),
         "peak_reserved_bytes": reserved,
         "peak_memory_method": method,
+        "resident_base_bytes": base_bytes if device.type == "cpu" else None,
+        "peak_above_base_bytes": (max(0, peak - base_bytes) if device.type == "cpu"
+                                  and peak is not None and base_bytes is not None else None),
         **allocator_health(stats, start_counters),
     }
 

@@ -38,6 +38,7 @@ from gpubench.measure.memory import (
     read_peak,
     release_free_memory,
     reset_peak,
+    resident_base,
     state_breakdown,
 )
 from gpubench.measure.telemetry import Sampler
@@ -46,6 +47,7 @@ from gpubench.train.checks import check_case
 from gpubench.train.config import RunConfig, count_config
 from gpubench.train.data import measure_loader
 from gpubench.util.watchdog import time_limit
+from gpubench.workloads.api import prime_initial_module
 
 LOADER_PROBE_BATCHES = 10
 """Batches the loader-only measurement reads after its first one."""
@@ -136,6 +138,12 @@ class CaseProgram:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
         self.rank = rank
         freeze_long_lived()  # gc.collect() in every reset_peak scans only what cases create
+        # The CPU peak's base, before the case's model: the suite's own state first (the
+        # workload's probe build and its libraries' imports, the initial weights every case of
+        # the model copies), so that the training peak above it is what a user's loop holds.
+        cfg.workload.facts  # noqa: B018 - cached: its probe build happens now
+        prime_initial_module(cfg.workload, cfg.seed)
+        self.base_bytes = resident_base(cfg.device)
         self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
         self.start_bytes: list[int | None] = []
         self.start_counters: list[dict | None] = []
@@ -251,7 +259,7 @@ class CaseProgram:
         waits = list(self.case.batches.waits)[self.waits_at_reset:]
         loss = None if self.last_loss is None else self.last_loss.float().item()
         return {
-            "devices": [read_peak(d, s, c) for d, s, c in zip(
+            "devices": [read_peak(d, s, c, self.base_bytes) for d, s, c in zip(
                 self.case.devices, self.start_bytes, self.start_counters, strict=True)],
             **state_breakdown(self.case.model, self.case.optimizer),
             "rank_step_time_s": statistics.median(self.times) if self.times else None,

@@ -36,8 +36,10 @@ READING_GUIDE = """\
   interval (rounds without pairs: an interval from the separately measured rounds).
 - **Training memory** is what the techniques change: on CUDA the allocator's peak; on the CPU
   the exact sum of parameters, gradients, optimizer state and the activations autograd saves
-  for one micro-batch, per device or rank. The CPU process high-water mark (the summary's
-  *peak mem* column) is mostly the Python/PyTorch runtime and is not charted.
+  for one micro-batch, per device or rank. The summary's *peak mem* column is, on CUDA, the
+  allocator's peak and, on the CPU, the process's resident high-water mark above its resident
+  size before the case built its model (the suite's imports and state below that base): what
+  a hand-written loop of the same model holds, measured the same way.
 - **MFU** is model FLOPs per second over the measured matmul peak of the case's precision.
   Model FLOPs follow the convention of published MFU figures (PaLM, appendix B; torchtitan;
   nanoGPT): what the model needs, no recomputation, attention in full, so a checkpointed case

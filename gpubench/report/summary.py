@@ -45,7 +45,10 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
                 "-" if gb != gb else f"{gb:.0f}" + (f" (x{f:g})" if f == f and f != 1 else "")
                 for gb, f in zip(df["global_batch"].astype(float),
                                  df["batch_factor"].astype(float), strict=True)],
-            "peak_memory_mib": df["peak_memory_bytes"].astype(float) / 2**20,
+            # CPU: the training peak above the resident base before the model was built (the
+            # figure a user's loop measures the same way), where the record has it.
+            "peak_memory_mib": df.get("peak_above_base_bytes", pd.Series(math.nan, index=df.index))
+            .astype(float).fillna(df["peak_memory_bytes"].astype(float)) / 2**20,
             "step_memory_mib": df.get("step_memory_bytes", pd.Series(math.nan, index=df.index))
             .astype(float)
             / 2**20,
