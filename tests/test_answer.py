@@ -5,6 +5,7 @@ the mark of a case that changes the effective batch wherever cases are ranked.""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -97,7 +98,9 @@ def test_a_tune_beside_the_results_answers_for_its_model(frame, tmp_path):
     text = answer_markdown(frame, tunes, budget_bytes=2000, base=tmp_path)
     assert "train with **`bert-bf16-sgd_fused`**: 1.31x" in text
     assert "[tune-bert/tune.md](tune-bert/tune.md)" in text
-    # Another profile's tune does not answer for this one.
+    # Another profile's tune, or one at another global batch, does not answer for this one.
+    assert "bert-bf16-sgd_fused" not in answer_markdown(
+        frame, [{**tunes[0], "global_batch": 64}])
     tunes[0]["profile"] = "gpu-small"
     assert "bert-bf16-sgd_fused" not in answer_markdown(frame, tunes)
 
@@ -105,12 +108,15 @@ def test_a_tune_beside_the_results_answers_for_its_model(frame, tmp_path):
 def test_the_batch_mark_and_the_summary_column():
     assert batch_mark(4.0) == " [batch x4]" and batch_mark(0.5) == " [batch x0.5]"
     assert batch_mark(1.0) == batch_mark(float("nan")) == batch_mark(None) == ""
-    from gpubench.report.summary import summary_frame
+    from gpubench.report.summary import summary_frame, summary_markdown
 
     df = pd.DataFrame([_row("bert-fp32", 1.0), _row("bert-fp32-accum4", 3.0, global_batch=32)])
     assert list(with_baseline_ratios(df)["batch_factor"]) == [1.0, 4.0]
-    shown = summary_frame(df).set_index("case_id")["global_batch"]
-    assert shown["bert-fp32-accum4"] == "32 (x4)" and shown["bert-fp32"] == "8"
+    frame = summary_frame(df).set_index("case_id")  # numbers (gpubench summary --csv)
+    assert frame.loc["bert-fp32-accum4", ["global_batch", "batch_factor"]].tolist() == [32, 4]
+    rows = {line.split("|")[1].strip(): line for line in summary_markdown(df).splitlines()
+            if line.startswith("| bert-")}
+    assert re.search(r"\|\s*32 \(x4\)\s*\|", rows["bert-fp32-accum4"])
 
 
 def test_the_speedup_chart_marks_a_changed_batch():

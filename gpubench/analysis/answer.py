@@ -27,7 +27,8 @@ def tune_reports_beside(files: Iterable) -> list[dict]:
     folders = dict.fromkeys(Path(f).resolve().parent for f in files)
     out = []
     for folder in folders:
-        for path in [folder / "tune.json", *sorted(folder.glob("tune-*/tune.json"))]:
+        found = sorted(folder.glob("tune-*/tune.json"), key=lambda p: p.stat().st_mtime)
+        for path in [folder / "tune.json", *found]:  # the newest last
             if not path.is_file():
                 continue
             try:
@@ -39,11 +40,21 @@ def tune_reports_beside(files: Iterable) -> list[dict]:
     return out
 
 
-def _tune_for(model: str, profile: str | None, device: str | None, tunes: list[dict]
-              ) -> dict | None:
+def _tune_for(model: str, rows: pd.DataFrame, tunes: list[dict]) -> dict | None:
+    """The newest tune of ``model`` in the same profile and device type, at the global batch
+    of the run's baseline (a tune at another batch answers another question)."""
+    def first(column):
+        values = rows[column].dropna() if column in rows else pd.Series(dtype=object)
+        return values.iloc[0] if len(values) else None
+
+    base = rows[rows["is_baseline"] == True] if "is_baseline" in rows else rows.iloc[:0]  # noqa: E712
+    batch = base["global_batch"].dropna().iloc[0] if len(base) and "global_batch" in base \
+        and base["global_batch"].notna().any() else None
+    profile, device = first("profile"), first("device")
     found = [t for t in tunes if t.get("name", t.get("model")) == model
              and (profile is None or t.get("profile") == profile)
-             and (device is None or t.get("device") == device)]
+             and (device is None or t.get("device") == device)
+             and (batch is None or t.get("global_batch") == int(batch))]
     return found[-1] if found else None
 
 
@@ -59,6 +70,10 @@ def _tuned(model: str, t: dict, base: Path | None) -> list[str]:
                 f"baseline's speed (95% CI {w['low']:.2f}-{w['high']:.2f}) at the same global "
                 f"batch {t['global_batch']}, found by `gpubench tune` and confirmed with the "
                 "training check and fresh paired rounds.")
+    parity = t.get("parity")
+    if isinstance(parity, dict):
+        head += (f" Convergence parity against FP32 over {parity.get('steps')} steps: "
+                 f"**{parity.get('verdict')}** ({parity.get('reason')}).")
     searched = sum(1 for c in t.get("candidates", []) if c.get("rounds"))
     return [head, "", f"The search measured {searched} of {len(t.get('candidates', []))} "
             f"configurations; the snippet to paste, the ablation and the diagnosis are in "
@@ -105,9 +120,7 @@ def answer_markdown(df: pd.DataFrame, tunes: list[dict] | None = None,
     lines = []
     for model in dict.fromkeys(df["model"].dropna()):
         rows = df[df["model"] == model]
-        profile = rows["profile"].dropna().iloc[0] if rows["profile"].notna().any() else None
-        device = rows["device"].dropna().iloc[0] if rows["device"].notna().any() else None
-        t = _tune_for(model, profile, device, tunes)
+        t = _tune_for(model, rows, tunes)
         if t is not None:
             lines += _tuned(model, t, base)
         elif model in by_model:

@@ -4,12 +4,12 @@ alternating rounds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from gpubench.analysis.results import with_baseline_ratios
+from gpubench.analysis.results import numbers, with_baseline_ratios
 from gpubench.analysis.speed import (
     SpeedComparison,
     _speed_vs_baseline,
@@ -51,6 +51,15 @@ class PassedOver:
     why: str
 
 
+def budget_measure(df: pd.DataFrame) -> pd.Series:
+    """The memory a budget is held to: the peak, on the CPU the training peak above the
+    resident base (``peak_above_base_bytes``) where the record has it."""
+    peak = numbers(df["peak_memory_bytes"])
+    if "peak_above_base_bytes" in df:
+        peak = numbers(df["peak_above_base_bytes"]).fillna(peak)
+    return peak
+
+
 PASSED_OVER_SHOWN = 8
 """At most this many passed-over candidates per model (the fastest)."""
 
@@ -67,31 +76,39 @@ def _passed_over(measured: pd.DataFrame, baseline: pd.Series, chosen: pd.Series,
         if len(out) == PASSED_OVER_SHOWN:
             break
         speed = _speed_vs_baseline(baseline, row)
-        factor = float(row["global_batch"]) / float(baseline["global_batch"])
+        gb, base_gb = row.get("global_batch"), baseline.get("global_batch")
+        factor = (float(gb) / float(base_gb) if pd.notna(gb) and pd.notna(base_gb)
+                  else float("nan"))
+        peak = budget_measure(row.to_frame().T).iloc[0]
         if row["case_id"] in inert:
             why = inert[row["case_id"]]
         elif row["case_id"] not in eligible:
-            why = (f"runs {row['parallel']} on {int(row['world_size'])} processes"
-                   if row["parallel"] != "single" else
-                   f"loads its batches from {row['dataset']}, the baseline's are "
-                   f"{baseline['dataset']}")
-            why += ": a single-device technique is compared on the baseline's data path"
-        elif budget_bytes is not None and row["peak_memory_bytes"] > budget_bytes:
-            why = (f"peak memory {row['peak_memory_bytes'] / 2**20:,.0f} MiB is over the "
-                   f"budget of {budget_bytes / 2**20:,.0f} MiB")
+            parallel, ranks = row.get("parallel"), row.get("world_size")
+            if isinstance(parallel, str) and parallel != "single":
+                why = (f"runs {parallel} on "
+                       f"{int(ranks) if pd.notna(ranks) else 'several'} processes: the "
+                       "recommendation compares single-device configurations")
+            else:
+                why = (f"loads its batches from {row.get('dataset')}: the recommendation "
+                       f"compares configurations on the baseline's ({baseline.get('dataset')})")
+        elif budget_bytes is not None and not pd.notna(peak):
+            why = "its peak memory was not measured, so it cannot be held to the budget"
+        elif budget_bytes is not None and peak > budget_bytes:
+            why = (f"peak memory {peak / 2**20:,.0f} MiB is over the budget of "
+                   f"{budget_bytes / 2**20:,.0f} MiB")
         elif factor != 1:
-            why = (f"changes the training recipe: effective batch {int(row['global_batch'])} "
-                   f"vs {int(baseline['global_batch'])}")
-        elif row["optimizer"] != baseline["optimizer"]:
-            why = f"changes the training recipe: optimizer {row['optimizer']} vs " \
-                  f"{baseline['optimizer']}"
-        elif speed.p_value >= alpha:
+            why = ("changes the training recipe: effective batch "
+                   + (f"{int(gb)} vs {int(base_gb)}" if factor == factor else "unknown"))
+        elif row.get("optimizer") != baseline.get("optimizer"):
+            why = f"changes the training recipe: optimizer {row.get('optimizer')} vs " \
+                  f"{baseline.get('optimizer')}"
+        elif not speed.p_value < alpha:
             why = (f"not significant: p={speed.p_value:.2g}, where {n} candidates need "
                    f"p < {alpha:.2g} (Bonferroni)")
         elif speed.ratio < 1 + MIN_EFFECT:
             why = f"under the smallest counted effect ({MIN_EFFECT:.0%} faster)"
         else:
-            why = "slower than the recommendation in its own paired rounds"
+            why = "not a candidate of the recommendation (see its rules)"
         out.append(PassedOver(row["case_id"], speed.ratio, speed.low, speed.high, factor, why))
     return tuple(out)
 
@@ -133,7 +150,7 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
         eligible = set(sub["case_id"])
         sub = sub[~sub["case_id"].isin(inert)]
         if budget_bytes is not None:
-            sub = sub[sub["peak_memory_bytes"] <= budget_bytes]
+            sub = sub[budget_measure(sub) <= budget_bytes]
         base = sub[sub["is_baseline"] == True]  # noqa: E712
         if sub.empty or base.empty:
             continue
@@ -161,13 +178,15 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                     f"{baseline['optimizer']})")
         if best is None:
             best, best_speed = baseline, SpeedComparison(1.0, 1.0, 1.0, 1.0, "none")
-            reason = (f"no configuration with the baseline's recipe beat FP32 significantly "
-                      f"(p < {alpha:.2g}, Bonferroni over {len(sub) - 1}) by "
-                      f"{MIN_EFFECT:.0%} or more")
+            reason = ("no configuration with the baseline's recipe beat FP32 significantly "
+                      + (f"(p < {alpha:.2g}, Bonferroni over {len(sub) - 1}) "
+                         if len(sub) > 1 else "")
+                      + f"by {MIN_EFFECT:.0%} or more"
+                      + ("" if len(sub) > 1 else " (none was measured)"))
         else:
-            reason = (f"the fastest of {len(sub) - 1} configurations with the baseline's "
-                      f"recipe to beat FP32 significantly (p < {alpha:.2g}) by "
-                      f"{MIN_EFFECT:.0%} or more")
+            reason = (f"the fastest of {int(same_recipe.sum()) - 1} configurations with the "
+                      f"baseline's recipe to beat FP32 significantly (p < {alpha:.2g}, "
+                      f"Bonferroni over {len(sub) - 1}) by {MIN_EFFECT:.0%} or more")
         if best is not baseline and pd.notna(best.get("compile_time_s")):
             even = best.get("break_even_steps")
             note = "; ".join(filter(None, [
@@ -213,11 +232,11 @@ def confirm(rec: Recommendation, df: pd.DataFrame, rounds: int = 20) -> Recommen
     speed = compare_paired_rounds(np.asarray(info["rounds_base_s"]) / info["global_batch_base"],
                                   np.asarray(info["rounds_new_s"]) / info["global_batch_new"])
     if speed.p_value < ALPHA and speed.ratio >= 1 + MIN_EFFECT:
-        return Recommendation(rec.model, rec.case_id, speed.ratio, speed.low, speed.high,
-                              rec.peak_memory_bytes, rec.budget_bytes, confirmed=True)
+        return replace(rec, speedup=speed.ratio, low=speed.low, high=speed.high,
+                       confirmed=True)
     base_row = rows.loc[base.id] if base.id in rows.index else None
     peak = float(base_row["peak_memory_bytes"]) if base_row is not None else float("nan")
-    return Recommendation(rec.model, base.id, 1.0, speed.low, speed.high, peak,
-                          rec.budget_bytes, confirmed=True,
-                          note=f"{rec.case_id} did not beat FP32 in alternating rounds "
-                          f"({speed.describe()})")
+    return replace(rec, case_id=base.id, speedup=1.0, low=speed.low, high=speed.high,
+                   peak_memory_bytes=peak, confirmed=True, is_baseline=True,
+                   reason=(why := f"{rec.case_id} did not beat FP32 in alternating rounds "
+                           f"({speed.describe()})"), note=why)

@@ -520,9 +520,13 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
                                  else pd.Series(float("nan"), index=df.index)
                                  ) * offset.fillna(1.0)
     df["memory_ratio"] = df["training_memory_bytes"] / df["base_training_memory_bytes"]
-    df["batch_factor"] = (df["global_batch"].astype(float)
-                          / df["base_global_batch"].astype(float))
+    df["batch_factor"] = numbers(df["global_batch"]) / numbers(df["base_global_batch"])
     return with_plausibility(with_scaling(df))
+
+
+def numbers(values: pd.Series) -> pd.Series:
+    """``values`` as floats, NaN where missing (``None``, ``pd.NA``) or not a number."""
+    return pd.to_numeric(values, errors="coerce").astype(float)
 
 
 def batch_mark(factor: float) -> str:
@@ -530,9 +534,9 @@ def batch_mark(factor: float) -> str:
     (``batch_factor`` of ``with_baseline_ratios``), wherever cases are ranked: such a case does
     other work per step, and a user who trains with it changes their training recipe. "" for
     the same batch or an unknown one."""
-    if factor is None or factor != factor or factor == 1:
+    if factor is None or pd.isna(factor) or factor == 1:
         return ""
-    return f" [batch x{factor:g}]"
+    return f" [batch x{float(factor):g}]"
 
 
 BATCH_MARK_NOTE = ("[batch xN]: the case's effective (global) batch is N times the baseline's, "

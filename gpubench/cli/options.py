@@ -28,8 +28,10 @@ def add_target_arguments(p: argparse.ArgumentParser, *, model: bool = False) -> 
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES), help=DEVICE_HELP)
 
 
-ACCELERATOR_NODES = ("/dev/nvidia*", "/dev/dxg", "/dev/kfd")
-"""The device files a CUDA device needs on Linux (NVIDIA; WSL 2's GPU; ROCm's HIP)."""
+ACCELERATOR_NODES = ("/dev/nvidia*", "/dev/dxg", "/dev/kfd", "/dev/nvhost-*", "/dev/nvgpu",
+                     "/dev/nvmap", "/proc/driver/nvidia")
+"""The device files a CUDA device needs on Linux (NVIDIA; WSL 2's GPU; ROCm's HIP; Jetson's
+integrated GPU), and the NVIDIA driver's own folder."""
 
 
 def no_accelerator_nodes() -> bool:

@@ -71,10 +71,15 @@ def tune_main(args: argparse.Namespace) -> int:
               "command with --resume continues it", file=sys.stderr)
         return 130
     w = result.winner
-    parity = ""
+    path = write_tune(result, out)  # now: a parity run may be stopped
     if args.parity:
-        parity = _parity(args, tuner, result, profile, device, out)
-    path = write_tune(result, out, parity)
+        try:
+            parity = _parity(args, tuner, result, profile, device, out)
+        except KeyboardInterrupt:
+            print(f"gpubench tune: interrupted during --parity; the tune is in {path}",
+                  file=sys.stderr)
+            return 130
+        path = write_tune(result, out, parity)
     print(f"gpubench tune: winner {w['case_id']} "
           + (f"{w['speedup']:.2f}x [{w['low']:.2f}-{w['high']:.2f}]"
              if w["case_id"] != result.baseline else f"(the baseline: {w.get('why', '')})")
@@ -107,6 +112,9 @@ def _parity(args, tuner, result, profile: str, device: str, out: Path) -> str:
         return f"Not measured: {line}.\n"
     write_parity(report, out)
     tuned = next((r for r in report["techniques"] if r["technique"] == "tuned"), None)
+    _keep_parity(out, None if tuned is None else {
+        "verdict": str(tuned["verdict"]), "reason": tuned["reason"], "gap": tuned["gap"],
+        "steps": report["steps"]})
     if tuned is None:
         why = report.get("left_out", {}).get("tuned", "not trained")
         print(f"gpubench tune: --parity: the winner was not trained: {why}", flush=True)
@@ -114,3 +122,15 @@ def _parity(args, tuner, result, profile: str, device: str, out: Path) -> str:
         print(f"gpubench tune: parity of the winner: {tuned['verdict']} (final loss "
               f"{tuned['gap']:+.2%} of FP32's initial loss from FP32's)", flush=True)
     return parity_markdown(report).split("\n", 2)[-1] + "\n![parity](parity.png)\n"
+
+
+def _keep_parity(out: Path, verdict: dict | None) -> None:
+    """The winner's parity verdict into ``tune.json``'s result (the report's answer shows it)."""
+    import json
+
+    from gpubench.util import atomic
+
+    path = out / "tune.json"
+    state = json.loads(path.read_text())
+    state.setdefault("result", {})["parity"] = verdict
+    atomic.write_text(path, json.dumps(state, indent=1, default=str))

@@ -258,8 +258,9 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
     techniques = list(TECHNIQUES) if techniques is None else techniques
     left_out: dict[str, str] = {}
     techniques = list(dict.fromkeys([REFERENCE, *techniques]))  # the reference first, once
-    base = RunConfig(model=model, profile=profile, device=device, seed=seed,
-                     micro_batch=micro_batch)
+    base = RunConfig(model=model, profile=profile, device=device, seed=seed)
+    if micro_batch not in (None, base.resolved_micro_batch):  # the default stays implicit
+        base = base.with_(micro_batch=micro_batch)
     plan = DataPlan(base.resolved_micro_batch, seed=seed)
     for name, cfg in (extra or {}).items():
         split = cfg.resolved_micro_batch * cfg.accum_steps * cfg.parallelism.replicas

@@ -9,12 +9,14 @@ The search, in the order it runs:
    help. The space is ordered by the prediction (a search stopped by ``--time`` has measured the
    likeliest first), and each prediction is scored against what was measured.
 2. **The space** (``search_space``): precision x micro-batch (with accumulation keeping the
-   global batch) x activation checkpointing x optimizer implementation x layout x compile, each
-   where the device and the workload can use it; a configuration the device cannot run is
-   pruned with its reason.
+   global batch) x activation checkpointing x optimizer implementation x layout x transformers'
+   attention x activation offloading x SDPA kernel x compile (``DIMENSIONS``), each where the
+   device and the workload can use it (``left_out`` says why a value is not); a configuration
+   the device cannot run is pruned with its reason.
 3. **Memory pruning** before anything is timed (``MemoryModel``): parameters, gradients and
    optimizer state counted exactly once, the activations autograd saves counted at one
-   micro-batch per precision and checkpointing and scaled with the micro-batch; a configuration
+   micro-batch per precision, checkpointing, layout and attention and scaled with the
+   micro-batch; a configuration
    predicted over the budget is pruned. The winner's real figure is measured and set beside its
    prediction.
 4. **Successive halving** on rounds paired with the baseline's (the baseline's case stays built;
@@ -174,7 +176,7 @@ def _space(base: RunConfig, global_batch: int, dims: tuple[str, ...], compile_: 
     return {d: values[d] if d in dims else values[d][:1] for d in DIMENSIONS}, out
 
 
-def search_space(base: RunConfig, global_batch: int, dims: tuple[str, ...] = DIMENSIONS,
+def search_space(base: RunConfig, global_batch: int, dims: tuple[str, ...] = DEFAULT_SEARCH,
                  compile_: bool = False) -> list[RunConfig]:
     """Every combination of ``dims`` (the others at the baseline's values), the baseline first;
     the micro-batch comes with the accumulation that keeps ``global_batch``."""
@@ -183,18 +185,18 @@ def search_space(base: RunConfig, global_batch: int, dims: tuple[str, ...] = DIM
     for combo in itertools.product(*(values[d] for d in DIMENSIONS)):
         fields = dict(zip(DIMENSIONS, combo, strict=True))
         micro = fields.pop("micro_batch")
-        try:
-            out.append(with_micro(base.with_(**fields), micro, global_batch))
-        except ValueError:  # techniques that exclude each other (eager attention, a kernel)
-            continue
+        if fields["attn_implementation"] == "eager" and fields["attention"] != "default":
+            continue  # eager attention calls no SDPA kernel to pin: refused by RunConfig
+        out.append(with_micro(base.with_(**fields), micro, global_batch))
     return list(dict.fromkeys(out))
 
 
 class MemoryModel:
     """Predicted training memory of a configuration (parameters + gradients + optimizer state +
     the activations its largest micro-batch saves), from exact counts: the state once, the
-    saved activations once per (precision, checkpointing, layout) at one micro-batch, scaled
-    linearly with the micro-batch."""
+    saved activations once per (precision, checkpointing, layout, attention) at one
+    micro-batch, scaled linearly with the micro-batch (offloading counted as the plain case,
+    as the suite counts it)."""
 
     def __init__(self) -> None:
         self._state: float | None = None
@@ -202,10 +204,13 @@ class MemoryModel:
         self.counted = 0
 
     def _count(self, cfg: RunConfig) -> tuple[int, float]:
+        # Offloading moves saved tensors to the host; they are counted as the plain case's
+        # (the case's counted forward leaves its hooks out, as the suite's count does).
         key = (cfg.precision, cfg.checkpointing, cfg.channels_last, cfg.attn_implementation,
-               cfg.attention, cfg.offload)
+               cfg.attention)
         if key not in self._activations:
-            probe = cfg.with_(compile=False, optimizer_impl="default", accum_steps=1)
+            probe = cfg.with_(compile=False, optimizer_impl="default", accum_steps=1,
+                              offload=False)
             with build(probe) as case, case.precision.math_mode():
                 with SavedActivations(case.model) as saved:
                     case.step()
@@ -251,8 +256,12 @@ def paired_ratios(base_case, cfg: RunConfig, rounds: int, *, check: bool = False
         if check:
             if cfg.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            with SavedActivations(case.model) as saved:
-                case.step()
+            forward, case.forward = case.forward, case.counted_forward  # as the suite counts
+            try:
+                with SavedActivations(case.model) as saved:
+                    case.step()
+            finally:
+                case.forward = forward
             facts["training_memory_bytes"] = float(
                 sum(state_breakdown(case.model, case.optimizer).values())
                 + saved.per_micro_batch_bytes)
@@ -466,8 +475,9 @@ class Tuner:
             self.progress(f"gpubench tune: {base.id}, global batch {self.global_batch}: "
                           "diagnosing the baseline step ...")
             diagnosis = diagnose(base, base_case)
+            searched = space_values(base, self.global_batch, self.dims, self.compile)
             diagnosis.predictions = {d: v for d, v in diagnosis.predictions.items()
-                                     if d in self.dims}
+                                     if len(searched.get(d, ())) > 1}
             diagnosis_s = time.perf_counter() - setup_start
             setup_start = time.perf_counter()
             self.progress(f"gpubench tune: bound by {diagnosis.bound}")
@@ -606,7 +616,7 @@ class Tuner:
 
 
 def exhaustive(spec: str, profile: str, device: str, *, global_batch: int | None = None,
-               dims: tuple[str, ...] = DIMENSIONS, progress: Callable[[str], None] = print
+               dims: tuple[str, ...] = DEFAULT_SEARCH, progress: Callable[[str], None] = print
                ) -> dict:
     """Every configuration of the tuner's space measured as the tuner confirms its finalists
     (the training check, then ``CONFIRM_ROUNDS`` rounds paired with the baseline's): what a
@@ -680,11 +690,15 @@ def snippet(result: TuneResult) -> str:
         lines.append(f'model.set_attn_implementation("{c["attn_implementation"]}")  '
                      "# transformers")
     if c["precision"] in ("fp8", "fp8-rowwise"):
-        recipe = "" if c["precision"] == "fp8" else (
+        name = "tensorwise" if c["precision"] == "fp8" else "rowwise"
+        recipe = "" if name == "tensorwise" else (
             ', config=Float8LinearConfig.from_recipe_name("rowwise")')
         lines += ["from torchao.float8 import Float8LinearConfig, convert_to_float8_training",
-                  f"convert_to_float8_training(model{recipe})  # FP8 linears, under bf16 "
-                  "autocast"]
+                  "from torchao.float8 import _auto_filter_for_recipe",
+                  "# the linears torchao's filter picks (the measured case's fp8_layers auto),",
+                  "# under bf16 autocast",
+                  f'convert_to_float8_training(model{recipe}, module_filter_fn='
+                  f'_auto_filter_for_recipe("{name}", filter_fqns=[]))']
     if c["checkpointing"]:
         lines += ["# activation checkpointing: wrap each block's forward, for example",
                   "# from torch.utils.checkpoint import checkpoint",
@@ -712,17 +726,15 @@ def snippet(result: TuneResult) -> str:
         backend = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                    "cudnn": "CUDNN_ATTENTION", "math": "MATH"}[c["attention"]]
         contexts.append(f"sdpa_kernel(SDPBackend.{backend})")
-    if c.get("offload"):
+    if c.get("offload"):  # the forward's saved tensors go to host memory, and come back in
+        # backward, which runs outside the contexts (as autocast wants)
         contexts.append(f"torch.autograd.graph.save_on_cpu(pin_memory={dev == 'cuda'})")
     backward = "loss.backward()" if c["precision"] != "fp16" else "scaler.scale(loss).backward()"
     if contexts:
         lines += [f"        with {', '.join(contexts)}:", f"            {body}"]
-        if c.get("offload"):  # the saved tensors come back in backward: inside the context
-            lines.append(f"            {backward}")
     else:
         lines.append(f"        {body}")
-    if not c.get("offload"):
-        lines.append(f"        {backward}")
+    lines.append(f"        {backward}")
     if c["precision"] == "fp16":
         lines += ["    scaler.step(optimizer)", "    scaler.update()"]
     else:

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from gpubench.analysis.results import with_baseline_ratios
+from gpubench.analysis.results import numbers, with_baseline_ratios
 from gpubench.util import tables
 from gpubench.util.tables import figures_table
 
@@ -40,15 +40,13 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
             "step_time_ms": df["step_time_s"] * 1e3,
             "iqr_ms": df.get("step_time_iqr_s", pd.Series(math.nan, index=df.index)) * 1e3,
             "samples_per_s": df["samples_per_s"],
-            # The mark of a case that changes the effective batch, wherever it is ranked.
-            "global_batch": [
-                "-" if gb != gb else f"{gb:.0f}" + (f" (x{f:g})" if f == f and f != 1 else "")
-                for gb, f in zip(df["global_batch"].astype(float),
-                                 df["batch_factor"].astype(float), strict=True)],
+            "global_batch": df["global_batch"],
+            "batch_factor": df["batch_factor"],
             # CPU: the training peak above the resident base before the model was built (the
             # figure a user's loop measures the same way), where the record has it.
-            "peak_memory_mib": df.get("peak_above_base_bytes", pd.Series(math.nan, index=df.index))
-            .astype(float).fillna(df["peak_memory_bytes"].astype(float)) / 2**20,
+            "peak_memory_mib": numbers(
+                df.get("peak_above_base_bytes", pd.Series(math.nan, index=df.index)))
+            .fillna(numbers(df["peak_memory_bytes"])) / 2**20,
             "step_memory_mib": df.get("step_memory_bytes", pd.Series(math.nan, index=df.index))
             .astype(float)
             / 2**20,
@@ -261,6 +259,11 @@ def summary_markdown(df: pd.DataFrame) -> str:
     where a run has one."""
     frame = summary_frame(df)
     parts = []
+    # The mark of a case that changes the effective batch, wherever it is ranked.
+    frame = frame.assign(global_batch=[
+        "-" if gb != gb else f"{gb:.0f}" + (f" (x{f:g})" if f == f and f != 1 else "")
+        for gb, f in zip(numbers(frame["global_batch"]), numbers(frame["batch_factor"]),
+                         strict=True)])
     for (run, model), group in frame.groupby(["run", "model"], sort=False):
         parts.append(f"### {model} ({run})\n\n{figures_table(group, COLUMNS)}\n")
     compiled = compile_markdown(df)

@@ -370,8 +370,15 @@ def initial_train_module(workload: Workload, seed: int, checkpointing: bool = Fa
 def prime_initial_module(workload: Workload, seed: int) -> None:
     """Make ``initial_train_module``'s copy of ``workload`` at ``seed`` now, if it has none:
     the suite's state, resident before a case measures the memory above what it found."""
-    if (id(workload), workload.spec, seed) not in _INITIAL:
+    key = (id(workload), workload.spec, seed)
+    if key not in _INITIAL and key not in _UNCOPYABLE:
         initial_train_module(workload, seed)
+        if key not in _INITIAL:  # built, but cannot be copied: each case builds its own
+            _UNCOPYABLE.add(key)
+
+
+_UNCOPYABLE: set = set()
+"""Workloads whose model ``initial_train_module`` could not copy (not primed again)."""
 
 
 class BatchDataset(Dataset):
