@@ -69,6 +69,8 @@ class Options:
         self.warmup = warmup if w is None else w
         max_time = config.getoption("--gpubench-max-time")
         self.max_time_s = budget.max_time_s if max_time is None else max_time
+        block = config.getoption("--gpubench-energy-block")
+        self.energy_block_s = budget.energy_block_s if block is None else block
         self.slow = config.getoption("--gpubench-slow")
         self.threads = config.getoption("--gpubench-threads")
         self.timeout_s = config.getoption("--gpubench-timeout") or DEFAULT_TIMEOUT_S
@@ -91,6 +93,7 @@ class Options:
         return {"profile": self.profile, "device": self.device, "models": list(self.models),
                 "groups": list(self.groups), "rounds": self.rounds, "warmup": self.warmup,
                 "max_time_s": self.max_time_s, "min_time_s": self.min_time_s,
+                "energy_block_s": self.energy_block_s,
                 "paired": self.paired, "slow": self.slow, "threads": self.threads,
                 "node": platform.node(), "torch": torch.__version__,
                 "gpubench": gpubench.__version__}

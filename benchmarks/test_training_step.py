@@ -21,6 +21,7 @@ def test_step(benchmark, bench_case, options):
         run_case(benchmark, cfg, rounds=options.rounds, warmup_rounds=options.warmup,
                  timeout_s=options.timeout_s, max_time_s=options.max_time_s,
                  baseline=options.paired_baseline(cfg), trace_dir=options.trace_dir,
-                 ranks=options.ranks, min_time_s=options.min_time_s)
+                 ranks=options.ranks, min_time_s=options.min_time_s,
+                 energy_block_s=options.energy_block_s)
     except Unsupported as why:
         pytest.skip(str(why))

@@ -183,3 +183,42 @@ def test_a_one_off_allocation_is_not_a_leak_but_steady_growth_is():
     # CUDA-like staircase: a 2 MiB segment every 4 steps is 0.5 MiB per step, in both halves
     stairs = LeakResult("loop", 0.5 * mib, 256 * 2**10, [(i // 4) * 2 * mib for i in range(16)])
     assert stairs.leaks
+
+
+def test_a_frontier_try_makes_its_batch_on_the_device_a_chunk_at_a_time(monkeypatch):
+    from gpubench.train import data
+    from gpubench.workloads.api import Workload
+
+    made = []
+    sample_batch = Workload.sample_batch
+
+    def recorded(self, batch_size, seed=0):
+        made.append(batch_size)
+        return sample_batch(self, batch_size, seed)
+
+    monkeypatch.setattr(Workload, "sample_batch", recorded)
+    monkeypatch.setattr(data, "RESIDENT_CHUNK_SAMPLES", 16)
+    cfg = RunConfig(model="resnet18", profile="smoke", channels_last=True)
+    result = frontier.try_batch(cfg, 40, None, steps=1)
+    assert result.fits
+    # 40 samples from the host in chunks of at most 16: the host never held the whole batch
+    assert max(made) <= 16 and made.count(16) >= 2 and 8 in made
+    case = build(cfg.with_(micro_batch=40))
+    inputs, targets = case.fixed_batches()[0]
+    assert inputs.shape[0] == 40 and targets.shape == (40,)
+    assert inputs.is_contiguous(memory_format=torch.channels_last)
+    assert case.loader is None  # device-resident data has no loader
+
+
+def test_each_replica_gets_its_own_resident_samples():
+    from gpubench.train.data import Placement, resident_batches
+    from gpubench.workloads.registry import resolve
+
+    workload = resolve("bert", "smoke")
+    place = Placement(torch.device("cpu"), non_blocking=False, channels_last=False)
+    one = resident_batches(workload, 10, 2, 0, place, replica=0, chunk=4)
+    again = resident_batches(workload, 10, 2, 0, place, replica=0, chunk=4)
+    other = resident_batches(workload, 10, 2, 0, place, replica=1, chunk=4)
+    assert len(one) == 2 and one[0][0].shape[0] == 10
+    assert torch.equal(one[0][0], again[0][0])  # seeded
+    assert not torch.equal(one[0][0], other[0][0]) and not torch.equal(one[0][0], one[1][0])

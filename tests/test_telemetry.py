@@ -228,3 +228,127 @@ def test_sampling_costs_well_under_one_percent_of_a_step():
     assert len(cost["rounds_on_s"]) == len(cost["rounds_off_s"]) == 15
     # The sampling thread's own CPU time per period: the share of one core it takes.
     assert 0 < cost["telemetry_cpu_share"] < 0.01, cost
+
+
+def _burn(cpu_s: float) -> None:
+    """Busy this thread for ``cpu_s`` seconds of its process's CPU time."""
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+
+
+class _LaggingCounter:
+    """An energy counter in "joules" that are this process's CPU seconds, updated only every
+    ``period_s`` (as NVML's counter may be): a step's energy is the CPU time it burns."""
+
+    def __init__(self, period_s: float = 0.1):
+        import threading
+
+        self.value, self.period_s = time.process_time(), period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(self.period_s):
+            self.value = time.process_time()
+
+    def __call__(self, first_only: bool = False) -> float:
+        return self.value
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def test_energy_blocks_give_each_side_its_own_joules_per_step_despite_a_lagging_counter():
+    counter = _LaggingCounter(0.1)
+    try:
+        with Sampler("cpu", steps=20, samples_per_step=8, energy_counter=counter) as sampler:
+            assert sampler.has_energy_counter
+            for _ in range(20):  # paired rounds, alternating faster than the counter updates
+                sampler.untimed(lambda: _burn(0.01))()
+                _burn(0.02)
+            with sampler.block("case", 50, 8):
+                for _ in range(50):
+                    _burn(0.02)
+            with sampler.block("baseline", 100, 4):
+                for _ in range(100):
+                    _burn(0.01)
+    finally:
+        counter.close()
+    info = sampler.summary()
+    assert info["energy_source"] == "block of the case's own rounds"
+    assert info["energy_covers_steps"] == 50 and info["baseline_energy_covers_steps"] == 100
+    # One update period (0.1 "J") of error at most on each edge of a 1 "J" block.
+    assert info["energy_j_per_step"] == pytest.approx(0.02, rel=0.25)
+    assert info["baseline_energy_j_per_step"] == pytest.approx(0.01, rel=0.25)
+    assert info["energy_power_w"] == pytest.approx(
+        info["energy_covers_j"] / info["energy_covers_s"])
+    assert info["baseline_energy_power_w"] == pytest.approx(
+        info["baseline_energy_covers_j"] / info["baseline_energy_covers_s"])
+    assert info["samples_per_kj"] == pytest.approx(50 * 8 / (info["energy_covers_j"] / 1000))
+    assert info["baseline_samples_per_kj"] == pytest.approx(
+        100 * 4 / (info["baseline_energy_covers_j"] / 1000))
+
+
+def test_an_unpaired_window_is_its_own_energy_block():
+    with Sampler("cpu", steps=30, samples_per_step=8,
+                 energy_counter=lambda first_only=False: time.process_time()) as sampler:
+        for _ in range(30):
+            _burn(0.01)
+    info = sampler.summary()
+    assert info["energy_source"] == "timed rounds"
+    assert info["energy_covers_steps"] == 30
+    assert info["energy_j_per_step"] == pytest.approx(0.01, rel=0.3)
+    assert info["baseline_energy_j_per_step"] is None
+
+
+def test_a_paired_case_runs_its_energy_blocks_after_its_paired_rounds(monkeypatch):
+    from gpubench.measure import protocol
+    from gpubench.measure.protocol import (
+        InProcess,
+        PairedBaseline,
+        Phases,
+        energy_block_rounds,
+        measure,
+    )
+
+    for_case = Sampler.for_case.__func__
+
+    def with_counter(cls, *args, **kwargs):  # the CPU time of this process as its energy
+        sampler = for_case(cls, *args, **kwargs)
+        sampler._counter = lambda first_only=False: time.process_time()
+        return sampler
+
+    monkeypatch.setattr(protocol.Sampler, "for_case", classmethod(with_counter))
+    cfg = RunConfig(model="resnet18", profile="smoke", precision="tf32")
+    baseline, phases = PairedBaseline(cfg, timeout_s=60), Phases()
+    try:
+        with InProcess(cfg) as group:
+            info = measure(StandaloneBenchmark(cfg.id), cfg, group, rounds=6, warmup_rounds=1,
+                           baseline=baseline, phases=phases, energy_block_s=0.3)
+    finally:
+        baseline.close()
+    assert info["energy_source"] == "block of the case's own rounds"
+    assert len(info["paired_baseline_rounds_s"]) == 6  # the blocks' steps are not pairs
+    assert info["energy_covers_steps"] >= 3 and info["baseline_energy_covers_steps"] >= 3
+    # each block about 0.3 s of its side's steps (sized from a step time measured earlier)
+    assert 0.1 < info["energy_covers_s"] < 1.5 and 0.1 < info["baseline_energy_covers_s"] < 1.5
+    assert info["energy_j_per_step"] > 0 and info["baseline_energy_j_per_step"] > 0
+    assert phases.seconds["energy"] > 0.2  # charged to a phase of its own
+    assert energy_block_rounds(0.01, 0.3) == 30 and energy_block_rounds(10.0, 0.3) == 3
+
+
+def test_a_case_on_the_cpu_runs_no_energy_block():
+    from gpubench.measure.protocol import InProcess, PairedBaseline, measure
+
+    cfg = RunConfig(model="resnet18", profile="smoke", precision="tf32")
+    baseline = PairedBaseline(cfg, timeout_s=60)
+    try:
+        with InProcess(cfg) as group:
+            info = measure(StandaloneBenchmark(cfg.id), cfg, group, rounds=6, warmup_rounds=1,
+                           baseline=baseline, energy_block_s=5.0)
+    finally:
+        baseline.close()
+    assert info["energy_source"] is None and info["energy_covers_steps"] is None

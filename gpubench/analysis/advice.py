@@ -76,13 +76,8 @@ BASELINE_FIELDS = baseline_fields()
 _ANY = object()
 
 
-def _same(value, wanted, default=_ANY) -> bool:
-    """Whether a record's ``value`` is the ``wanted`` one. A field the record lacks (an older
-    file) or leaves empty (``prefetch_factor`` of a loader without one) is taken at its
-    ``default`` (the baseline's), and matches anything when the default is not known."""
-    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
-        return default is _ANY or bool(default == wanted)
-    return bool(value == wanted)
+_MISSING = object()
+"""Stands for a missing value (None, NaN, <NA>) in a column's values (``_Cases.values``)."""
 
 
 def _flag(value) -> bool:
@@ -96,7 +91,9 @@ def _memory(row: pd.Series) -> float:
 
 
 class _Cases:
-    """The measured step cases of one model in one run, by id, and its paired claims."""
+    """The measured step cases of one model in one run (``frame``, one row per case id), and its
+    paired claims. Cases are found by queries on the frame: ``find`` by configuration,
+    ``where`` and ``first`` by a mask of its columns (``col``, ``flag``, ``is_``)."""
 
     def __init__(self, df: pd.DataFrame, model: str, memory: dict | None = None):
         self.memory = memory
@@ -105,7 +102,11 @@ class _Cases:
         self.parity: dict | None = None
         """This model's ``gpubench parity`` report (``parity.json``), or None."""
         sub = df[(df["model"] == model) & df["step_time_s"].notna()]
-        self.rows = {r["case_id"]: r for _, r in sub.iterrows()}
+        if "case_id" in sub:
+            sub = sub[~sub["case_id"].duplicated(keep="last")]
+        self.frame = sub.reset_index(drop=True)
+        self._values: dict[str, np.ndarray] = {}
+        self._rows = [row for _, row in self.frame.iterrows()]  # what a query hands back
         claims = df[df["kind"] == "claim"] if "kind" in df else df.iloc[0:0]
         self.pairs = {r["claim"]: r for _, r in claims[claims["model"] == model].iterrows()}
         self.model = model
@@ -113,30 +114,70 @@ class _Cases:
         self.peaks = sub["matmul_peak_tflops"].iloc[0] if "matmul_peak_tflops" in sub and len(
             sub) else None
         self.defaults = dict(BASELINE_FIELDS)
-        base = sub[sub["is_baseline"] == True] if "is_baseline" in sub else sub.iloc[0:0]  # noqa: E712
-        if len(base) and isinstance(base["dataset"].iloc[0], str):
+        base = self.first(self.flag("is_baseline"))
+        if base is not None and isinstance(base["dataset"], str):
             # Results measured before batches were device-resident by default: their baseline
             # (and every technique case) read "synthetic" samples through the loader.
-            self.defaults["dataset"] = base["dataset"].iloc[0]
+            self.defaults["dataset"] = base["dataset"]
+
+    def col(self, name: str) -> pd.Series:
+        """Column ``name`` of the frame (all missing where the records lack it)."""
+        if name in self.frame:
+            return self.frame[name]
+        return pd.Series([None] * len(self.frame), index=self.frame.index, dtype=object)
+
+    def values(self, name: str) -> np.ndarray:
+        """Column ``name`` as objects, ``_MISSING`` where a value is missing (cached)."""
+        if name not in self._values:
+            column = self.col(name)
+            out = column.to_numpy(dtype=object).copy()
+            out[column.isna().to_numpy()] = _MISSING
+            self._values[name] = out
+        return self._values[name]
+
+    def flag(self, name: str) -> np.ndarray:
+        """Mask: a boolean column that is set (not False, missing or <NA>)."""
+        return np.fromiter((_flag(v) for v in self.values(name)), bool, len(self.frame))
+
+    def is_(self, name: str, value) -> np.ndarray:
+        """Mask: column ``name`` equals ``value`` (False where missing)."""
+        return np.fromiter((v is not _MISSING and bool(v == value) for v in self.values(name)),
+                           bool, len(self.frame))
+
+    def missing(self, name: str) -> np.ndarray:
+        """Mask: column ``name`` is missing (or the records lack it)."""
+        return np.fromiter((v is _MISSING for v in self.values(name)), bool, len(self.frame))
+
+    def where(self, mask) -> list[pd.Series]:
+        """The cases where ``mask`` holds, in the run's order."""
+        return [self._rows[i] for i in np.flatnonzero(np.asarray(mask, dtype=bool))]
+
+    def first(self, mask) -> pd.Series | None:
+        """The first case where ``mask`` holds, or None."""
+        hits = np.flatnonzero(np.asarray(mask, dtype=bool))
+        return self._rows[hits[0]] if len(hits) else None
 
     def find(self, **fields) -> pd.Series | None:
         """The measured case whose configuration has ``fields`` and otherwise the baseline's
         (single device, device-resident batches, SGD, fp32, ...): cases are found by
-        configuration."""
-        wanted = {**self.defaults, **fields}
-        for row in self.rows.values():
-            if all(_same(row.get(k), v, self.defaults.get(k, _ANY)) for k, v in wanted.items()):
-                return row
-        return None
+        configuration. A field a record lacks (an older file) or leaves empty
+        (``prefetch_factor`` of a loader without one) is taken at the baseline's value, and
+        matches anything where that is not known."""
+        mask = np.ones(len(self.frame), dtype=bool)
+        for key, value in {**self.defaults, **fields}.items():
+            default = self.defaults.get(key, _ANY)
+            match = self.is_(key, value)
+            if default is _ANY or bool(default == value):
+                match |= self.missing(key)  # a missing field is taken at the baseline's value
+            mask &= match
+        return self.first(mask)
 
     def knob_workers(self) -> int | None:
         """The worker count this model's loader knobs (pinning, prefetch, persistence) were
         measured at (``cases.knob_workers`` on the measuring machine), or None."""
-        for row in self.rows.values():
-            if _flag(row.get("pin_memory")) or _flag(row.get("persistent_workers")) or (
-                    pd.notna(row.get("prefetch_factor"))):
-                return int(row["num_workers"])
-        return None
+        row = self.first(self.flag("pin_memory") | self.flag("persistent_workers")
+                         | ~self.missing("prefetch_factor"))
+        return None if row is None else int(row["num_workers"])
 
     def claim_case(self, claim: str, side: str = "new", **extra) -> pd.Series | None:
         """The measured case of one side of ``CLAIMS[claim]``, found by its configuration
@@ -164,7 +205,7 @@ class _Cases:
             return compare_paired_rounds(a, b), "interleaved rounds"
         # gpubench.measure.telemetry: a case timed while the machine was contended says so in the
         # why
-        busy = (" (measured under contention)"
+        busy = (f" ({Kind.CONTENDED})"
                 if any(r.get("contended") is True for r in (base, new)) else "")
         if (base.get("is_baseline") is True and new.get("speedup_method") == "paired"
                 and pd.notna(new.get("speedup_low"))):
@@ -221,10 +262,10 @@ def check_accumulation(c: _Cases) -> list[Verdict]:
     k = claim.new["accum_steps"]
     # The claim's case: k micro-batches at the baseline's effective batch (its micro-batch is
     # the baseline's / k, found by the global batch so that a workload's minimum batch holds).
-    row = None if base is None else next(
-        (r for r in c.rows.values() if r["accum_steps"] == k
-         and r["global_batch"] == base["global_batch"] and r["precision"] == "fp32"
-         and r["parallel"] == "single" and r.get("dataset") == base.get("dataset")), None)
+    row = None if base is None else c.first(
+        c.is_("accum_steps", k) & c.is_("global_batch", base["global_batch"])
+        & c.is_("precision", "fp32") & c.is_("parallel", "single")
+        & c.is_("dataset", base.get("dataset")))
     if row is None:
         return [_missing(c.model, claim.text, "accumulation.png",
                          f"accumulation k={k} at constant batch")]
@@ -244,11 +285,8 @@ def _accumulation_verdict(c: _Cases, claim: str, k: int, memory: float,
 
 def _own_datasets(c: _Cases) -> list[str] | None:
     """The workload's own dataset names from its records (None: the records do not say)."""
-    for row in c.rows.values():
-        names = row.get("workload_datasets")
-        if isinstance(names, list):
-            return names
-    return None
+    return next((names for names in c.col("workload_datasets") if isinstance(names, list)),
+                None)
 
 
 def _not_applicable(c: _Cases, claim: str, why: str, chart: str) -> Verdict:
@@ -266,19 +304,18 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
                                 "are made in memory, there is no loading to speed up",
                                 "loader.png")]
     # Warm data only: the cold cases (files read from the disk) answer the storage claim.
-    base = next((r for r in c.rows.values() if r.get("dataset") not in
-                 (None, "synthetic", "device-resident") and r["num_workers"] == 0
-                 and not r.get("cached") and not _flag(r.get("cold"))
-                 and r["micro_batch"] == c.find()["micro_batch"]),
-                None) if c.find() is not None else None
-    tuned = [] if base is None else [
-        r for r in c.rows.values()
-        if r.get("dataset") == base["dataset"] and r["num_workers"] > 0
-        and r["micro_batch"] == base["micro_batch"] and not r.get("cached")
-        and not _flag(r.get("cold"))
+    plain = c.find()
+    warm = ~c.flag("cached") & ~c.flag("cold")
+    base = None if plain is None else c.first(
+        ~c.missing("dataset") & ~c.is_("dataset", "synthetic")
+        & ~c.is_("dataset", "device-resident")
+        & c.is_("num_workers", 0) & warm & c.is_("micro_batch", plain["micro_batch"]))
+    tuned = [] if base is None else c.where(
+        c.is_("dataset", base["dataset"])
+        & np.array([v is not _MISSING and v > 0 for v in c.values("num_workers")], dtype=bool)
+        & c.is_("micro_batch", base["micro_batch"]) & warm
         # the loader group's cases: the baseline's step (not a recipe stack's)
-        and r["precision"] == "fp32" and r["accum_steps"] == 1 and r["parallel"] == "single"
-    ]
+        & c.is_("precision", "fp32") & c.is_("accum_steps", 1) & c.is_("parallel", "single"))
     if not tuned:
         return [_missing(c.model, claim, "loader.png", "on-disk data with 0 and more workers")]
     best = max(tuned, key=lambda r: r["samples_per_s"])
@@ -326,8 +363,8 @@ def check_ddp(c: _Cases) -> list[Verdict]:
     single-device case's); testable only with one GPU per rank."""
     spec = CLAIMS["ddp"]
     claim = spec.text
-    rows = [r for r in c.rows.values() if r["parallel"] == "ddp" and r["accum_steps"] == 1
-            and r["precision"] == "fp32"]
+    rows = c.where(c.is_("parallel", "ddp") & c.is_("accum_steps", 1)
+                   & c.is_("precision", "fp32"))
     if not rows:
         return [_missing(c.model, claim, "scaling.png", "DDP cases")]
     row = max(rows, key=lambda r: r["world_size"])
@@ -620,11 +657,10 @@ def check_storage(c: _Cases) -> list[Verdict]:
         return [_not_applicable(c, claim, "the workload has no dataset of its own: its batches "
                                 "are made in memory, nothing is read from a disk", "loader.png")]
     base = c.find()
-    colds = [] if base is None else sorted(
-        (r for r in c.rows.values() if _flag(r.get("cold")) and not r.get("cached")
-         and r["micro_batch"] == base["micro_batch"] and not _flag(r.get("pin_memory"))
-         and pd.isna(r.get("prefetch_factor")) and not _flag(r.get("persistent_workers"))),
-        key=lambda r: int(r["num_workers"]))
+    colds = [] if base is None else sorted(c.where(
+        c.flag("cold") & ~c.flag("cached") & c.is_("micro_batch", base["micro_batch"])
+        & ~c.flag("pin_memory") & c.missing("prefetch_factor")
+        & ~c.flag("persistent_workers")), key=lambda r: int(r["num_workers"]))
     pairs = [(cold, c.find(dataset=cold["dataset"], num_workers=int(cold["num_workers"]),
                            micro_batch=int(cold["micro_batch"]))) for cold in colds]
     pairs = [(cold, warm) for cold, warm in pairs if warm is not None]
@@ -762,8 +798,7 @@ def check_flash_attention(c: _Cases) -> list[Verdict]:
     spec = CLAIMS["flash-attention"]
     math_row, flash = c.claim_case(spec.key, "base"), c.claim_case(spec.key)
     if math_row is None or flash is None:
-        known = [bool(v) for r in c.rows.values()
-                 if (v := r.get("uses_sdpa")) is not None and v is not pd.NA]
+        known = [bool(v) for v in c.col("uses_sdpa").dropna()]
         if known and not any(known):
             return [_not_applicable(c, spec.text, "the model calls no "
                                     "scaled_dot_product_attention", "speedup.png")]
@@ -998,7 +1033,7 @@ def check_recipe(c: _Cases) -> list[Verdict]:
     interaction ratio (``interaction``) of each stack."""
     spec = CLAIMS["recipe"]
     claim = spec.text
-    stacks = [r for r in c.rows.values() if r.get("group") == "recipe"]
+    stacks = c.where(c.is_("group", "recipe"))
     single = next((r for r in stacks if r["parallel"] == "single"), None)
     ddp = next((r for r in stacks if r["parallel"] == "ddp"), None)
     if single is None:
@@ -1062,8 +1097,7 @@ def check_parity(c: _Cases) -> list[Verdict]:
     report = c.parity
     parts = verdict_parts(report) if report is not None else {}
     if not parts:
-        spec = next((r.get("workload") for r in c.rows.values()
-                     if isinstance(r.get("workload"), str)), c.model)
+        spec = next((w for w in c.col("workload") if isinstance(w, str)), c.model)
         return [_missing(c.model, CLAIM, "parity.md",
                          f"the loss curves of gpubench parity --model {spec}, its parity.json")]
     measured, why = describe(report)

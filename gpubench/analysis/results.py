@@ -20,6 +20,7 @@ import pandas as pd
 from gpubench.analysis.schema import field_types
 from gpubench.measure.version import SCHEMA_VERSION
 from gpubench.train.techniques import TECHNIQUES, column_type
+from gpubench.util.verdicts import Kind
 
 REQUIRED_FIELDS = (
     "model", "profile", "device", "precision", "accum_steps", "micro_batch", "global_batch",
@@ -593,24 +594,24 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
             if (inert_techniques(flat) and _only_inert(flat)
                     and abs(speedup - 1) > NOOP_TOLERANCE
                     and (excludes_one or row.get("speedup_method") != "paired")):
-                out.append("no-op technique off 1.0x: machine noise")
+                out.append(f"no-op technique off 1.0x: {Kind.MACHINE_NOISE}")
             devices = row.get("world_size")
             devices = int(devices) if isinstance(devices, int | float) and devices == devices \
                 else 1
             if row.get("parallel") in ("ddp", "fsdp") and speedup > devices * 1.05:
-                out.append(f"speedup above {devices} devices: implausible")
+                out.append(f"speedup above {devices} devices: {Kind.IMPLAUSIBLE}")
         mfu = row.get("mfu")
         if isinstance(mfu, float) and mfu > 1.0:
             out.append("MFU above 100%: the measured matmul peak was too low (taken under load?)")
         eff = row.get("scaling_efficiency")
         if row.get("parallel") not in (None, "single") and isinstance(eff, float) and eff > 1.05:
-            out.append("scaling efficiency above 100%: implausible")
+            out.append(f"scaling efficiency above 100%: {Kind.IMPLAUSIBLE}")
         iqr, median = row.get("step_time_iqr_s"), row.get("step_time_s")
         if (row.get("is_baseline") is True and isinstance(iqr, float) and median
                 and iqr / median > SPREAD_LIMIT):
-            out.append(f"noisy baseline (IQR {100 * iqr / median:.0f}% of the median)")
+            out.append(f"{Kind.NOISY_BASELINE} (IQR {100 * iqr / median:.0f}% of the median)")
         if row.get("contended") is True:  # gpubench.measure.telemetry
-            out.append(f"measured under contention: {row.get('contention_reason')}")
+            out.append(f"{Kind.CONTENDED}: {row.get('contention_reason')}")
         flags.append("; ".join(out))
     df["flags"] = flags
     return df

@@ -210,10 +210,23 @@ METRICS: tuple[Metric, ...] = (
     Metric(("telemetry_throttle_reasons", "telemetry_foreign_processes"), None, "",
            "CUDA: clock-event reasons with their share of samples; other processes on the "
            "case's GPUs"),
-    Metric(("energy_j_per_step", "samples_per_kj", "telemetry_energy_j"), "float>=0",
-           "J, samples/kJ, J",
-           "the GPUs' energy counters over the timed rounds, less what the paired baseline's "
-           "steps drew: joules per step, samples per kJ, joules in all"),
+    Metric(("energy_j_per_step", "samples_per_kj", "energy_power_w", "telemetry_energy_j"),
+           "float>=0", "J, samples/kJ, W, J",
+           "the GPUs' energy counters (NVML) over a block of the case's own rounds back to "
+           "back after its paired rounds (an unpaired case: its timed rounds): joules per "
+           "step, samples per kJ, average power, joules in all"),
+    Metric(("energy_source",), "str", "",
+           "what the energy figures cover: a block of the case's own rounds, its timed rounds "
+           "(the paired baseline's steps read out when there is one), or sampled power"),
+    Metric(("energy_covers_j", "energy_covers_s", "energy_covers_steps"),
+           ("float>=0", "float>=0", "int>=0"), "J, s, count",
+           "the joules, seconds and steps the case's energy figures are computed from"),
+    Metric(("baseline_energy_j_per_step", "baseline_samples_per_kj", "baseline_energy_power_w",
+            "baseline_energy_covers_j", "baseline_energy_covers_s",
+            "baseline_energy_covers_steps"),
+           ("float>=0",) * 5 + ("int>=0",), "J, samples/kJ, W, J, s, count",
+           "a paired case's FP32 baseline in its own block right after the case's (its "
+           "device alone): joules per step, samples per kJ, power, and what they cover"),
     Metric(("telemetry_period_s", "telemetry_samples", "telemetry_window_s",
             "telemetry_sampler_cpu_s", "telemetry_note"),
            ("float>=0", "int>=0", "float>=0", "float>=0", "str"), "s, count",

@@ -119,6 +119,11 @@ SESSION_OPTIONS = (
     SessionOption("min_time", "seconds of timed rounds a fast case runs at least: more rounds, "
                   "up to 4 times {rounds} (default: cpu 0.6, other profiles 0; 0 when "
                   "{rounds} is given)", type=non_negative),
+    SessionOption("energy_block", "seconds of a paired case's rounds back to back after its "
+                  "timed rounds, then as long of its baseline's, for each side's energy and "
+                  "power where the GPUs count energy (NVML; nothing runs on the CPU; default: "
+                  "per profile, 2 on gpu-small; 0: off, energy then from the paired rounds)",
+                  type=non_negative),
     SessionOption("timeout", "seconds each command of a case (its build, data, check, steps; "
                   "in this process or in a rank) may take before the case fails as hung "
                   "(default 300)", type=positive),

@@ -54,7 +54,13 @@ from gpubench.suite.cases import baseline, native_cpu_precisions
 from gpubench.train.build import LEARNING_RATES, build, unsupported_reason
 from gpubench.train.checks import TrainingCheckError, check_case
 from gpubench.train.config import RunConfig
-from gpubench.train.techniques import DEFAULT_SEARCH, SEARCH_DIMENSIONS
+from gpubench.train.techniques import (
+    ATTENTION_BACKENDS,
+    ATTN_IMPLEMENTATIONS,
+    DEFAULT_SEARCH,
+    OPTIMIZER_IMPLS,
+    SEARCH_DIMENSIONS,
+)
 from gpubench.util import atomic
 from gpubench.util.stats import compare_paired
 from gpubench.util.verdicts import ALPHA, MIN_EFFECT
@@ -131,6 +137,7 @@ def left_out(base: RunConfig, global_batch: int, dims: tuple[str, ...],
 
 def _space(base: RunConfig, global_batch: int, dims: tuple[str, ...], compile_: bool
            ) -> tuple[dict[str, list], list[str]]:
+    from gpubench.train.implementations import sdpa_reason
     from gpubench.train.precision import fp8_reason, fp8_units
 
     w, cuda = base.workload, base.device == "cuda"
@@ -149,11 +156,21 @@ def _space(base: RunConfig, global_batch: int, dims: tuple[str, ...], compile_: 
     else:
         out.append(f"precision fp8: {why}")
     hf = w.facts.hf_attention
-    other_attn = ([v for v in ("eager", "sdpa") if v != hf][:1] if hf else [])
+    # the model's own attention code, and one other (eager for an sdpa model, and back)
+    other_attn = ([v for v in ATTN_IMPLEMENTATIONS if v not in ("default", hf)][:1]
+                  if hf else [])
     if not hf:
         out.append("attn_implementation: not a Hugging Face transformers model")
-    backends = (["flash", "efficient", "cudnn"] if cuda else ["flash"]) if w.facts.uses_sdpa \
-        else []
+    # the fused kernels this device has (math is the unfused reference: never faster)
+    backends = []
+    for b in (ATTENTION_BACKENDS if w.facts.uses_sdpa else ()):
+        if b in ("default", "math"):
+            continue
+        why = sdpa_reason(b, base.device, "bf16" if cuda else "fp32")
+        if why is None:
+            backends.append(b)
+        else:
+            out.append(f"attention {b}: {why.split(':')[0].removeprefix(f'attention {b} has ')}")
     if not w.facts.uses_sdpa:
         out.append("attention: the model's forward calls no scaled_dot_product_attention")
     if not cuda:
@@ -165,7 +182,7 @@ def _space(base: RunConfig, global_batch: int, dims: tuple[str, ...], compile_: 
         "precision": ["fp32", *reduced, *fp8],
         "micro_batch": micro_batches(global_batch, w.min_batch),
         "checkpointing": [False, True] if (w.checkpointing or w.facts.blocks) else [False],
-        "optimizer_impl": ["default", "foreach", "fused"],
+        "optimizer_impl": list(OPTIMIZER_IMPLS),
         "channels_last": [False, True] if w.uses_channels_last else [False],
         "attn_implementation": ["default", *other_attn],
         "offload": [False, True] if cuda else [False],

@@ -164,7 +164,11 @@ class CaseProgram:
             for _ in self.case.loader:
                 pass
         evictor = self.case.evictor
-        info = measure_loader(self.case.loader, LOADER_PROBE_BATCHES, evictor)
+        if self.case.loader is None:  # device-resident data: no loader to measure
+            info = dict.fromkeys(("time_to_first_batch_s", "loader_samples_per_s",
+                                  "epoch_restart_s"))
+        else:
+            info = measure_loader(self.case.loader, LOADER_PROBE_BATCHES, evictor)
         info.update(self.case.facts)
         if evictor is not None:
             # Whether the files really left the page cache (a filesystem may ignore the drop).
@@ -588,9 +592,20 @@ class Phases:
         self._last = now
 
 
+ENERGY_BLOCK_MAX_ROUNDS = 2000
+"""At most this many rounds in one energy block (``energy_block_rounds``)."""
+
+
+def energy_block_rounds(step_time_s: float, block_s: float) -> int:
+    """Rounds of one side in an energy block of about ``block_s`` seconds: at least 3, at
+    most ``ENERGY_BLOCK_MAX_ROUNDS``."""
+    return max(3, min(ENERGY_BLOCK_MAX_ROUNDS, math.ceil(block_s / max(step_time_s, 1e-6))))
+
+
 def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
             max_time_s: float | None = None, baseline: PairedBaseline | None = None,
-            phases: Phases | None = None, min_time_s: float | None = None) -> dict:
+            phases: Phases | None = None, min_time_s: float | None = None,
+            energy_block_s: float = 0.0) -> dict:
     """Drive the protocol through ``group.call`` (any launcher) and return the combined figures.
 
     The warm-up rounds (at least one) run before the measured window, so peaks, loader waits and
@@ -601,7 +616,13 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     warm-up rounds, measured before the partner is built; in the baseline worker for
     multi-process cases. The paired times are recorded as
     ``paired_baseline_rounds_s``, round i paired with the case's round i. ``phases`` (a
-    ``Phases``) is charged with each part's wall time."""
+    ``Phases``) is charged with each part's wall time.
+
+    Energy: where the devices have an energy counter (NVML on CUDA) and the case is paired,
+    ``energy_block_s`` seconds of the case's rounds back to back follow the paired rounds, then
+    as long of the baseline's (``Sampler.block``): each side's joules per step and power come
+    from its own block, not from rounds that alternate faster than the counter and NVML's
+    power average follow. An unpaired case's energy is its timed rounds'."""
     phases = phases or Phases()
     prepared = group.call("prepare")
     phases.lap("prepare")
@@ -618,7 +639,8 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     for _ in range(max(1, warmup_rounds)):
         start = time.perf_counter()
         group.call("step")
-    rounds = budget_rounds(rounds, time.perf_counter() - start, max_time_s, min_time_s)
+    warm_step_s = time.perf_counter() - start
+    rounds = budget_rounds(rounds, warm_step_s, max_time_s, min_time_s)
     partner, memory = baseline, None
     if local:
         memory = group.call("read_peak")
@@ -637,8 +659,11 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
         group.call("reset_peak")  # the timed window, which is also the memory window
         window_warmup = WINDOW_WARMUP_ROUNDS
     try:
-        bounded = (group.timed_rounds(2 * (rounds + window_warmup))  # the partner's steps too
-                   if isinstance(group, InProcess) else contextlib.nullcontext())
+        steps = 2 * (rounds + window_warmup)  # the partner's steps too
+        if partner is not None and energy_block_s:
+            steps += 2 * ENERGY_BLOCK_MAX_ROUNDS
+        bounded = (group.timed_rounds(steps) if isinstance(group, InProcess)
+                   else contextlib.nullcontext())
         with Sampler.for_case(cfg, group, partner, rounds) as telemetry, bounded:
             if partner is None:
                 benchmark.pedantic(group.call, args=("step",), rounds=rounds,
@@ -649,6 +674,11 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
                                    setup=telemetry.untimed(partner.step), rounds=rounds,
                                    warmup_rounds=window_warmup, iterations=1)
                 partner.times = partner.times[-rounds:]  # a warm-up round's pair left out
+                if energy_block_s and telemetry.has_energy_counter:
+                    phases.lap("rounds")
+                    _energy_blocks(telemetry, cfg, group, partner, warm_step_s,
+                                   energy_block_s)
+                    phases.lap("energy")
         phases.lap("rounds")
         timing = group.call("read_peak")
     finally:
@@ -672,6 +702,23 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
         info["comm_time_s"] = allreduce_s * syncs
     phases.lap("finish")
     return info
+
+
+def _energy_blocks(telemetry: Sampler, cfg: RunConfig, group, partner, case_step_s: float,
+                   block_s: float) -> None:
+    """The case's energy block, then its baseline's (``Sampler.block``), sized from each
+    side's step time; the partner's paired times are kept as they were."""
+    paired = list(partner.times)
+    rounds = energy_block_rounds(case_step_s, block_s)
+    with telemetry.block("case", rounds, cfg.global_batch):
+        for _ in range(rounds):
+            group.call("step")
+    base_step_s = sorted(paired)[len(paired) // 2] if paired else case_step_s
+    rounds = energy_block_rounds(base_step_s, block_s)
+    with telemetry.block("baseline", rounds, partner.cfg.global_batch):
+        for _ in range(rounds):
+            partner.step()
+    partner.times = paired
 
 
 def _local_partner(baseline: PairedBaseline):

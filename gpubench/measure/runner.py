@@ -118,7 +118,7 @@ def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S,
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
              timeout_s: float = DEFAULT_TIMEOUT_S, max_time_s: float | None = None,
              group=None, baseline=None, trace_dir=None, ranks: RankPool | None = None,
-             min_time_s: float | None = None) -> dict:
+             min_time_s: float | None = None, energy_block_s: float = 0.0) -> dict:
     """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``.
 
     ``rounds`` shrinks for slow steps so the timed rounds take about ``max_time_s`` (never below
@@ -129,14 +129,15 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
     With ``trace_dir``, a few more steps are profiled after the timed rounds
     (``gpubench.measure.trace``: a trace per case and rank in that folder, ``top_ops`` in the
     record). ``ranks`` (a ``RankPool``) lends a multi-process case rank processes kept from the
-    previous case."""
+    previous case. ``energy_block_s``: seconds of each side's energy block of a paired case
+    (``measure``)."""
     reason = unsupported_reason(cfg, check_devices=group is None)
     if reason:
         raise Unsupported(reason)
     phases = Phases()
     if group is not None:
         measured = measure(benchmark, cfg, group, rounds, warmup_rounds, max_time_s, baseline,
-                           phases, min_time_s)
+                           phases, min_time_s, energy_block_s)
         measured["peak_flops_per_device"] = _shared_peak(cfg)
         if trace_dir:
             measured.update(trace_case(group, cfg, trace_dir))
@@ -145,7 +146,7 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
         with launcher(cfg, timeout_s, ranks) as own:
             phases.lap("build")
             measured = measure(benchmark, cfg, own, rounds, warmup_rounds, max_time_s,
-                               baseline, phases, min_time_s)
+                               baseline, phases, min_time_s, energy_block_s)
             if trace_dir:
                 measured.update(trace_case(own, cfg, trace_dir))
                 phases.lap("trace")

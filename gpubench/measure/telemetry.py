@@ -89,8 +89,11 @@ FIELDS = (
     "telemetry_foreign_cpu", "telemetry_gpu_util", "telemetry_sm_clock_mhz",
     "telemetry_mem_clock_mhz", "telemetry_power_w", "telemetry_temp_c",
     "telemetry_throttle_reasons", "telemetry_foreign_processes", "telemetry_energy_j",
-    "energy_j_per_step", "samples_per_kj", "telemetry_sampler_cpu_s", "telemetry_note",
-    "contended", "contention_reason",
+    "energy_j_per_step", "samples_per_kj", "energy_power_w", "energy_source",
+    "energy_covers_j", "energy_covers_s", "energy_covers_steps", "baseline_energy_j_per_step",
+    "baseline_samples_per_kj", "baseline_energy_power_w", "baseline_energy_covers_j",
+    "baseline_energy_covers_s", "baseline_energy_covers_steps", "telemetry_sampler_cpu_s",
+    "telemetry_note", "contended", "contention_reason",
 )
 """Every field ``Sampler.summary`` returns (None where unknown), in order."""
 
@@ -275,11 +278,13 @@ class _Gpus:
             "pids": [[p.pid for p in ps] if ps is not None else None for ps in procs],
         }
 
-    def energy_mj(self) -> float | None:
-        """The devices' energy counters summed (mJ since the driver loaded); None if any lacks
-        one (before Volta)."""
+    def energy_j(self, first_only: bool = False) -> float | None:
+        """The devices' energy counters summed (joules since the driver loaded; NVML counts
+        mJ), or the first device's alone; None if one lacks a counter (before Volta)."""
         values = self.read("nvmlDeviceGetTotalEnergyConsumption")
-        return None if any(v is None for v in values) else float(sum(values))
+        if first_only:
+            values = values[:1]
+        return None if any(v is None for v in values) else float(sum(values)) / 1000
 
     def close(self) -> None:
         """Release this sampler's NVML initialisation (once: NVML counts them)."""
@@ -297,12 +302,16 @@ class Sampler:
     (ranks, loader workers, paired baseline: the run queue may exceed the cores by that much);
     ``exclude_pids``: processes whose CPU time is part of the window but not of the case's
     utilisation (the paired baseline's worker); ``steps`` and ``samples_per_step``: the timed
-    rounds and their global batch, for energy per step and samples per kJ."""
+    rounds and their global batch, for energy per step and samples per kJ.
+    ``energy_counter(first_only)``: a cumulative energy reading in joules (of all the case's
+    devices, or of the first alone), None where there is none; default: the NVML counters of
+    the case's GPUs (CUDA), none on the CPU."""
 
     def __init__(self, device: str = "cpu", *, own_processes: int = 1,
                  gpus: Iterable[int] | None = None, steps: int | None = None,
                  samples_per_step: int | None = None, exclude_pids: Iterable[int] = (),
-                 period_s: float = PERIOD_S):
+                 period_s: float = PERIOD_S,
+                 energy_counter: Callable[[bool], float | None] | None = None):
         self.device = device
         self.own_processes = own_processes
         self.gpu_indices = list(gpus) if gpus is not None else [0]
@@ -315,7 +324,11 @@ class Sampler:
         self._active.set()
         self._untimed = False
         self._untimed_s = 0.0
-        self._untimed_mj = 0.0
+        self._untimed_j = 0.0
+        self._counter = energy_counter
+        self._block: str | None = None
+        self.blocks: dict[str, dict] = {}
+        """``block`` results by side ("case", "baseline"): steps, seconds, joules, samples."""
         self._thread_cpu = 0.0
         self._thread: threading.Thread | None = None
         self._gpus: _Gpus | None = None
@@ -373,11 +386,11 @@ class Sampler:
             self._own0, pids = _tree_cpu(_own_roots())
             self._own_pids |= pids
             self._excl0, _ = _tree_cpu(self.exclude_pids)
-        self._energy0 = self._gpus.energy_mj() if self._gpus and self._gpus.handles else None
+        self._energy0 = self._energy_now()
 
     def _end_edges(self) -> None:
         self._t1 = time.perf_counter()
-        self._energy1 = self._gpus.energy_mj() if self._gpus and self._gpus.handles else None
+        self._energy1 = self._energy_now()
         if psutil is not None:
             self._cpu1 = psutil.cpu_times()
             self._own1, pids = _tree_cpu(_own_roots())
@@ -393,7 +406,7 @@ class Sampler:
                 self._thread_cpu += time.thread_time() - start
 
     def _sample(self) -> None:
-        sample = {"untimed": self._untimed, "run_queue": _run_queue(),
+        sample = {"untimed": self._untimed, "block": self._block, "run_queue": _run_queue(),
                   "cpu_freq": self._freq.sample()}
         if self._gpus is not None and self._gpus.handles:
             sample["gpu"] = self._gpus.sample(len(self.samples) % PROCESS_EVERY == 0)
@@ -413,12 +426,51 @@ class Sampler:
                 self._untimed_s += time.perf_counter() - start
                 end = self._energy_now()
                 if energy is not None and end is not None:
-                    self._untimed_mj += end - energy
+                    self._untimed_j += end - energy
 
         return wrapped
 
-    def _energy_now(self) -> float | None:
-        return self._gpus.energy_mj() if self._gpus is not None and self._gpus.handles else None
+    def _energy_now(self, first_only: bool = False) -> float | None:
+        if self._counter is not None:
+            return self._counter(first_only)
+        if self._gpus is not None and self._gpus.handles:
+            return self._gpus.energy_j(first_only)
+        return None
+
+    @property
+    def has_energy_counter(self) -> bool:
+        """Whether energy can be read around a block of rounds (``block``)."""
+        return self._energy_now() is not None
+
+    @contextlib.contextmanager
+    def block(self, side: str, steps: int, samples_per_step: int | None):
+        """A block of ``steps`` consecutive rounds of one side alone, ``"case"`` or
+        ``"baseline"``, with the energy counter read at its edges: the energy and power of that
+        side, no round of the other in between (NVML averages power over about a second and
+        may update its counter only every few tens of milliseconds, longer than a paired round).
+        The baseline's block is untimed for the window's figures, as its paired rounds are, and
+        reads the first device alone (the baseline runs on one)."""
+        baseline = side == "baseline"
+        self._block = side
+        if baseline:
+            self._untimed = True
+        start, energy, total = (time.perf_counter(), self._energy_now(baseline),
+                                self._energy_now())
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - start
+            end, total_end = self._energy_now(baseline), self._energy_now()
+            self._block = None
+            if baseline:  # out of the window's figures, as the paired rounds are
+                self._untimed = False
+                self._untimed_s += seconds
+                if total is not None and total_end is not None:
+                    self._untimed_j += total_end - total
+            self.blocks[side] = {
+                "steps": steps, "seconds": seconds, "samples_per_step": samples_per_step,
+                "joules": (max(0.0, end - energy)
+                           if energy is not None and end is not None else None)}
 
     def pause(self) -> None:
         """Stop sampling (the thread keeps waking), e.g. to measure the sampling's cost."""
@@ -484,6 +536,8 @@ class Sampler:
                 notes.append(self._gpus.note)
             else:
                 reasons += self._gpu_figures(out, notes)
+        elif self._counter is not None:
+            self._energy(out, notes)
         out["telemetry_note"] = "; ".join(notes) or None
         out["contended"] = bool(reasons)
         out["contention_reason"] = "; ".join(reasons) or None
@@ -509,9 +563,9 @@ class Sampler:
         timed = [s["gpu"] for s in self.samples if "gpu" in s and not s["untimed"]]
         timed = timed or [s["gpu"] for s in self.samples if "gpu" in s]
 
-        def per_sample(key, combine):
+        def per_sample(key, combine, rows=timed):
             values = []
-            for g in timed:
+            for g in rows:
                 known = [v for v in g[key] if v is not None]
                 if known:
                     values.append(combine(known))
@@ -520,7 +574,10 @@ class Sampler:
         out["telemetry_gpu_util"] = _mean(per_sample("util", lambda v: sum(v) / len(v)))
         out["telemetry_sm_clock_mhz"] = _mean(per_sample("sm", lambda v: sum(v) / len(v)))
         out["telemetry_mem_clock_mhz"] = _mean(per_sample("mem", lambda v: sum(v) / len(v)))
-        out["telemetry_power_w"] = _mean(per_sample("power_w", sum))  # all the case's GPUs
+        # Power, summed over the case's GPUs: NVML averages it over about a second, longer than
+        # a paired round, so from the samples of the case's own block where one ran.
+        own = [s["gpu"] for s in self.samples if "gpu" in s and s.get("block") == "case"]
+        out["telemetry_power_w"] = _mean(per_sample("power_w", sum, own or timed))
         temps = per_sample("temp", max)
         out["telemetry_temp_c"] = max(temps) if temps else None
         counts: dict[str, int] = {}
@@ -566,19 +623,41 @@ class Sampler:
         return [f"other processes on the GPU: {', '.join(names)}"] if names else []
 
     def _energy(self, out: dict, notes: list[str]) -> None:
+        """Energy per step and average power: from a block of the case's own rounds where one
+        ran (``block``), else from the timed window (its paired baseline's steps taken out by
+        the counter read around each), else from the sampled power; with what each covers."""
+        case, base = self.blocks.get("case"), self.blocks.get("baseline")
         timed_wall = max(self._t1 - self._t0 - self._untimed_s, 0.0)
-        if self._energy0 is not None and self._energy1 is not None:
-            joules = max(0.0, (self._energy1 - self._energy0 - self._untimed_mj) / 1000)
+        if case is not None and case["joules"] is not None:
+            joules, seconds, steps = case["joules"], case["seconds"], case["steps"]
+            samples = case["samples_per_step"]
+            out["energy_source"] = "block of the case's own rounds"
+        elif self._energy0 is not None and self._energy1 is not None:
+            joules = max(0.0, self._energy1 - self._energy0 - self._untimed_j)
+            seconds, steps, samples = timed_wall, self.steps, self.samples_per_step
+            out["energy_source"] = ("timed rounds, the paired baseline's steps read out"
+                                    if self._untimed_s else "timed rounds")
         elif out["telemetry_power_w"] is not None:
-            joules = out["telemetry_power_w"] * timed_wall
+            seconds, steps, samples = timed_wall, self.steps, self.samples_per_step
+            joules = out["telemetry_power_w"] * seconds
+            out["energy_source"] = "sampled power"
             notes.append("energy from sampled power (no energy counter on this GPU)")
         else:
             return
         out["telemetry_energy_j"] = joules
-        if self.steps:
-            out["energy_j_per_step"] = joules / self.steps
-            if self.samples_per_step and joules > 0:
-                out["samples_per_kj"] = self.steps * self.samples_per_step / (joules / 1000)
+        out.update(energy_covers_j=joules, energy_covers_s=seconds, energy_covers_steps=steps)
+        out["energy_power_w"] = joules / seconds if seconds > 0 else None
+        if steps:
+            out["energy_j_per_step"] = joules / steps
+            if samples and joules > 0:
+                out["samples_per_kj"] = steps * samples / (joules / 1000)
+        if base is not None and base["joules"] is not None and base["steps"]:
+            j, s, n = base["joules"], base["seconds"], base["steps"]
+            out.update(baseline_energy_covers_j=j, baseline_energy_covers_s=s,
+                       baseline_energy_covers_steps=n, baseline_energy_j_per_step=j / n,
+                       baseline_energy_power_w=j / s if s > 0 else None)
+            if base["samples_per_step"] and j > 0:
+                out["baseline_samples_per_kj"] = n * base["samples_per_step"] / (j / 1000)
 
 
 def sampling_cost(step: Callable[[], object], rounds: int = 40, device: str = "cpu",

@@ -574,9 +574,9 @@ def plot_energy(df: pd.DataFrame) -> plt.Figure:
         handles += [Patch(color=run_colors[r], label=f"run {r}") for r in runs]
     fig.tight_layout()
     _legend_above(fig, handles, title="marker: precision")
-    fig.text(0.01, 0.0, "energy: the GPUs' NVML energy counters over the timed rounds, the "
-             "paired baseline's steps left out, divided by the samples trained (rough for "
-             "steps under ~50 ms)", fontsize="small", color="0.35", va="top")
+    fig.text(0.01, 0.0, "energy: the GPUs' NVML energy counters over a block of the case's "
+             "own rounds back to back (energy_source in the record), divided by the samples "
+             "trained", fontsize="small", color="0.35", va="top")
     return fig
 
 

@@ -63,7 +63,9 @@ TELEMETRY_INTRO = """\
 Sampled every 0.1 s during each case's timed rounds (the paired baseline's steps left out):
 CPU utilisation of the case's own processes in % of the machine's cores, CPU clock; on CUDA
 (NVML) GPU utilisation, SM and memory clocks, the power of the case's GPUs and their energy
-per training sample. *Contended*: something else competed with the case (CPU steal, other
+per training sample, read around a block of the case's own rounds back to back (a paired
+case's come after its paired rounds, then its baseline's: *J/sample vs fp32* compares the two
+blocks). *Contended*: something else competed with the case (CPU steal, other
 processes on busy cores or on its GPU, a run queue beyond the case's own threads, a GPU slowed
 for heat or a power brake); the summary flags such cases.
 
@@ -176,6 +178,7 @@ TELEMETRY_COLUMNS = {
     "telemetry_mem_clock_mhz": "mem clock (MHz)",
     "telemetry_power_w": "power (W)",
     "j_per_sample": "energy (J/sample)",
+    "energy_vs_baseline": "J/sample vs fp32",
 }
 """The telemetry table's figures (``gpubench.measure.telemetry``): record field -> header. A column
 that
@@ -201,6 +204,10 @@ def telemetry_markdown(df: pd.DataFrame) -> str:
     if steps.empty:
         return ""
     steps = steps.assign(j_per_sample=energy_per_sample(steps))
+    if {"samples_per_kj", "baseline_samples_per_kj"} <= set(steps):
+        # the case's block against its baseline's, right after it: no drift between the two
+        steps = steps.assign(energy_vs_baseline=steps["baseline_samples_per_kj"].astype(float)
+                             / steps["samples_per_kj"].astype(float))
     parts = []
     for (run, model), group in steps.groupby(["run", "model"], sort=False):
         shown = {c: h for c, h in TELEMETRY_COLUMNS.items()

@@ -22,6 +22,7 @@ from gpubench.train.data import (
     WaitTimer,
     build_loader,
     endless,
+    resident_batches,
     seed_worker,
     shared_memory_reason,
 )
@@ -166,7 +167,8 @@ class Case:
     strategy: Single
     batches: WaitTimer
     """Placed batches; ``batches.waits`` holds how long each one took to arrive."""
-    loader: DataLoader
+    loader: DataLoader | None
+    """The DataLoader (None for device-resident data, which has none)."""
     after_step: Callable[[], None]
     """The techniques' ``after_step`` hooks, in one function."""
     micro_batch: int
@@ -279,15 +281,6 @@ def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset
     return dataset
 
 
-def _batches(cfg: RunConfig, loader: DataLoader, placement: Placement,
-             before_epoch: Callable[[], None] | None = None) -> WaitTimer:
-    if cfg.loader.dataset == "device-resident":
-        # One optimizer step of micro-batches, placed on the device once and reused every step:
-        # no collation or host-to-device copy in a timed round (and, held across the step, as
-        # little extra device memory as one step's inputs).
-        resident = [placement(b) for b in itertools.islice(endless(loader), cfg.accum_steps)]
-        return WaitTimer(itertools.cycle(resident), lambda batch: batch)
-    return WaitTimer(endless(loader, before_epoch), placement)
 
 
 def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
@@ -328,25 +321,33 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
     model = torch.compile(wrapped, mode=cfg.compile_mode) if cfg.compile else wrapped
     optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(wrapped.parameters()))
     replicas = cfg.parallelism.replicas
-    # Device-resident batches are one optimizer step, made once: build only those samples
-    # (four steps of ResNet-50 accum4 at batch 256 were 2.5 GB of host memory).
-    steps = 1 if cfg.loader.dataset == "device-resident" else EPOCH_STEPS
-    dataset = build_dataset(cfg, micro_batch * cfg.accum_steps * steps * replicas, data_dir)
-    evictor = (Evictor(dataset_files(dataset, data_dir or default_data_dir()))
-               if cfg.loader.cold else None)
-    sampler = None
-    if replicas > 1:
-        # Each replica reads its own shard; the seed makes the shuffle agree across ranks.
-        sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank,
-                                     shuffle=True, seed=cfg.seed, drop_last=True)
-    loader = build_loader(
-        dataset, cfg.loader, micro_batch, cfg.seed, sampler=sampler,
-        worker_init_fn=functools.partial(seed_worker, base_seed=cfg.seed, rank=rank),
-    )
     placement = Placement(
         strategy.input_device(device), non_blocking=cfg.loader.non_blocking,
         channels_last=cfg.channels_last,
     )
+    loader, evictor = None, None
+    if cfg.loader.dataset == "device-resident":
+        # One optimizer step of micro-batches, made on the device once and reused every step:
+        # no loader, collation or host-to-device copy in a timed round (and, held across the
+        # step, as little extra device memory as one step's inputs).
+        resident = resident_batches(workload, micro_batch, cfg.accum_steps, cfg.seed,
+                                    placement, replica=rank if replicas > 1 else 0)
+        batches = WaitTimer(itertools.cycle(resident), lambda batch: batch)
+    else:
+        dataset = build_dataset(cfg, micro_batch * cfg.accum_steps * EPOCH_STEPS * replicas,
+                                data_dir)
+        evictor = (Evictor(dataset_files(dataset, data_dir or default_data_dir()))
+                   if cfg.loader.cold else None)
+        sampler = None
+        if replicas > 1:
+            # Each replica reads its own shard; the seed makes the shuffle agree across ranks.
+            sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank,
+                                         shuffle=True, seed=cfg.seed, drop_last=True)
+        loader = build_loader(
+            dataset, cfg.loader, micro_batch, cfg.seed, sampler=sampler,
+            worker_init_fn=functools.partial(seed_worker, base_seed=cfg.seed, rank=rank),
+        )
+        batches = WaitTimer(endless(loader, evictor), placement)
     return Case(
         cfg=cfg,
         workload=workload,
@@ -357,7 +358,7 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         optimizer=optimizer,
         precision=precision,
         strategy=strategy,
-        batches=_batches(cfg, loader, placement, evictor),
+        batches=batches,
         loader=loader,
         after_step=implementations.after_step(impls),
         micro_batch=micro_batch,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gpubench.train.config import LoaderConfig
@@ -173,6 +173,48 @@ class WaitTimer:
         close = getattr(self.inner, "close", None)
         if close:
             close()
+
+
+RESIDENT_CHUNK_SAMPLES = 256
+"""Samples a device-resident batch is made of on the host at a time (``resident_batches``)."""
+
+
+def resident_batches(workload, micro_batch: int, accum_steps: int, seed: int,
+                     placement: Placement, replica: int = 0,
+                     chunk: int | None = None) -> list[Batch]:
+    """One optimizer step of device-resident micro-batches: ``accum_steps`` batches of
+    ``micro_batch`` samples from ``workload.sample_batch``, made ``chunk`` samples at a time
+    on the host and copied into buffers on the device, so host memory does not grow with the
+    batch (an OOM frontier's try at batch 16384 of 224-pixel images would otherwise make
+    9.8 GB of them on the host first). Each replica of a data-parallel case gets its own
+    samples; every sample is one ``make_batch`` made (distinct seeds per chunk). ``chunk``:
+    default ``RESIDENT_CHUNK_SAMPLES``."""
+    chunk = chunk or RESIDENT_CHUNK_SAMPLES
+    chunks = -(-micro_batch // chunk)
+    out = []
+    for step in range(accum_steps):
+        buffers, spec, made = None, None, 0
+        for c in range(chunks):
+            n = min(chunk, micro_batch - made)
+            index = (replica * accum_steps + step) * chunks + c
+            placed = placement(workload.sample_batch(n, seed + 7919 * index))
+            leaves, spec = tree_flatten(placed)
+            if buffers is None:
+                buffers = [_batch_buffer(leaf, micro_batch) for leaf in leaves]
+            for buffer, leaf in zip(buffers, leaves, strict=True):
+                buffer[made:made + n].copy_(leaf)
+            made += n
+        out.append(tree_unflatten(buffers, spec))
+    return out
+
+
+def _batch_buffer(leaf: torch.Tensor, batch: int) -> torch.Tensor:
+    """An empty tensor like ``leaf`` (a placed chunk) with ``batch`` rows, in its layout."""
+    fmt = (torch.channels_last if leaf.dim() == 4 and not leaf.is_contiguous()
+           and leaf.is_contiguous(memory_format=torch.channels_last)
+           else torch.contiguous_format)
+    return torch.empty((batch, *leaf.shape[1:]), dtype=leaf.dtype, device=leaf.device,
+                       memory_format=fmt)
 
 
 def measure_loader(loader: DataLoader, batches: int,

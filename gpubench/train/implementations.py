@@ -111,7 +111,7 @@ class AttentionBackend(Implementation):
         if not self.cfg.workload.facts.uses_sdpa:
             return (f"attention {self.value}: {self.cfg.name}'s forward calls no "
                     "scaled_dot_product_attention")
-        return _sdpa_probe(self.value, self.cfg.device, self.cfg.precision)
+        return sdpa_reason(self.value, self.cfg.device, self.cfg.precision)
 
     def forward(self) -> contextlib.AbstractContextManager:
         from torch.nn.attention import sdpa_kernel
@@ -145,7 +145,7 @@ class AttnImplementation(Implementation):
 
 
 @functools.cache
-def _sdpa_probe(backend: str, device: str, precision: str) -> str | None:
+def sdpa_reason(backend: str, device: str, precision: str) -> str | None:
     """Why the ``backend`` kernel cannot run forward and backward here at the precision's
     compute dtype (a tiny attention tried under it), or None."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -14,7 +14,8 @@ from enum import StrEnum
 
 class Kind(StrEnum):
     """The words every verdict is given in: a claim's (the advice, convergence parity), a
-    regression check's (``gpubench compare``) and a leak check's (``gpubench memory``). Equal
+    regression check's (``gpubench compare``), a leak check's (``gpubench memory``), and the
+    words that mark a figure not to trust (the summary's flags, telemetry's contention). Equal
     to their strings, so records and tables keep plain text."""
 
     HOLDS = "holds"
@@ -33,6 +34,11 @@ class Kind(StrEnum):
     LEAKS = "LEAKS"
     NO_LEAK = "ok"
     DOES_NOT_FIT = "does not fit"
+    # a figure not to trust (the summary's flags, the advice's why, telemetry)
+    IMPLAUSIBLE = "implausible"
+    MACHINE_NOISE = "machine noise"
+    NOISY_BASELINE = "noisy baseline"
+    CONTENDED = "measured under contention"
 
     @property
     def tone(self) -> str:
@@ -46,6 +52,8 @@ _TONES = {
     Kind.INCONCLUSIVE: "unsure", Kind.SMALLER: "unsure", Kind.TOO_FEW: "unsure",
     Kind.NOT_TESTABLE: "na", Kind.NOT_APPLICABLE: "na",
     Kind.UNCHANGED: "neutral", Kind.NO_LEAK: "good", Kind.LEAKS: "bad", Kind.DOES_NOT_FIT: "na",
+    Kind.IMPLAUSIBLE: "bad", Kind.MACHINE_NOISE: "unsure", Kind.NOISY_BASELINE: "unsure",
+    Kind.CONTENDED: "unsure",
 }
 
 

@@ -32,21 +32,26 @@ class Profile:
     overrides it; at least what the loader cases read)."""
     parity_steps: int
     """Optimizer steps per technique of convergence parity (``--steps`` overrides it)."""
+    energy_block_s: float
+    """Seconds of a paired case's energy block, and as long of its baseline's, after its
+    timed rounds, where the devices count energy (NVML on CUDA; nothing runs on the CPU):
+    each side's joules per step and power from its own rounds back to back. A second or more
+    covers NVML's power average and counter updates."""
 
 
 PROFILE_TABLE: dict[str, Profile] = {p.name: p for p in (
     Profile("smoke", "tests and CI: tiny shapes, every code path of the step", ("resnet18", "bert"),
             rounds=3, warmup=1, max_time_s=2.0, min_time_s=0.0, dataset_size=64,
-            parity_steps=120),
+            parity_steps=120, energy_block_s=0.5),
     Profile("cpu", "a 2-core laptop's scale", ("resnet18", "bert", "gpt2"),
             rounds=12, warmup=1, max_time_s=3.0, min_time_s=0.6, dataset_size=512,
-            parity_steps=300),
+            parity_steps=300, energy_block_s=2.0),
     Profile("gpu-small", "one GPU, real shapes, the questions users ask first",
             ("resnet50", "bert", "gpt2"), rounds=30, warmup=5, max_time_s=5.0, min_time_s=0.0,
-            dataset_size=4096, parity_steps=300),
+            dataset_size=4096, parity_steps=300, energy_block_s=2.0),
     Profile("gpu-full", "gpu-small's models and every case", ("resnet50", "bert", "gpt2"),
             rounds=30, warmup=5, max_time_s=10.0, min_time_s=0.0, dataset_size=8192,
-            parity_steps=300),
+            parity_steps=300, energy_block_s=3.0),
 )}
 """Every profile, by name."""
 
