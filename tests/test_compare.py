@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from records import MACHINE, results_file, step_record  # tests/ on sys.path
 
 from gpubench.analysis.compare import (
     Thresholds,
@@ -20,7 +21,7 @@ from gpubench.analysis.compare import (
     time_verdict,
     write_github_json,
 )
-from gpubench.analysis.results import REQUIRED_FIELDS, ResultsError, load_results
+from gpubench.analysis.results import ResultsError, load_results
 from gpubench.cli.compare import add_compare_arguments
 
 ROUNDS = 10  # the cpu profile's default rounds per case
@@ -116,37 +117,17 @@ def test_normalized_compare_uses_the_paired_baseline_rounds():
 
 # --- cases keyed by (model, profile, device, case id); thresholds; several bases; the CI gate ---
 
-MACHINE = {
-    "node": "host", "machine": "x86_64", "python_version": "3.11.7",
-    "cpu": {"brand_raw": "AMD EPYC", "flags": ["avx2", "fma", "avx512f", "avx512bw"]},
-    "gpubench": {"torch": "2.14.1", "cpu": "AMD EPYC", "cpu_capability": "AVX512",
-                 "device_name": "AMD EPYC", "transformers": "5.24.0"},
-}
-
-
 def _record(case, rounds, *, model="m", profile="cpu", device="cpu", memory=1000,
             baseline=False, mfu=0.1):
-    median = float(np.median(rounds))
-    extra = {f: None for f in REQUIRED_FIELDS}
-    extra.update({"accum_steps": 1, "micro_batch": 8, "world_size": 1, "optimizer": "sgd",
-                  "parallel": "single", "input_shape": [8, 4], "flops_per_step": 1,
-                  "tflops": 0.1})
-    extra.update({
-        "kind": "step", "case_id": case, "model": model, "profile": profile, "device": device,
-        "is_baseline": baseline, "step_time_s": median, "step_time_iqr_s": 0.01,
-        "samples_per_s": 8 / median, "peak_memory_bytes": 900 * 2**20, "param_bytes": memory,
-        "grad_bytes": memory, "optimizer_state_bytes": 0, "activation_bytes": memory,
-        "mfu": mfu, "global_batch": 8, "precision": "fp32",
-    })
-    return {"name": f"test_step[{case}]", "group": model, "extra_info": extra,
-            "stats": {"data": list(map(float, rounds)), "median": median,
-                      "rounds": len(rounds)}}
+    return step_record(
+        case, rounds, group=model, model=model, profile=profile, device=device,
+        is_baseline=baseline, mfu=mfu, input_shape=[8, 4], flops_per_step=1, tflops=0.1,
+        step_time_iqr_s=0.01, peak_memory_bytes=900 * 2**20, param_bytes=memory,
+        grad_bytes=memory, optimizer_state_bytes=0, activation_bytes=memory)
 
 
 def _write(path, records, machine=MACHINE):
-    path.write_text(json.dumps({"benchmarks": records, "machine_info": machine,
-                                "version": "5.1.0", "datetime": "2026-01-01T00:00:00"}))
-    return path
+    return results_file(path, *records, machine=machine)
 
 
 def _rounds(seed, median, n=ROUNDS):

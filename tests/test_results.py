@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from records import BASELINE, stats, step_record  # tests/ on sys.path
 
 from gpubench.analysis.results import (
     REQUIRED_FIELDS,
@@ -18,19 +19,12 @@ from gpubench.analysis.results import (
 
 COMMITTED = Path(__file__).resolve().parent / "data" / "cpu-run.json"  # a frozen CPU run
 
-STATS = {"min": 0.09, "max": 0.12, "mean": 0.1, "stddev": 0.01, "median": 0.1, "iqr": 0.01,
-         "q1": 0.095, "q3": 0.105, "rounds": 3, "data": [0.09, 0.1, 0.12]}
-EXTRA = {"kind": "step", "case_id": "bert-fp32", "model": "bert", "profile": "smoke",
-         "device": "cpu", "precision": "fp32", "accum_steps": 1, "micro_batch": 8,
-         "global_batch": 8, "optimizer": "sgd", "parallel": "single", "world_size": 1,
-         "input_shape": [8, 16], "is_baseline": True, "step_time_s": 0.1, "samples_per_s": 80.0,
-         "peak_memory_bytes": 1000, "flops_per_step": 10**9, "tflops": 0.01, "mfu": 0.01,
-         "prefetch_factor": None}
+STATS = stats([0.09, 0.1, 0.12])
+EXTRA = BASELINE
 
 
 def _record(**extra):
-    return {"name": "test_step[bert-fp32]", "group": "bert", "stats": dict(STATS),
-            "extra_info": {**EXTRA, **extra}}
+    return step_record(group="bert", **extra)
 
 
 def _doc(*benchmarks):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from processes import kill_session, wait_gone  # the tests folder is on sys.path
+from records import step_record
 
 from gpubench.cli import main as cli
 from gpubench.util import atomic
@@ -24,17 +25,8 @@ RUN = ["run", "--profile", "smoke", "--models", "bert", "-k", "zerofill", "--no-
 
 
 def _bench(name: str, extra: dict | None = None) -> dict:
-    info = {"kind": "step", "case_id": name, "model": "bert", "profile": "smoke",
-            "device": "cpu", "precision": "fp32", "accum_steps": 1, "micro_batch": 8,
-            "global_batch": 8, "optimizer": "sgd", "parallel": "single", "world_size": 1,
-            "input_shape": [8, 16], "is_baseline": True, "step_time_s": 0.01,
-            "samples_per_s": 800.0, "peak_memory_bytes": 1000, "flops_per_step": 10**9,
-            "tflops": 0.1, "mfu": 0.01}
-    return {"name": f"test_step[{name}]", "group": "bert-smoke-cpu",
-            "stats": {"min": 0.009, "max": 0.012, "mean": 0.01, "stddev": 0.001,
-                      "median": 0.01, "iqr": 0.001, "q1": 0.0095, "q3": 0.0105, "rounds": 3,
-                      "data": [0.009, 0.01, 0.012]},
-            "extra_info": info if extra is None else extra}
+    bench = step_record(name, (0.009, 0.01, 0.012), group="bert-smoke-cpu", tflops=0.1)
+    return bench if extra is None else {**bench, "extra_info": extra}
 
 
 def _results(*benches) -> str:
