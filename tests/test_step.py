@@ -96,13 +96,17 @@ def test_fixed_batches_are_the_next_micro_batches():
 
 
 def test_device_resident_cases_build_only_the_samples_they_use():
-    """One optimizer step of micro-batches is placed on the device and reused: the dataset
-    behind it holds those samples only (four steps' worth was 2.5 GB of host memory for
-    ResNet-50 accum4 at batch 256); a loader case still gets several steps to iterate."""
+    """One optimizer step of micro-batches is made on the device and reused, with no loader
+    behind it (four steps' worth was 2.5 GB of host memory for ResNet-50 accum4 at batch 256;
+    the chunks it is made of: ``tests/test_diagnostics.py``); a loader case still gets several
+    steps to iterate."""
     from gpubench.train.config import LoaderConfig
 
     case = build(RunConfig(model="resnet18", profile="smoke", accum_steps=2, micro_batch=2))
-    assert len(case.loader.dataset) == 2 * 2
+    assert case.loader is None
+    batches = case.fixed_batches()
+    assert len(batches) == 2 and batches[0][0].shape[0] == 2
+    assert not torch.equal(batches[0][0], batches[1][0])
     case.close()
     loader = build(RunConfig(model="resnet18", profile="smoke", micro_batch=2,
                              loader=LoaderConfig(dataset="synthetic")))
