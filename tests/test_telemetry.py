@@ -341,14 +341,15 @@ def test_a_paired_case_runs_its_energy_blocks_after_its_paired_rounds(monkeypatc
 
 
 def test_a_case_on_the_cpu_runs_no_energy_block():
-    from gpubench.measure.protocol import InProcess, PairedBaseline, measure
+    from gpubench.measure.protocol import InProcess, PairedBaseline, Phases, measure
 
     cfg = RunConfig(model="resnet18", profile="smoke", precision="tf32")
-    baseline = PairedBaseline(cfg, timeout_s=60)
+    baseline, phases = PairedBaseline(cfg, timeout_s=60), Phases()
     try:
         with InProcess(cfg) as group:
             info = measure(StandaloneBenchmark(cfg.id), cfg, group, rounds=6, warmup_rounds=1,
-                           baseline=baseline, energy_block_s=5.0)
+                           baseline=baseline, phases=phases, energy_block_s=5.0)
     finally:
         baseline.close()
+    assert "energy" not in phases.seconds  # no block's steps ran
     assert info["energy_source"] is None and info["energy_covers_steps"] is None

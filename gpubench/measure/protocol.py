@@ -45,7 +45,7 @@ from gpubench.measure.telemetry import Sampler
 from gpubench.train.build import build
 from gpubench.train.checks import check_case
 from gpubench.train.config import RunConfig, count_config
-from gpubench.train.data import measure_loader
+from gpubench.train.data import LOADER_PROBE_FIELDS, measure_loader
 from gpubench.util.watchdog import time_limit
 from gpubench.workloads.api import prime_initial_module
 
@@ -165,8 +165,7 @@ class CaseProgram:
                 pass
         evictor = self.case.evictor
         if self.case.loader is None:  # device-resident data: no loader to measure
-            info = dict.fromkeys(("time_to_first_batch_s", "loader_samples_per_s",
-                                  "epoch_restart_s"))
+            info = dict.fromkeys(LOADER_PROBE_FIELDS)
         else:
             info = measure_loader(self.case.loader, LOADER_PROBE_BATCHES, evictor)
         info.update(self.case.facts)
@@ -713,7 +712,7 @@ def _energy_blocks(telemetry: Sampler, cfg: RunConfig, group, partner, case_step
     with telemetry.block("case", rounds, cfg.global_batch):
         for _ in range(rounds):
             group.call("step")
-    base_step_s = sorted(paired)[len(paired) // 2] if paired else case_step_s
+    base_step_s = statistics.median(paired) if paired else case_step_s
     rounds = energy_block_rounds(base_step_s, block_s)
     with telemetry.block("baseline", rounds, partner.cfg.global_batch):
         for _ in range(rounds):

@@ -217,6 +217,10 @@ def _batch_buffer(leaf: torch.Tensor, batch: int) -> torch.Tensor:
                        memory_format=fmt)
 
 
+LOADER_PROBE_FIELDS = ("time_to_first_batch_s", "loader_samples_per_s", "epoch_restart_s")
+"""What ``measure_loader`` returns (null for a case without a loader)."""
+
+
 def measure_loader(loader: DataLoader, batches: int,
                    before_epoch: Callable[[], None] | None = None) -> dict[str, float]:
     """The loader alone, no model: time to the first batch of a fresh iterator (worker start-up
