@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -112,3 +114,16 @@ def test_mann_whitney_floor_with_few_rounds():
     # Complete separation reaches the floor exactly.
     assert mann_whitney_p([1, 2, 3], [4, 5, 6]) == pytest.approx(min_mann_whitney_p(3, 3))
 
+
+
+def test_robust_spread_is_the_unchanged_cases_spread():
+    """The spread of 200 log-normal changes of sigma 5% is 5%, and stays near it when a fifth
+    of the cases really changed by +50% (where the standard deviation more than doubles)."""
+    from gpubench.util.stats import robust_spread
+
+    rng = np.random.default_rng(0)
+    changes = np.expm1(rng.normal(0, 0.05, 200))
+    assert robust_spread(changes) == pytest.approx(0.05, rel=0.15)
+    changes[:40] = 0.5
+    assert robust_spread(changes) < 0.08 < 2 * 0.05 < np.std(np.log1p(changes))
+    assert math.isnan(robust_spread([0.1]))

@@ -5,11 +5,15 @@ run. A case regresses when its time distribution differs significantly (two-side
 U on the per-round times, as asv does) *and* its median moved by more than a minimum effect
 (default 7% for time, like TorchBench; 2% for memory, which is near-deterministic and has no
 test). When a case has so few rounds that the test cannot reach the significance level however
-large the change (3 against 3 rounds: p >= 0.1), it is Kind.TOO_FEW, never
-Kind.UNCHANGED. Several base files pool their rounds per case. ``--normalized`` compares each
-case's time divided by its own run's FP32 baseline: round by round by the paired baseline round
-taken right before it where the case has them (drift within a run cancels), else by the
-baseline's median; either survives moving to a faster or slower machine.
+large the change (3 against 3 rounds: p >= 0.1), it is Kind.TOO_FEW, never Kind.UNCHANGED.
+Several base files pool their rounds per case.
+
+A case's rounds are compared over the paired baseline rounds taken right before them where both
+runs have them (``BASES``: machine state and drift within a run cancel), else as they are. Two
+runs of one commit on a shared machine differ by more than their rounds say, so a change must
+also exceed ``NOISE_SIGMAS`` times the between-run spread of its basis, estimated from the
+changes of all compared cases (most of which did not change); a shift common to all cases is
+said in one line (``common_shift``).
 """
 
 from __future__ import annotations
@@ -32,9 +36,16 @@ from gpubench.analysis.results import (
     training_memory,
 )
 from gpubench.util import atomic
-from gpubench.util.stats import can_reach_significance, mann_whitney_p
+from gpubench.util.stats import can_reach_significance, mann_whitney_p, robust_spread
 from gpubench.util.tables import figures_table
-from gpubench.util.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD, Kind
+from gpubench.util.verdicts import (
+    ALPHA,
+    MEMORY_THRESHOLD,
+    MIN_NOISE_CASES,
+    NOISE_SIGMAS,
+    TIME_THRESHOLD,
+    Kind,
+)
 
 KEY = ("model", "profile", "device", "case_id")
 """What identifies a case across runs."""
@@ -42,6 +53,12 @@ KEY = ("model", "profile", "device", "case_id")
 COMPARED = (Kind.UNCHANGED, Kind.REGRESSION, Kind.IMPROVEMENT, Kind.TOO_FEW)
 """Statuses of cases measured in both runs (the others: added, removed, skipped)."""
 
+BASES = ("auto", "raw", "normalized")
+"""What a case's round times are compared as (``--basis``). *auto*, the default: over the paired
+baseline rounds taken right before them where both runs have them (machine state and drift
+cancel), else as they are, and the FP32 baseline case itself always as it is, which is what
+anchors the others; *raw*: as they are; *normalized*: every case over its own run's FP32
+baseline, by the paired rounds where it has them, else by the baseline's median."""
 
 @dataclass(frozen=True, kw_only=True)
 class Thresholds:
@@ -51,24 +68,37 @@ class Thresholds:
     """Minimum relative change of training memory that counts."""
     alpha: float = ALPHA
     """Significance level of the Mann-Whitney U test."""
+    noise_sigmas: float = NOISE_SIGMAS
+    """How many between-run spreads a time change must also exceed."""
 
     def __post_init__(self) -> None:
-        for name in ("time", "memory"):
+        for name in ("time", "memory", "noise_sigmas"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} threshold must be a finite number >= 0, got {value!r}")
         if not (isinstance(self.alpha, int | float) and 0 < self.alpha < 1):
             raise ValueError(f"alpha must lie strictly between 0 and 1, got {self.alpha!r}")
 
+    def time_limit(self, spread: float, cases: int) -> float:
+        """The time change that counts on a basis whose changes spread by ``spread`` over
+        ``cases`` compared cases: the time threshold, or ``noise_sigmas`` spreads when that is
+        larger and the spread was estimated from at least ``MIN_NOISE_CASES`` cases."""
+        if cases < MIN_NOISE_CASES or not math.isfinite(spread):
+            return self.time
+        return max(self.time, self.noise_sigmas * spread)
 
-def time_verdict(base: np.ndarray, new: np.ndarray, th: Thresholds) -> tuple[str, float, float]:
-    """(verdict, relative change of the median, p-value) for two samples of round times."""
+
+def time_verdict(base: np.ndarray, new: np.ndarray, th: Thresholds,
+                 limit: float | None = None) -> tuple[str, float, float]:
+    """(verdict, relative change of the median, p-value) for two samples of round times; a
+    change counts beyond ``limit`` (default: the time threshold)."""
     base, new = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    limit = th.time if limit is None else limit
     change = float(np.median(new) / np.median(base) - 1)
     p = mann_whitney_p(base, new) if min(len(base), len(new)) >= 2 else float("nan")
     if not can_reach_significance(len(base), len(new), th.alpha):
         return Kind.TOO_FEW, change, p
-    if p >= th.alpha or abs(change) < th.time:
+    if p >= th.alpha or abs(change) < limit:
         return Kind.UNCHANGED, change, p
     return (Kind.REGRESSION if change > 0 else Kind.IMPROVEMENT), change, p
 
@@ -105,58 +135,99 @@ def _paired_rounds(row: pd.Series, n: int) -> np.ndarray | None:
     return paired if np.all(np.isfinite(paired) & (paired > 0)) else None
 
 
-def _cases(df: pd.DataFrame, normalized: bool) -> dict[tuple, dict]:
-    """KEY -> pooled rounds, median, memory and memory kind of one side (one or more runs).
-    Memory is the training memory (``results.training_memory``: exact on the CPU, where the
-    process peak wanders between runs); the peak only for records that lack its parts."""
-    df = _steps(df)
+def _pool(parts: list[np.ndarray | None]) -> np.ndarray | None:
+    """The rounds of several records of one case on one basis: None unless every record has
+    them (a basis is one case's only where all its records can be put on it)."""
+    if not parts or any(p is None for p in parts):
+        return None
+    rounds = np.concatenate(parts)
+    rounds = rounds[np.isfinite(rounds) & (rounds > 0)]
+    return rounds if rounds.size else None
+
+
+def _cases(df: pd.DataFrame) -> dict[tuple, dict]:
+    """KEY -> the case's pooled rounds of one side (one or more runs) on each basis it has
+    (``raw``; ``paired``: each round over the paired baseline round taken right before it;
+    ``median``: over its run's baseline median), its memory and memory kind. Memory is the
+    training memory (``results.training_memory``: exact on the CPU, where the process peak
+    wanders between runs); the peak only for records that lack its parts."""
+    df = _steps(df).copy()
     if "run" not in df:
-        df = df.assign(run="")
+        df["run"] = ""
     train = training_memory(df)
-    df = df.assign(_memory=train.fillna(df["peak_memory_bytes"].astype(float)),
-                   _memory_kind=np.where(train.notna(), "training", "peak"))
-    refs = {}
-    if normalized:
-        base = df[(df["is_baseline"] == True) & df["step_time_s"].notna()]  # noqa: E712
-        refs = {(r["run"], r["model"], r["profile"], r["device"]): r["step_time_s"]
-                for _, r in base.iterrows()}
-    cases: dict[tuple, dict] = {}
+    df["_memory"] = train.fillna(df["peak_memory_bytes"].astype(float))
+    df["_memory_kind"] = np.where(train.notna(), "training", "peak")
+    base = df[(df["is_baseline"] == True) & df["step_time_s"].notna()]  # noqa: E712
+    refs = {(r["run"], r["model"], r["profile"], r["device"]): r["step_time_s"]
+            for _, r in base.iterrows()}
+    parts: dict[tuple, dict] = {}
     for _, r in df.iterrows():
         key = tuple(r[k] for k in KEY)
-        case = cases.setdefault(key, {"rounds": [], "memory": [], "kinds": set(), "note": ""})
+        case = parts.setdefault(key, {"raw": [], "paired": [], "median": [], "memory": [],
+                                      "kinds": set(), "baseline": False})
+        case["baseline"] |= r["is_baseline"] == True  # noqa: E712
         time = r["step_time_s"]
         if pd.isna(time) or not np.isfinite(float(time)) or float(time) <= 0:
             continue
         rounds = _round_times(r)
-        paired = _paired_rounds(r, rounds.size) if normalized else None
-        if paired is not None:
-            # Round i over the baseline round taken right before it: the drift between the
-            # case's rounds and the baseline's separate ones cancels (as in the summary).
-            rounds = rounds / paired
-        elif normalized:
-            ref = refs.get((r["run"], r["model"], r["profile"], r["device"]))
-            if ref is None or not ref > 0:
-                case["note"] = "no baseline to normalize"
-                continue
-            rounds = rounds / ref
-        rounds = rounds[np.isfinite(rounds) & (rounds > 0)]
-        if rounds.size:
-            case["rounds"].append(rounds)
-            case["memory"].append(r["_memory"])
-            case["kinds"].add(r["_memory_kind"])
-    for case in cases.values():
-        case["rounds"] = np.concatenate(case["rounds"]) if case["rounds"] else np.array([])
+        paired = _paired_rounds(r, rounds.size)
+        ref = refs.get((r["run"], r["model"], r["profile"], r["device"]))
+        case["raw"].append(rounds)
+        # Round i over the baseline round taken right before it: the drift between the case's
+        # rounds and the baseline's separate ones cancels (as in the summary).
+        case["paired"].append(None if paired is None else rounds / paired)
+        case["median"].append(rounds / ref if ref is not None and ref > 0 else None)
+        case["memory"].append(r["_memory"])
+        case["kinds"].add(r["_memory_kind"])
+    cases = {}
+    for key, case in parts.items():
         mem = [m for m in case["memory"] if not pd.isna(m)]
-        case["memory"] = float(np.median(mem)) if mem else float("nan")
+        cases[key] = {"raw": _pool(case["raw"]), "paired": _pool(case["paired"]),
+                      "median": _pool(case["median"]), "kinds": case["kinds"],
+                      "baseline": case["baseline"],
+                      "memory": float(np.median(mem)) if mem else float("nan")}
     return cases
 
 
-def compare_runs(
-    base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresholds(), normalized: bool = False
-) -> pd.DataFrame:
+def _basis(b: dict, n: dict, basis: str) -> str | None:
+    """The basis a case both sides have is compared on, under ``--basis``."""
+    if basis not in BASES:
+        raise ValueError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+    if basis == "raw" or (basis == "auto" and (b["baseline"] or n["baseline"])):
+        return "raw"  # the FP32 baseline over its own paired rounds would hide its changes
+    if b["paired"] is not None and n["paired"] is not None:
+        return "paired"
+    if basis == "auto":
+        return "raw"
+    return "median" if b["median"] is not None and n["median"] is not None else None
+
+
+def _change(b: dict, n: dict, on: str) -> float:
+    if b[on] is None or n[on] is None:
+        return math.nan
+    return float(np.median(n[on]) / np.median(b[on]) - 1)
+
+
+def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresholds(),
+                 basis: str = "auto") -> pd.DataFrame:
     """One row per case (model, profile, device, case id) present in either side, with status
-    and changes. ``base`` may hold several runs: a case's rounds are pooled across them."""
-    b_cases, n_cases = _cases(base, normalized), _cases(new, normalized)
+    and changes. ``base`` may hold several runs: a case's rounds are pooled across them.
+
+    Each case is compared on ``basis`` (``BASES``). A time change counts beyond
+    ``Thresholds.time_limit`` of its basis: the time threshold, or ``noise_sigmas`` times the
+    between-run spread of that basis, the robust spread of the changes of every compared case
+    on it (``stats.robust_spread``). Two runs of one commit differ by more than their rounds'
+    spread says (the machine's state between runs), which a test of the rounds alone cannot
+    see; most cases of a comparison did not change, so their spread measures it."""
+    b_cases, n_cases = _cases(base), _cases(new)
+    both = [k for k in b_cases if k in n_cases
+            and b_cases[k]["raw"] is not None and n_cases[k]["raw"] is not None]
+    noise = {}
+    for on in ("raw", "paired", "median"):
+        changes = [c for c in (_change(b_cases[k], n_cases[k], on) for k in both)
+                   if math.isfinite(c)]
+        spread = robust_spread(changes)
+        noise[on] = (spread, len(changes), th.time_limit(spread, len(changes)))
     rows = []
     for key in dict.fromkeys([*b_cases, *n_cases]):
         ident = dict(zip(KEY, key, strict=True))
@@ -167,13 +238,15 @@ def compare_runs(
             rows.append({**ident, "status": "added"})
             continue
         b, n = b_cases[key], n_cases[key]
-        if not b["rounds"].size or not n["rounds"].size:
-            note = b["note"] or n["note"] or "not measured in " + (
-                "either run" if not (b["rounds"].size or n["rounds"].size)
-                else "the base run" if not b["rounds"].size else "the new run")
+        on = _basis(b, n, basis) if key in both else None
+        if on is None:
+            note = ("no baseline to normalize" if key in both else "not measured in " + (
+                "either run" if b["raw"] is None and n["raw"] is None
+                else "the base run" if b["raw"] is None else "the new run"))
             rows.append({**ident, "status": "skipped", "note": note})
             continue
-        verdict, t_change, p = time_verdict(b["rounds"], n["rounds"], th)
+        spread, cases, limit = noise[on]
+        verdict, t_change, p = time_verdict(b[on], n[on], th, limit)
         if b["kinds"] == n["kinds"] and len(b["kinds"]) == 1:
             mem_verdict, m_change = memory_verdict(b["memory"], n["memory"], th)
         else:  # an exact sum against a process peak says nothing
@@ -181,17 +254,42 @@ def compare_runs(
         status = Kind.REGRESSION if Kind.REGRESSION in (verdict, mem_verdict) else (
             Kind.IMPROVEMENT if Kind.IMPROVEMENT in (verdict, mem_verdict) else verdict)
         rows.append({
-            **ident, "status": status, "time_change": t_change, "p_value": p,
+            **ident, "status": status, "basis": on, "time_change": t_change, "p_value": p,
             "throughput_change": 1 / (1 + t_change) - 1, "memory_change": m_change,
-            "base_step_time_s": float(np.median(b["rounds"])),
-            "new_step_time_s": float(np.median(n["rounds"])),
-            "base_rounds": int(b["rounds"].size), "new_rounds": int(n["rounds"].size),
+            "raw_change": _change(b, n, "raw"), "time_limit": limit, "spread": spread,
+            "spread_cases": cases,
+            "base_step_time_s": float(np.median(b["raw"])),
+            "new_step_time_s": float(np.median(n["raw"])),
+            "base_rounds": int(b[on].size), "new_rounds": int(n[on].size),
             "time_verdict": verdict, "memory_verdict": mem_verdict,
         })
-    return pd.DataFrame(rows, columns=[*KEY, "status", "time_change", "p_value",
-                                       "throughput_change", "memory_change",
+    return pd.DataFrame(rows, columns=[*KEY, "status", "basis", "time_change", "p_value",
+                                       "throughput_change", "memory_change", "raw_change",
+                                       "time_limit", "spread", "spread_cases",
                                        "base_step_time_s", "new_step_time_s", "base_rounds",
                                        "new_rounds", "time_verdict", "memory_verdict", "note"])
+
+
+BASIS_SHORT = {"paired": "paired", "raw": "raw", "median": "vs median"}
+"""The table's word for each basis."""
+
+BASIS_WORDS = {"paired": "over paired baseline rounds", "raw": "raw",
+               "median": "over the baseline's median"}
+
+
+def noise_line(table: pd.DataFrame) -> str | None:
+    """One line of what a time change had to exceed on each basis used, and why: the spread
+    between the runs and how many cases it was estimated from."""
+    used = table.dropna(subset=["basis"]) if "basis" in table else table.iloc[:0]
+    parts = []
+    for on, rows in used.groupby("basis", sort=False):
+        r = rows.iloc[0]
+        spread = (f"between-run spread {r['spread']:.1%} over {int(r['spread_cases'])} cases"
+                  if r["spread_cases"] >= MIN_NOISE_CASES and math.isfinite(r["spread"])
+                  else f"too few cases ({int(r['spread_cases'])}) for a between-run spread")
+        parts.append(f"{BASIS_WORDS[on]} ({len(rows)} cases): beyond {r['time_limit']:.1%} "
+                     f"({spread})")
+    return "a time change counted " + "; ".join(parts) if parts else None
 
 
 COMMON_SHARE = 0.75
@@ -200,12 +298,14 @@ machine's (``common_shift``) rather than the cases'."""
 
 
 def common_shift(table: pd.DataFrame, th: Thresholds = Thresholds()) -> str | None:
-    """One line when the new run's times moved together (a machine-state change: clocks, load,
-    a thermal or power state, another machine of the same name), or None: the median time
-    change over the compared cases exceeds the time threshold and at least ``COMMON_SHARE`` of
-    them moved that way. Per-case verdicts then mostly measure the machine."""
-    changes = pd.to_numeric(table.get("time_change"), errors="coerce").dropna() \
-        if "time_change" in table else pd.Series(dtype=float)
+    """One line when the new run's raw times moved together (a machine-state change: clocks,
+    load, a thermal or power state, another machine of the same name), or None: the median raw
+    time change over the compared cases exceeds the time threshold and at least
+    ``COMMON_SHARE`` of them moved that way. Raw verdicts then mostly measure the machine;
+    verdicts over paired baseline rounds do not."""
+    column = "raw_change" if "raw_change" in table else "time_change"
+    changes = pd.to_numeric(table.get(column), errors="coerce").dropna() \
+        if column in table else pd.Series(dtype=float)
     if len(changes) < 3:
         return None
     median = float(changes.median())
@@ -216,7 +316,8 @@ def common_shift(table: pd.DataFrame, th: Thresholds = Thresholds()) -> str | No
     return (f"the new run is {abs(median):.0%} {how} across the board (median time change "
             f"{median:+.1%} over {len(changes)} cases, {same_way:.0%} of them {how}): a change "
             "of machine state (clocks, load, thermals, another machine), not of each case; "
-            "--normalized compares each case with its own run's FP32 baseline")
+            "cases with paired baseline rounds are compared over them, and --basis normalized "
+            "puts every case over its own run's FP32 baseline")
 
 
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -351,6 +452,7 @@ def write_github_json(results: pd.DataFrame, folder: str | Path) -> list[Path]:
 COMPARE_COLUMNS = {
     "case_id": "case",
     "status": "status",
+    "basis": "compared",
     "time_change": "time",
     "throughput_change": "throughput",
     "memory_change": "training memory",
@@ -367,6 +469,7 @@ def compare_markdown(table: pd.DataFrame) -> str:
     for col in ("time_change", "throughput_change", "memory_change"):
         shown[col] = shown[col].map(lambda v: "-" if pd.isna(v) else f"{100 * v:+.1f}%")
     shown["p_value"] = shown["p_value"].map(lambda v: "-" if pd.isna(v) else f"{v:.3f}")
+    shown["basis"] = shown["basis"].map(lambda v: BASIS_SHORT.get(v, "-"))
     return figures_table(shown.astype(object).fillna("-"), COMPARE_COLUMNS)
 
 
@@ -385,7 +488,8 @@ def split_files(args: argparse.Namespace) -> tuple[list[str], str]:
 def compare_main(args: argparse.Namespace) -> int:
     """Print the table; exit 1 on a significant regression (0 with --report-only) and 2 when
     NEW holds no case comparable with BASE."""
-    th = Thresholds(time=args.time_threshold, memory=args.memory_threshold, alpha=args.alpha)
+    th = Thresholds(time=args.time_threshold, memory=args.memory_threshold, alpha=args.alpha,
+                    noise_sigmas=args.noise_sigmas)
     bases, new_file = split_files(args)
     labels = ["base"] if len(bases) == 1 else [f"base{i + 1}" for i in range(len(bases))]
     with warnings.catch_warnings(record=True) as caught:
@@ -399,7 +503,7 @@ def compare_main(args: argparse.Namespace) -> int:
         for msg in environment_warnings(base_file, new_file):
             print(f"warning: the runs come from different environments: {prefix}{msg}",
                   file=sys.stderr)
-    table = compare_runs(base, new, th, normalized=args.normalized)
+    table = compare_runs(base, new, th, basis="normalized" if args.normalized else args.basis)
     if args.new_only:
         table = table[table["status"] != "removed"]
     shift = common_shift(table, th)
@@ -407,6 +511,9 @@ def compare_main(args: argparse.Namespace) -> int:
         print(f"warning: {shift}", file=sys.stderr)
     text = compare_markdown(table)
     print(text)
+    limits = noise_line(table)
+    if limits:
+        print(f"\n{limits}")
     counts = table["status"].value_counts().to_dict()
     compared = sum(counts.get(s, 0) for s in COMPARED)
     print(f"\ncompared {compared} case(s): "

@@ -408,7 +408,7 @@ def load_results(paths: str | Path | Iterable[str | Path],
         dtype = _dtype(col)
         if dtype is not None:
             df[col] = df[col].astype(object).where(df[col].notna(), None).astype(dtype)
-    return df
+    return df.copy()  # one block per dtype: the casts above leave the frame fragmented
 
 
 def _unique_stems(paths: list[Path]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpubench.util.argtypes import bounded, non_negative
-from gpubench.util.verdicts import ALPHA, MEMORY_THRESHOLD, TIME_THRESHOLD
+from gpubench.util.verdicts import ALPHA, MEMORY_THRESHOLD, NOISE_SIGMAS, TIME_THRESHOLD
 
 _alpha = bounded(float, low=0, high=1, open_low=True, open_high=True)
 _threshold = non_negative
@@ -26,8 +26,16 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=_alpha, default=ALPHA,
                    help="significance level of the Mann-Whitney U test, in (0, 1) "
                    "(default 0.05)")
+    p.add_argument("--basis", choices=("auto", "raw", "normalized"), default="auto",
+                   help="what a case's rounds are compared as: auto (default) over its paired "
+                   "baseline rounds where both runs have them, else as they are; raw: as "
+                   "they are; normalized: every case over its own run's FP32 baseline")
     p.add_argument("--normalized", action="store_true",
-                   help="compare speed relative to each run's own FP32 baseline case")
+                   help="the same as --basis normalized")
+    p.add_argument("--noise-sigmas", type=_threshold, default=NOISE_SIGMAS,
+                   help="a time change must also exceed this many between-run spreads of its "
+                   "basis, estimated from the changes of all compared cases when there are "
+                   "at least 8 (default 3; 0: the time threshold alone)")
     p.add_argument("--new-only", action="store_true",
                    help="only cases NEW ran (a partial run): do not list the others as removed")
     p.add_argument("--report-only", action="store_true",

@@ -173,3 +173,15 @@ def compare_paired(a: ArrayLike, b: ArrayLike, *, confidence: float = CONFIDENCE
     low, high = paired_ratio_ci(a, b, confidence=confidence, n_resamples=n_resamples, seed=seed)
     return RatioEstimate(ratio, low, high, wilcoxon_paired_p(a, b), "Wilcoxon signed-rank")
 
+
+
+def robust_spread(changes: ArrayLike) -> float:
+    """Spread of relative changes ``new / base - 1`` across cases, as a standard deviation of
+    their logs estimated from the median absolute deviation (``scipy.stats.median_abs_deviation``
+    with ``scale="normal"``): robust to up to half the cases having really changed, so the
+    cases that did not give the between-run noise. NaN for fewer than two finite changes."""
+    logs = np.log1p(_array(changes))
+    logs = logs[np.isfinite(logs)]
+    if logs.size < 2:
+        return math.nan
+    return float(np.expm1(stats.median_abs_deviation(logs, scale="normal")))

@@ -72,6 +72,13 @@ TIME_THRESHOLD = 0.07
 MEMORY_THRESHOLD = 0.02
 """``gpubench compare``: smallest relative change of training memory that counts."""
 
+NOISE_SIGMAS = 3.0
+"""``gpubench compare``: a time change must also exceed this many between-run spreads of its
+basis (``--noise-sigmas``; 0: the time threshold alone)."""
+
+MIN_NOISE_CASES = 8
+"""``gpubench compare``: fewest compared cases from which a between-run spread is estimated."""
+
 
 def combine_parts(parts: dict[str, str]) -> str:
     """One verdict from the verdicts of a claim's parts (e.g. {"time": ..., "memory": ...}):
