@@ -291,3 +291,14 @@ def test_case_whose_rank_fails_is_one_line_naming_rank_and_cause(monkeypatch, tm
     assert len(lines) == 1 and "rank 1 failed during 'step'" in lines[0], err
     assert "RuntimeError: boom" in lines[0] and "Traceback" not in err
     assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize(("wall_s", "shown"), [(779.6, "13:00"), (59.4, "0:59"), (61, "1:01")])
+def test_the_run_cost_line_rounds_to_whole_minutes_and_seconds(wall_s, shown):
+    import pandas as pd
+
+    from gpubench.cli.main import _run_cost_line
+
+    frame = pd.DataFrame({"rounds_s": [[1.0, 2.0]], "paired_baseline_rounds_s": [[1.0]]})
+    assert _run_cost_line(frame, wall_s).startswith(f"the run took {shown}, of which timed "
+                                                    "rounds 4 s")

@@ -423,7 +423,8 @@ def _run_cost_line(df, wall_s: float) -> str:
     from gpubench.report.summary import timed_seconds
 
     timed = sum(timed_seconds(df))
-    return (f"the run took {wall_s // 60:.0f}:{wall_s % 60:02.0f}, of which timed rounds "
+    minutes, seconds = divmod(round(wall_s), 60)  # 779.6 s is 13:00, not 12:60
+    return (f"the run took {minutes}:{seconds:02d}, of which timed rounds "
             f"{timed:.0f} s ({timed / wall_s:.0%}; where the rest went: summary.md)")
 
 
