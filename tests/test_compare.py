@@ -179,7 +179,7 @@ def test_paired_basis_survives_a_machine_state_change_the_raw_one_reports():
     assert "40% slower across the board" in common_shift(table.reset_index())
     line = noise_line(table.reset_index())
     assert "over paired baseline rounds (11 cases): beyond 7.0%" in line
-    assert "raw (1 cases)" in line
+    assert "raw (1 case)" in line
     raw = compare_runs(base, new, basis="raw")
     assert (raw["status"] == "regression").all()  # raw: the machine, in every case
 

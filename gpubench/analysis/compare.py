@@ -287,7 +287,8 @@ def noise_line(table: pd.DataFrame) -> str | None:
         spread = (f"between-run spread {r['spread']:.1%} over {int(r['spread_cases'])} cases"
                   if r["spread_cases"] >= MIN_NOISE_CASES and math.isfinite(r["spread"])
                   else f"too few cases ({int(r['spread_cases'])}) for a between-run spread")
-        parts.append(f"{BASIS_WORDS[on]} ({len(rows)} cases): beyond {r['time_limit']:.1%} "
+        cases = f"{len(rows)} case{'s' if len(rows) != 1 else ''}"
+        parts.append(f"{BASIS_WORDS[on]} ({cases}): beyond {r['time_limit']:.1%} "
                      f"({spread})")
     return "a time change counted " + "; ".join(parts) if parts else None
 
