@@ -40,6 +40,7 @@ from gpubench.util.stats import can_reach_significance, mann_whitney_p, robust_s
 from gpubench.util.tables import figures_table
 from gpubench.util.verdicts import (
     ALPHA,
+    COMPARE_BASES,
     MEMORY_THRESHOLD,
     MIN_NOISE_CASES,
     NOISE_SIGMAS,
@@ -53,7 +54,7 @@ KEY = ("model", "profile", "device", "case_id")
 COMPARED = (Kind.UNCHANGED, Kind.REGRESSION, Kind.IMPROVEMENT, Kind.TOO_FEW)
 """Statuses of cases measured in both runs (the others: added, removed, skipped)."""
 
-BASES = ("auto", "raw", "normalized")
+BASES = COMPARE_BASES
 """What a case's round times are compared as (``--basis``). *auto*, the default: over the paired
 baseline rounds taken right before them where both runs have them (machine state and drift
 cancel), else as they are, and the FP32 baseline case itself always as it is, which is what

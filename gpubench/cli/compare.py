@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from gpubench.util.argtypes import bounded, non_negative
-from gpubench.util.verdicts import ALPHA, MEMORY_THRESHOLD, NOISE_SIGMAS, TIME_THRESHOLD
+from gpubench.util.verdicts import (
+    ALPHA,
+    COMPARE_BASES,
+    MEMORY_THRESHOLD,
+    NOISE_SIGMAS,
+    TIME_THRESHOLD,
+)
 
 _alpha = bounded(float, low=0, high=1, open_low=True, open_high=True)
 _threshold = non_negative
@@ -26,7 +32,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=_alpha, default=ALPHA,
                    help="significance level of the Mann-Whitney U test, in (0, 1) "
                    "(default 0.05)")
-    p.add_argument("--basis", choices=("auto", "raw", "normalized"), default="auto",
+    p.add_argument("--basis", choices=COMPARE_BASES, default="auto",
                    help="what a case's rounds are compared as: auto (default) over its paired "
                    "baseline rounds where both runs have them, else as they are; raw: as "
                    "they are; normalized: every case over its own run's FP32 baseline")

@@ -76,6 +76,10 @@ NOISE_SIGMAS = 3.0
 """``gpubench compare``: a time change must also exceed this many between-run spreads of its
 basis (``--noise-sigmas``; 0: the time threshold alone)."""
 
+COMPARE_BASES = ("auto", "raw", "normalized")
+"""``gpubench compare --basis``: what a case's round times are compared as
+(``analysis.compare.BASES`` says how)."""
+
 MIN_NOISE_CASES = 8
 """``gpubench compare``: fewest compared cases from which a between-run spread is estimated."""
 
