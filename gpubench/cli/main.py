@@ -116,10 +116,6 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
     return cmd
 
 
-
-
-
-
 PREVIOUS_DIR = "previous"
 """Where a new run (not ``--resume``) moves the earlier run's files it finds in ``--out``."""
 
@@ -245,72 +241,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_cases(args: argparse.Namespace, state: dict) -> int:
     """``cmd_run`` with its SIGINT/SIGTERM handlers installed; ``state`` tells it how far the
-    run got."""
-    import signal
-
-    from gpubench.measure.journal import LOCK_ENV, RunLock, journal_path, logs_dir, read_journal
-    from gpubench.util.signals import (
-        PARENT_PID_ENV,
-        Interrupted,
-        run_forwarding_signals,
-        signal_name,
-    )
-    from gpubench.workloads.datacache import default_data_dir, remove_stale_partials
+    run got: inputs checked, ``--out`` prepared, the cases run in a pytest child, then the
+    derived files written from what finished."""
+    from gpubench.measure.journal import journal_path, read_journal
+    from gpubench.util.signals import Interrupted
 
     device, profile = resolve_target(args.device, args.profile)
-    if device == "cuda" and default_device() != "cuda":
-        print("gpubench: --device cuda, but no CUDA device is available here "
-              "(torch.cuda.is_available() is False); nothing was run", file=sys.stderr)
-        return 2
-    check_specs(model_specs(args), profile)  # a bad workload spec: one line, nothing run
-    group_list(args.groups)
     out = Path(args.out or f"results/{profile}")
+    problem = _run_input_problem(args, device, profile, out)
+    if problem:
+        print(f"gpubench: {problem}", file=sys.stderr)
+        return 2
     state["out"] = out
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-    data_option = "--data-dir" if args.data_dir else "the data folder"
-    for option, folder in (("--out", out), (data_option, data_dir)):
-        problem = folder_problem(folder)
-        if problem:
-            print(f"gpubench: {option} {folder} {problem}; nothing was run", file=sys.stderr)
-            return 2
-    if out.resolve().parent == out.resolve():
-        print(f"gpubench: --out {out} cannot be a filesystem root", file=sys.stderr)
-        return 2
-    resume = getattr(args, "resume", False)
     json_path = out / "benchmark.json"
-    if resume and read_journal(journal_path(json_path)).header is None:
-        print(f"gpubench: --resume: {journal_path(json_path)} holds no run to continue; "
-              "nothing was run", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
-    state["lock"] = RunLock(json_path).acquire()  # one run per folder (JournalError: exit 2)
-    atomic.remove_stale_temporaries(out)  # what killed runs left: temporary files in out
-    remove_stale_partials(data_dir)
-    signals = (signal.SIGINT, signal.SIGTERM)
-    moved = 0
-    if not resume:
-        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # the earlier run moved as a whole
-        try:
-            moved = _set_aside_previous(out)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
-        if moved:
-            print(f"gpubench: the earlier results in {out}/ are now in {out / PREVIOUS_DIR}/",
-                  flush=True)
-
+    resume = getattr(args, "resume", False)
+    moved = _prepare_out(args, state, out, resume)
     print(f"gpubench: profile {profile} on {device}; results go to {out}/"
           + (" (resuming)" if resume else ""), flush=True)
     started = time.monotonic()
     state["stage"] = "running the cases"
-    cmd = [*pytest_command(args, json_path), "-p", "gpubench.cli.pytest_signals", "--tb=no"]
-    if resume:
-        cmd.append("--gpubench-resume")
-    # SIGINT too is forwarded as SIGTERM, which the plugin turns into an orderly stop.
-    code, signum = run_forwarding_signals(
-        cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
-                  LOCK_ENV: str(state["lock"].path)}, forward_as=signal.SIGTERM)
-    if resume and code == 5:  # every case had finished: nothing left to run
-        code = 0
+    code, signum = _run_pytest_child(args, state, json_path, resume)
     if code == 4:  # pytest's usage error (a --resume of another run): its one line is said
         if moved:
             _restore_previous(out)
@@ -321,8 +271,94 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         _restore_previous(out)  # nothing new: the folder as it was
     if signum is not None:
         raise Interrupted(signum)
-    failures = (f"; {failed} failed (one line each in summary.md, tracebacks in "
-                f"{logs_dir(json_path)}/)" if failed else "")
+    _say_abnormal_end(code, kept, json_path)
+    if not kept:
+        print(f"gpubench: {_nothing_kept_reason(code, failed, json_path)}", file=sys.stderr)
+        return (code if code > 0 else 1) or 1
+    return _finish_run(args, state, code, failed, json_path, profile, device, started)
+
+
+def _run_input_problem(args: argparse.Namespace, device: str, profile: str,
+                       out: Path) -> str | None:
+    """What makes ``gpubench run``'s inputs unusable (one line; exit 2, nothing run), or None:
+    CUDA asked where there is none, a bad workload spec or group, an unusable ``--out`` or data
+    folder, a ``--resume`` of no run."""
+    from gpubench.measure.journal import journal_path, read_journal
+    from gpubench.workloads.datacache import default_data_dir
+
+    if device == "cuda" and default_device() != "cuda":
+        return ("--device cuda, but no CUDA device is available here "
+                "(torch.cuda.is_available() is False); nothing was run")
+    check_specs(model_specs(args), profile)  # a bad workload spec: one line, nothing run
+    group_list(args.groups)
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    data_option = "--data-dir" if args.data_dir else "the data folder"
+    for option, folder in (("--out", out), (data_option, data_dir)):
+        problem = folder_problem(folder)
+        if problem:
+            return f"{option} {folder} {problem}; nothing was run"
+    if out.resolve().parent == out.resolve():
+        return f"--out {out} cannot be a filesystem root"
+    journal = journal_path(out / "benchmark.json")
+    if getattr(args, "resume", False) and read_journal(journal).header is None:
+        return f"--resume: {journal} holds no run to continue; nothing was run"
+    return None
+
+
+def _prepare_out(args: argparse.Namespace, state: dict, out: Path, resume: bool) -> int:
+    """Create ``out``, take its run lock (one run per folder; ``JournalError``: exit 2), clear
+    what killed runs left there and in the data folder, and (not ``--resume``) set the earlier
+    run aside as a whole. Returns how many earlier entries were moved."""
+    import signal
+
+    from gpubench.measure.journal import RunLock
+    from gpubench.workloads.datacache import default_data_dir, remove_stale_partials
+
+    out.mkdir(parents=True, exist_ok=True)
+    state["lock"] = RunLock(out / "benchmark.json").acquire()
+    atomic.remove_stale_temporaries(out)  # what killed runs left: temporary files in out
+    remove_stale_partials(Path(args.data_dir) if args.data_dir else default_data_dir())
+    if resume:
+        return 0
+    signals = (signal.SIGINT, signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # the earlier run moved as a whole
+    try:
+        moved = _set_aside_previous(out)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+    if moved:
+        print(f"gpubench: the earlier results in {out}/ are now in {out / PREVIOUS_DIR}/",
+              flush=True)
+    return moved
+
+
+def _run_pytest_child(args: argparse.Namespace, state: dict, json_path: Path,
+                      resume: bool) -> tuple[int, int | None]:
+    """Run the cases in a pytest child; SIGINT too is forwarded as SIGTERM, which the plugin
+    turns into an orderly stop. Returns the child's exit code and the signal received, if any
+    (a ``--resume`` that found every case finished counts as success)."""
+    import signal
+
+    from gpubench.measure.journal import LOCK_ENV
+    from gpubench.util.signals import PARENT_PID_ENV, run_forwarding_signals
+
+    cmd = [*pytest_command(args, json_path), "-p", "gpubench.cli.pytest_signals", "--tb=no"]
+    if resume:
+        cmd.append("--gpubench-resume")
+    code, signum = run_forwarding_signals(
+        cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
+                  LOCK_ENV: str(state["lock"].path)}, forward_as=signal.SIGTERM)
+    if resume and code == 5:  # every case had finished: nothing left to run
+        code = 0
+    return code, signum
+
+
+def _say_abnormal_end(code: int, kept: int, json_path: Path) -> None:
+    """One line for a child the watchdog ended (124) or a signal killed (code < 0)."""
+    import signal
+
+    from gpubench.util.signals import signal_name
+
     if code == 124:  # gpubench.util.watchdog ended it: a call no exception could reach hung
         print(f"gpubench: an in-process case hung past --timeout in code no exception reaches "
               f"(its stacks are above); {kept} finished case(s) kept in {json_path} (the same "
@@ -331,16 +367,27 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
         why = " (out of memory?)" if -code == signal.SIGKILL else ""
         print(f"gpubench: the benchmark process was killed by {signal_name(-code)}{why}; "
               f"{kept} finished case(s) kept in {json_path}", file=sys.stderr, flush=True)
-    if not kept:
-        if failed:
-            why = f"no case finished: {failed} failed (tracebacks in {logs_dir(json_path)}/)"
-        elif code in (0, 5):
-            why = ("no case ran: every selected case was skipped or none was selected "
-                   "(gpubench list shows which skip here, and why)")
-        else:
-            why = f"the benchmark run wrote no results (pytest exit code {code})"
-        print(f"gpubench: {why}", file=sys.stderr)
-        return (code if code > 0 else 1) or 1
+
+
+def _nothing_kept_reason(code: int, failed: int, json_path: Path) -> str:
+    """Why a run kept no case, on one line."""
+    from gpubench.measure.journal import logs_dir
+
+    if failed:
+        return f"no case finished: {failed} failed (tracebacks in {logs_dir(json_path)}/)"
+    if code in (0, 5):
+        return ("no case ran: every selected case was skipped or none was selected "
+                "(gpubench list shows which skip here, and why)")
+    return f"the benchmark run wrote no results (pytest exit code {code})"
+
+
+def _finish_run(args: argparse.Namespace, state: dict, code: int, failed: int, json_path: Path,
+                profile: str, device: str, started: float) -> int:
+    """Write the derived files from the finished cases and end the run: its last line and exit
+    code (1 for a child killed or hung, or stopped early; pytest's code otherwise)."""
+    from gpubench.measure.journal import logs_dir
+
+    out, kept = json_path.parent, state["kept"]
     try:
         _write_derived(args, state, out, json_path, profile, device, started)
     except (OSError, ValueError) as err:
@@ -353,6 +400,8 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
               f"case(s) are in {json_path}", file=sys.stderr)
         return 1
     state["stage"] = "after the results were written"
+    failures = (f"; {failed} failed (one line each in summary.md, tracebacks in "
+                f"{logs_dir(json_path)}/)" if failed else "")
     print(f"gpubench: {kept} finished case(s) in {json_path}{failures}",
           file=sys.stderr if failed or code else sys.stdout)
     if code < 0 or code == 124:
@@ -647,15 +696,7 @@ def _add_run_selection(p: argparse.ArgumentParser) -> None:
                                                      if o.name != "groups"))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(  # errors on one line; its subcommand parsers are OneLineParsers
-        prog="gpubench", description="Benchmark PyTorch training acceleration techniques."
-    )
-    from gpubench import __version__
-
-    parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_run_parser(sub) -> None:
     run = sub.add_parser("run", help="run a benchmark profile; write JSON, summary and charts")
     _add_run_selection(run)
     run.add_argument("--out", help="results folder (default: results/<profile>)")
@@ -678,26 +719,36 @@ def build_parser() -> argparse.ArgumentParser:
                      "refused when that run had another profile, device, models or options")
     run.set_defaults(func=cmd_run)
 
+
+def _add_list_parser(sub) -> None:
     lst = sub.add_parser("list", help="list the cases of a profile")
     _add_run_selection(lst)
     lst.set_defaults(func=cmd_list)
 
+
+def _add_summary_parser(sub) -> None:
     summ = sub.add_parser("summary", help="print the summary table of result files")
     summ.add_argument("files", nargs="+", help="benchmark JSON files, or results folders")
     summ.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
     summ.set_defaults(func=cmd_summary)
 
+
+def _add_report_parser(sub) -> None:
     rep = sub.add_parser("report", help="charts and a Markdown/HTML report from result files")
     rep.add_argument("files", nargs="+", help="benchmark JSON files, or results folders")
     rep.add_argument("-o", "--out", required=True, help="folder for charts and report")
     rep.set_defaults(func=cmd_report)
 
-    cmp_ = sub.add_parser("compare", help="regression check of NEW against BASE")
+
+def _add_compare_parser(sub) -> None:
     from gpubench.cli.compare import add_compare_arguments
 
+    cmp_ = sub.add_parser("compare", help="regression check of NEW against BASE")
     add_compare_arguments(cmp_)
     cmp_.set_defaults(func=cmd_compare)
 
+
+def _add_advise_parser(sub) -> None:
     adv = sub.add_parser("advise", help="verdicts on common speed-up claims, measured here")
     adv.add_argument("--model", default="",
                      help="workload to check (runs its cases unless --results is given): "
@@ -717,12 +768,14 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--out", help="folder for advice.md (default: beside the results)")
     adv.set_defaults(func=cmd_advise)
 
+
+def _add_case_parser(sub) -> None:
+    from gpubench.cli.case import add_config_arguments
+
     case = sub.add_parser(
         "case", help="run one configuration given field by field; write pytest-benchmark JSON",
         description="Run any single configuration (one flag per RunConfig/LoaderConfig field) "
         "and write the same JSON as 'gpubench run' (summary, report and compare read it).")
-    from gpubench.cli.case import add_config_arguments
-
     add_config_arguments(case)
     case.add_argument("--rounds", type=positive_int, default=10,
                       help="timed rounds (default 10)")
@@ -738,37 +791,66 @@ def build_parser() -> argparse.ArgumentParser:
     case.add_argument("-o", "--out", required=True, help="pytest-benchmark JSON file to write")
     case.set_defaults(func=cmd_case)
 
-    mem = sub.add_parser("memory", help="OOM frontier, leak check and allocator figures")
+
+def _add_memory_parser(sub) -> None:
     from gpubench.cli.memory import add_memory_arguments
 
+    mem = sub.add_parser("memory", help="OOM frontier, leak check and allocator figures")
     add_memory_arguments(mem)
     mem.set_defaults(func=cmd_memory)
 
-    par = sub.add_parser("parity", help="convergence parity: loss curves of AMP, DDP and "
-                         "accumulation against FP32 from the same weights and data")
+
+def _add_parity_parser(sub) -> None:
     from gpubench.cli.parity import add_parity_arguments
 
+    par = sub.add_parser("parity", help="convergence parity: loss curves of AMP, DDP and "
+                         "accumulation against FP32 from the same weights and data")
     add_parity_arguments(par)
     par.set_defaults(func=cmd_parity)
 
-    tun = sub.add_parser("tune", help="search the fastest configuration that keeps the global "
-                         "batch, fits the memory budget and still trains")
+
+def _add_tune_parser(sub) -> None:
     from gpubench.cli.tune import add_tune_arguments
 
+    tun = sub.add_parser("tune", help="search the fastest configuration that keeps the global "
+                         "batch, fits the memory budget and still trains")
     add_tune_arguments(tun)
     tun.set_defaults(func=cmd_tune)
 
+
+def _add_export_parser(sub) -> None:
     exp = sub.add_parser("export", help="a result file's figures for github-action-benchmark")
     exp.add_argument("file")
     exp.add_argument("--github-json", required=True, metavar="DIR",
                      help="writes smaller_is_better.json and bigger_is_better.json into DIR")
     exp.set_defaults(func=cmd_export)
 
+
+def _add_dist_parser(sub) -> None:
     from gpubench.cli.torchrun import add_dist_arguments, dist_main
 
     dst = sub.add_parser("dist", help="one DDP/FSDP/pipeline case as a rank of a torchrun job")
     add_dist_arguments(dst)
     dst.set_defaults(func=dist_main)
+
+
+COMMANDS = (_add_run_parser, _add_list_parser, _add_summary_parser, _add_report_parser,
+            _add_compare_parser, _add_advise_parser, _add_case_parser, _add_memory_parser,
+            _add_parity_parser, _add_tune_parser, _add_export_parser, _add_dist_parser)
+"""The subcommands, in ``gpubench --help``'s order: each adds its parser to the subparsers
+action and sets its ``func``. A new command is a function here and an entry in this tuple."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(  # errors on one line; its subcommand parsers are OneLineParsers
+        prog="gpubench", description="Benchmark PyTorch training acceleration techniques."
+    )
+    from gpubench import __version__
+
+    parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in COMMANDS:
+        add_command(sub)
     return parser
 
 
