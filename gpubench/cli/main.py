@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpubench.cli.history import add_history_option, add_history_parser
 from gpubench.cli.options import (
     SESSION_OPTIONS,
     SPEC_HELP,
@@ -402,6 +403,9 @@ def _finish_run(args: argparse.Namespace, state: dict, code: int, failed: int, j
     state["stage"] = "after the results were written"
     failures = (f"; {failed} failed (one line each in summary.md, tracebacks in "
                 f"{logs_dir(json_path)}/)" if failed else "")
+    from gpubench.cli.history import save_to_history
+
+    save_to_history(args, json_path)
     print(f"gpubench: {kept} finished case(s) in {json_path}{failures}",
           file=sys.stderr if failed or code else sys.stdout)
     if code < 0 or code == 124:
@@ -718,6 +722,7 @@ def _add_run_parser(sub) -> None:
                      "failing machine): its finished cases are kept and not run again; "
                      "refused when that run had another profile, device, models or options")
     run.set_defaults(func=cmd_run)
+    add_history_option(run)
 
 
 def _add_list_parser(sub) -> None:
@@ -836,7 +841,8 @@ def _add_dist_parser(sub) -> None:
 
 COMMANDS = (_add_run_parser, _add_list_parser, _add_summary_parser, _add_report_parser,
             _add_compare_parser, _add_advise_parser, _add_case_parser, _add_memory_parser,
-            _add_parity_parser, _add_tune_parser, _add_export_parser, _add_dist_parser)
+            _add_parity_parser, _add_tune_parser, _add_export_parser, add_history_parser,
+            _add_dist_parser)
 """The subcommands, in ``gpubench --help``'s order: each adds its parser to the subparsers
 action and sets its ``func``. A new command is a function here and an entry in this tuple."""
 
