@@ -67,8 +67,18 @@ METRICS: tuple[Metric, ...] = (
            "the workload's forward calls ``scaled_dot_product_attention`` (the attention "
            "group's cases pin its kernel)"),
     Metric(("device_name", "launcher", "cudnn_benchmark"), ("str", "str", "bool"), "",
-           "the device's name; ``torchrun`` for a record written by ``gpubench torchrun``; "
+           "the device's name; the launcher of a ``gpubench dist`` record (``torchrun``, "
+           "``slurm``: a task of srun, ``local``: submitit's local executor); "
            "whether cuDNN autotuning was on (CUDA cases)"),
+    Metric(("job_id", "nodes", "node_list", "tasks_per_node", "gpus_per_node"),
+           ("str", "int>=1", "str", "int>=1", "int>=0"), "",
+           "``gpubench dist`` records: the job's id (Slurm's, submitit's local job; null under "
+           "a plain torchrun), its node count, its hosts (comma-separated, expanded), the ranks "
+           "on each node, and the GPUs Slurm gave each node (null where it says none)"),
+    Metric(("nccl_version", "ib_devices", "net_env"), ("str", None, "str"), "",
+           "``gpubench dist`` records: the interconnect facts a rank can read: the NCCL version "
+           "(CUDA), the InfiniBand devices under /sys/class/infiniband, and the NCCL/Gloo "
+           "variables that choose the network, where set"),
     Metric(("note",), "str", "", "what the reader should know about the figures (a FLOP count "
            "that left out ops, an inert technique)"),
     # Time

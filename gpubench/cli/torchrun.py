@@ -1,11 +1,16 @@
-"""``gpubench dist``: one case as a rank of a torchrun job, on one machine or several.
+"""``gpubench dist``: DDP/FSDP/pipeline cases as a rank of a torchrun job or a task of a Slurm
+``srun``, on one machine or several.
 
     torchrun --nproc-per-node 2 -m gpubench dist --model resnet18 --out results/ddp2.json
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-endpoint HOST:29500 \\
         -m gpubench dist --model bert --device cuda --profile gpu-full --out ddp16.json
+    srun --nodes 2 --ntasks-per-node 8 --gpus-per-node 8 gpubench dist --model bert \\
+        --device cuda --parallel ddp fsdp --out ddp-fsdp16.json
 
-Every rank builds its shard of the case; rounds end when the slowest rank has finished; rank 0
-writes the record as pytest-benchmark JSON (load, chart and compare it like any other result).
+Every rank builds its shard of each case; rounds end when the slowest rank has finished; rank 0
+writes the records as pytest-benchmark JSON after each case (load, chart and compare it like any
+other result). Several cases (``--parallel ddp fsdp pipeline``, ``--group parallel``) run one
+after another in the same process group: the rendezvous is paid once.
 """
 
 from __future__ import annotations
@@ -39,7 +44,13 @@ reason."""
 
 def add_dist_arguments(p: argparse.ArgumentParser) -> None:
     add_target_arguments(p, model=True)
-    p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp", "pipeline"))
+    p.add_argument("--parallel", default=["ddp"], nargs="+", choices=("ddp", "fsdp", "pipeline"),
+                   help="one case per mode given, one after another in the same job "
+                   "(default: ddp)")
+    p.add_argument("--group", choices=("parallel",), default=None,
+                   help="instead: the parallel group's multi-process cases at this job's world "
+                   "size (DDP with accumulation, no_sync and bf16, FSDP, pipeline), from the "
+                   "FP32 baseline of --model, --profile and --device")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS)
     p.add_argument("--accum-steps", type=positive_int, default=1)
     p.add_argument("--micro-batch", type=positive_int, default=None)
@@ -57,7 +68,8 @@ def add_dist_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a rank waits for the others: to join the rendezvous "
                    "(MASTER_ADDR:MASTER_PORT) and the process group, and in each command's "
                    f"collectives (default {DEFAULT_TIMEOUT_S:g})")
-    p.add_argument("--out", required=True, help="pytest-benchmark JSON written by rank 0")
+    p.add_argument("--out", required=True, help="pytest-benchmark JSON written by rank 0 (after "
+                   "each case: an interrupted job keeps the cases it finished)")
 
 
 def torchrun_env() -> tuple[int, int, int, int]:
@@ -101,30 +113,33 @@ def dist_main(args: argparse.Namespace) -> int:
     from gpubench.train.build import unsupported_reason
     from gpubench.util.progress import with_progress
 
-    missing = [v for v in TORCHRUN_ENV if v not in os.environ]
-    if missing:
-        print(f"gpubench dist: run under torchrun (missing {', '.join(missing)}), e.g.\n"
-              "  torchrun --nproc-per-node 2 -m gpubench dist --model resnet18 --out ddp.json",
-              file=sys.stderr)
+
+    from gpubench.launchers.slurm import AllocationError, interconnect_facts, job_place
+
+    try:
+        place = job_place()
+    except AllocationError as err:
+        print(f"gpubench dist: {err}", file=sys.stderr)
         return 2
+    if place is None:
+        missing = [v for v in TORCHRUN_ENV if v not in os.environ]
+        print(f"gpubench dist: run under torchrun or srun (missing {', '.join(missing)}), e.g.\n"
+              "  torchrun --nproc-per-node 2 -m gpubench dist --model resnet18 --out ddp.json\n"
+              "  srun --ntasks 2 gpubench dist --model resnet18 --out ddp.json", file=sys.stderr)
+        return 2
+    os.environ.update(place.environ())  # torch's env:// reads these
     rank, world, local_rank, local_world = torchrun_env()
     from gpubench.util.paths import check_output
 
-    check_output("--out", args.out, is_file=True)  # rank 0 writes it, after every round
+    check_output("--out", args.out, is_file=True)  # rank 0 writes it, after every case
     device, profile = resolve_target(args.device, args.profile)
     # Every argument is checked before the process group: a bad one is one line and exit 2 on
     # each rank, not a hang at the rendezvous or a traceback per rank.
     try:
-        cfg = RunConfig(
-            model=args.model, profile=profile, device=device, precision=args.precision,
-            accum_steps=args.accum_steps, micro_batch=args.micro_batch,
-            optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
-            parallel=args.parallel, world_size=world, ddp_no_sync=args.no_sync,
-            chunks=args.chunks, schedule=args.schedule,
-            fsdp_mixed_precision=args.fsdp_mixed_precision,
-        )
+        cfgs = dist_cases(args, profile, device, world)
+        reasons = [unsupported_reason(cfg, check_devices=False) for cfg in cfgs]
         # The device count is per node here (a job spans machines): each rank needs its GPU.
-        reason = unsupported_reason(cfg, check_devices=False)
+        reason = next((r for r in reasons if r), None)
         if reason is None and device == "cuda" and local_world > torch.cuda.device_count():
             reason = (f"{local_world} ranks on this node need {local_world} CUDA devices; "
                       f"it has {torch.cuda.device_count()}")
@@ -139,20 +154,65 @@ def dist_main(args: argparse.Namespace) -> int:
     except RendezvousError as err:
         print(f"gpubench dist: {err}", file=sys.stderr)
         return 1
+    where = {**place.record(), **interconnect_facts(device)}
+    machine = machine_info(device) if rank == 0 else None
+    commit = commit_info() if rank == 0 else None
+    done: list = []
     try:
-        group = LocalRanks(CaseProgram(rank, world, cfg, local_rank, local_world))
-        bench = StandaloneBenchmark(f"torchrun[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
-        bench.extra_info["group"] = "parallel"
-        bench.extra_info["launcher"] = "torchrun"
-        shown = with_progress(bench, cfg.id) if rank == 0 else bench  # stderr a terminal
-        run_case(shown, cfg, rounds=args.rounds, warmup_rounds=args.warmup, group=group)
-        if rank == 0:
-            write_benchmark_json(args.out, [bench], machine_info(device))
-            print(f"gpubench dist: {cfg.id}: median step {bench.extra_info['step_time_s']:.4f} s,"
-                  f" {bench.extra_info['samples_per_s']:.1f} samples/s; wrote {args.out}")
+        for cfg in cfgs:
+            program = CaseProgram(rank, world, cfg, local_rank, local_world)
+            try:
+                bench = StandaloneBenchmark(f"{place.launcher}[{cfg.id}]",
+                                            f"{cfg.name}-{profile}-{device}")
+                bench.extra_info["group"] = "parallel"
+                bench.extra_info.update(where)
+                shown = with_progress(bench, cfg.id) if rank == 0 else bench  # stderr a tty
+                run_case(shown, cfg, rounds=args.rounds, warmup_rounds=args.warmup,
+                         group=LocalRanks(program))
+            finally:
+                program.close()
+            done.append(bench)
+            if rank == 0:
+                write_benchmark_json(args.out, done, machine, commit)
+                print(f"gpubench dist: {cfg.id}: median step "
+                      f"{bench.extra_info['step_time_s']:.4f} s, "
+                      f"{bench.extra_info['samples_per_s']:.1f} samples/s; wrote {args.out}",
+                      flush=True)
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def dist_cases(args: argparse.Namespace, profile: str, device: str, world: int) -> list:
+    """The cases of one ``gpubench dist`` job, validated (``ValueError`` names a bad one)."""
+    if args.group == "parallel":
+        from gpubench.suite.cases import baseline, parallel_cases
+
+        cases = [c for c in parallel_cases(baseline(args.model, profile, device))
+                 if c.multiprocess and c.world_size == world]
+        if not cases:
+            raise ValueError(f"the parallel group has no multi-process case at world size "
+                             f"{world} on {device}")
+        return cases
+    return [RunConfig(
+        model=args.model, profile=profile, device=device, precision=args.precision,
+        accum_steps=args.accum_steps, micro_batch=args.micro_batch,
+        optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
+        parallel=mode, world_size=world, ddp_no_sync=args.no_sync,
+        chunks=args.chunks, schedule=args.schedule,
+        fsdp_mixed_precision=args.fsdp_mixed_precision,
+    ) for mode in dict.fromkeys(args.parallel)]
+
+
+def commit_info() -> dict:
+    """The record's ``commit_info``, as pytest-benchmark writes it for ``gpubench run`` (the
+    git commit of the current folder, its branch and whether it has changes)."""
+    from pytest_benchmark.utils import get_commit_info
+
+    try:
+        return get_commit_info()
+    except Exception as err:  # noqa: BLE001 - pytest-benchmark records the error the same way
+        return {"error": f"{type(err).__name__}: {err}"}
 
 
 class RendezvousError(RuntimeError):

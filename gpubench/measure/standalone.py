@@ -58,13 +58,14 @@ class StandaloneBenchmark:
 
 
 def write_benchmark_json(path: str | Path, benchmarks: list[StandaloneBenchmark],
-                         machine: dict) -> None:
-    """pytest-benchmark's JSON layout, written atomically."""
+                         machine: dict, commit_info: dict | None = None) -> None:
+    """pytest-benchmark's JSON layout, written atomically (``commit_info``: pytest-benchmark's
+    ``get_commit_info()``, as a ``gpubench run`` records it)."""
     data = {
         "machine_info": {"node": platform.node(), "processor": platform.processor(),
                          "machine": platform.machine(),
                          "python_version": platform.python_version(), "gpubench": machine},
-        "commit_info": {},
+        "commit_info": commit_info or {},
         "benchmarks": [b.as_json() for b in benchmarks],
         "datetime": datetime.datetime.now(datetime.UTC).isoformat(),
         "version": pytest_benchmark.__version__,
