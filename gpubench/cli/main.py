@@ -19,6 +19,7 @@ from gpubench.cli.options import (
     resolve_target,
     session_pytest_args,
 )
+from gpubench.cli.submit import add_submit_parser
 from gpubench.suite.cases import GROUPS, profile_cases
 from gpubench.util import atomic
 from gpubench.util.argtypes import (
@@ -834,7 +835,7 @@ def _add_export_parser(sub) -> None:
 def _add_dist_parser(sub) -> None:
     from gpubench.cli.torchrun import add_dist_arguments, dist_main
 
-    dst = sub.add_parser("dist", help="one DDP/FSDP/pipeline case as a rank of a torchrun job")
+    dst = sub.add_parser("dist", help="DDP/FSDP/pipeline cases as a rank of a torchrun or srun job")
     add_dist_arguments(dst)
     dst.set_defaults(func=dist_main)
 
@@ -842,7 +843,7 @@ def _add_dist_parser(sub) -> None:
 COMMANDS = (_add_run_parser, _add_list_parser, _add_summary_parser, _add_report_parser,
             _add_compare_parser, _add_advise_parser, _add_case_parser, _add_memory_parser,
             _add_parity_parser, _add_tune_parser, _add_export_parser, add_history_parser,
-            _add_dist_parser)
+            _add_dist_parser, add_submit_parser)
 """The subcommands, in ``gpubench --help``'s order: each adds its parser to the subparsers
 action and sets its ``func``. A new command is a function here and an entry in this tuple."""
 

@@ -158,8 +158,8 @@ def _gpus_on_node(env) -> int | None:
 
 
 def job_place(env=None) -> JobPlace | None:
-    """Where this process is: torchrun's variables first (they win over Slurm's), else a Slurm
-    task's, else submitit's local executor's; None outside any of them. An inconsistent
+    """Where this process is: torchrun's variables first (they win over Slurm's), else
+    submitit's local executor's (its own), else a Slurm task's; None outside any of them. An inconsistent
     allocation is an ``AllocationError`` (one line naming the variable)."""
     env = os.environ if env is None else env
     slurm = all(v in env for v in SLURM_VARS)
@@ -174,8 +174,6 @@ def job_place(env=None) -> JobPlace | None:
             place.job_id = env["SUBMITIT_LOCAL_JOB_ID"]
         place.gpus_per_node = _gpus_on_node(env)
         return place
-    if slurm:
-        return _slurm_place(env)
     if all(v in env for v in LOCAL_VARS):
         world = _int(env, "SUBMITIT_LOCAL_NTASKS")
         rank = _int(env, "SUBMITIT_LOCAL_GLOBALID")
@@ -186,6 +184,8 @@ def job_place(env=None) -> JobPlace | None:
                          [os.uname().nodename], [world], None)
         _check_ranks(place)
         return place
+    if slurm:
+        return _slurm_place(env)
     return None
 
 
