@@ -131,9 +131,11 @@ def emit_sbatch(args: argparse.Namespace) -> str:
 
 def run_dist_task(argv: list[str]) -> int:
     """What each task of the job runs: ``gpubench dist`` in this process (a rank)."""
-    from gpubench.cli.main import main
+    from gpubench.cli.torchrun import dist_main
 
-    code = main(["dist", *argv])
+    parser = argparse.ArgumentParser(prog="gpubench dist")
+    add_dist_arguments(parser)
+    code = dist_main(parser.parse_args(argv))  # a ValueError is the task's one-line error
     if code:
         raise RuntimeError(f"gpubench dist exited with status {code}")
     return code

@@ -106,15 +106,13 @@ def dist_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from gpubench.launchers.distributed import LocalRanks, backend_for
+    from gpubench.launchers.slurm import AllocationError, interconnect_facts, job_place
     from gpubench.measure.machine import machine_info
     from gpubench.measure.protocol import CaseProgram
     from gpubench.measure.runner import run_case
     from gpubench.measure.standalone import StandaloneBenchmark, write_benchmark_json
     from gpubench.train.build import unsupported_reason
     from gpubench.util.progress import with_progress
-
-
-    from gpubench.launchers.slurm import AllocationError, interconnect_facts, job_place
 
     try:
         place = job_place()

@@ -159,8 +159,8 @@ def _gpus_on_node(env) -> int | None:
 
 def job_place(env=None) -> JobPlace | None:
     """Where this process is: torchrun's variables first (they win over Slurm's), else
-    submitit's local executor's (its own), else a Slurm task's; None outside any of them. An inconsistent
-    allocation is an ``AllocationError`` (one line naming the variable)."""
+    submitit's local executor's (its own), else a Slurm task's; None outside any of them. An
+    inconsistent allocation is an ``AllocationError`` (one line naming the variable)."""
     env = os.environ if env is None else env
     slurm = all(v in env for v in SLURM_VARS)
     if all(v in env for v in TORCHRUN_VARS):
@@ -204,7 +204,8 @@ def _slurm_facts(place: JobPlace, env) -> None:
 
 
 def _slurm_place(env) -> JobPlace:
-    world = _int(env, "SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS"))
+    step = "SLURM_STEP_NUM_TASKS" in env
+    world = _int(env, "SLURM_STEP_NUM_TASKS" if step else "SLURM_NTASKS")
     node = _int(env, "SLURM_NODEID")
     place = JobPlace("slurm", _int(env, "SLURM_PROCID"), world, _int(env, "SLURM_LOCALID"), 0,
                      job_id=env["SLURM_JOB_ID"])
