@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from records import results_file, step_record  # tests/ on sys.path
 
+from gpubench.analysis.results import load_results
 from gpubench.cli.main import build_parser, main
 from gpubench.cli.submit import dist_argv, emit_sbatch
 from gpubench.launchers.slurm import (
@@ -27,6 +29,7 @@ from gpubench.launchers.slurm import (
     expand_tasks_per_node,
     job_place,
 )
+from gpubench.report.summary import nodes_markdown, summary_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = ["--model", "bert", "--profile", "smoke", "--device", "cpu", "--warmup", "0"]
@@ -158,6 +161,35 @@ def test_bad_sbatch_option_is_one_line(capsys):
     assert main(["submit", "--emit-sbatch", "--model", "bert", "--sbatch", "qos",
                  "--out", "x.json"]) == 2
     assert "--sbatch 'qos': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def dist_record(world: int, nodes: int, step_s: float, mode: str = "ddp", job: str = "7") -> dict:
+    return step_record(
+        f"bert-fp32-{mode}{world}", [step_s] * 3, name=f"slurm[bert-fp32-{mode}{world}]",
+        parallel=mode, world_size=world, global_batch=8 * world, is_baseline=False,
+        samples_per_s=8 * world / step_s,
+        launcher="slurm", job_id=job, nodes=nodes, tasks_per_node=world // nodes,
+        node_list=",".join(f"cn{i}" for i in range(nodes)), gpus_per_node=world // nodes,
+        nccl_version="2.27.5", ib_devices=["mlx5_0"], net_env=None)
+
+
+def test_summary_shows_scaling_across_nodes(tmp_path):
+    one = results_file(tmp_path / "one.json", dist_record(8, 1, 0.10, job="1"),
+                       dist_record(8, 1, 0.20, "fsdp", job="1"))
+    two = results_file(tmp_path / "two.json", dist_record(16, 2, 0.125, job="2"),
+                       dist_record(16, 2, 0.20, "fsdp", job="2"))
+    df = load_results([one, two])
+    table = nodes_markdown(df)
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]):
+            [c.strip() for c in line.strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("|")}
+    # DDP: 640 samples/s on one node, 1024 on two (0.125 s): 512 per node, 0.8 of one's.
+    assert rows[("bert-fp32-ddp", "1")][4:8] == ["640.0", "640.0", "1", "1"]
+    assert rows[("bert-fp32-ddp", "2")][2:8] == ["16", "8", "1,024.0", "512.0", "0.8", "2"]
+    assert rows[("bert-fp32-fsdp", "2")][6] == "1"  # the same per node: a full share
+    assert "scaling across nodes" in summary_markdown(df)
+    # One node count and one node: nothing to say about nodes.
+    assert nodes_markdown(load_results([one])) == ""
 
 
 # Against a real Slurm

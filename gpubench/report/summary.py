@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
@@ -254,6 +255,40 @@ def compile_markdown(df: pd.DataFrame) -> str:
             + figures_table(rows, cols) + "\n")
 
 
+def nodes_markdown(df: pd.DataFrame) -> str:
+    """Scaling across nodes: ``gpubench dist`` records (those naming their ``nodes``) of one
+    model and case kind (the case id without its world size), from every run given (a job
+    each), by node count where a kind ran at several or on more than one node; "vs fewest
+    nodes" is samples/s per node against the kind's smallest node count (1.0: the extra nodes
+    add their full share; below: the network between them costs)."""
+    if "nodes" not in df:
+        return ""
+    rows = df[df["nodes"].notna() & df["step_time_s"].notna()].copy()
+    if rows.empty:
+        return ""
+    rows["nodes"] = rows["nodes"].astype(int)
+    rows["kind"] = [re.sub(rf"-({p})\d+", r"-\1", c) for c, p in
+                    zip(rows["case_id"], rows["parallel"], strict=True)]
+    per_node = rows["samples_per_s"] / rows["nodes"]
+    key = ["model", "device", "kind"]
+    fewest = rows.groupby(key)["nodes"].transform("min")
+    base = per_node.where(rows["nodes"] == fewest).groupby(
+        [rows[k] for k in key]).transform("max")
+    rows = rows.assign(per_node=per_node, vs_fewest=per_node / base)
+    spread = rows.groupby(key)["nodes"].transform("nunique")
+    rows = rows[(spread > 1) | (rows["nodes"] > 1)]
+    if rows.empty:
+        return ""
+    cols = {"kind": "case", "nodes": "nodes", "world_size": "ranks",
+            "tasks_per_node": "ranks/node", "samples_per_s": "samples/s",
+            "per_node": "samples/s per node", "vs_fewest": "vs fewest nodes",
+            "job_id": "job", "run": "run"}
+    parts = [f"### {model} on {device}: scaling across nodes\n\n"
+             + figures_table(g.sort_values(["kind", "nodes"]), cols) + "\n"
+             for (model, device), g in rows.groupby(["model", "device"], sort=False)]
+    return "\n".join(parts)
+
+
 def summary_markdown(df: pd.DataFrame) -> str:
     """One Markdown section per run and model, then the storage section (``storage_markdown``)
     where a run has one."""
@@ -269,6 +304,9 @@ def summary_markdown(df: pd.DataFrame) -> str:
     compiled = compile_markdown(df)
     if compiled:
         parts.append(compiled)
+    across = nodes_markdown(df)
+    if across:
+        parts.append(across)
     storage = storage_markdown(df)
     if storage:
         parts.append(storage)
