@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The first GPU run of gpubench: one command of at most 9 minutes on one H200 (Python 3.12,
+# The first GPU run of gpubench: one command of at most 6 minutes on one H200 (Python 3.12,
 # torch 2.11, torchvision 0.26, transformers 5.17, no network) that brings back the answer:
 # the matmul peaks, ResNet-50/BERT/GPT-2 throughput and MFU per precision, then the other
 # techniques, the loader, host-to-device copies and the claims pairs, highest value first.
 #
-#   scripts/gpu_check.sh OUT              on the CUDA machine (about 510 s; give it 540)
+#   scripts/gpu_check.sh OUT              on the CUDA machine (at most 360 s; give it 400,
+#                                         so that a rerun fits the same 15-minute window)
 #   scripts/gpu_check.sh --rehearse OUT   the same steps on the CPU: smoke profile, one resnet18
 #                                         case per step (tests/test_gpu_check.py)
 #
@@ -25,48 +26,50 @@
 #
 # Budgets on the H200, from the gpu-small shapes (ResNet-50 b256 at 224 px: 25 GFLOP per image,
 # 6.3 TFLOP per step; BERT-base b128 at 128 tokens: 8.7 TFLOP; GPT-2 124M b16 at 1024: 14 TFLOP)
-# and these step times: ResNet-50 fp32 0.22 s, tf32 0.11 s (Lambda's 2,260 img/s), bf16 0.085 s
-# (3,080 img/s), bf16 + channels_last 0.075 s; BERT fp32 0.22 s, bf16 0.035 s; GPT-2 fp32
+# and these step times: ResNet-50 fp32 0.22 s, tf32 0.11 s (Lambda's 2,259 img/s), bf16 0.083 s
+# (3,079 img/s), bf16 + channels_last 0.075 s; BERT fp32 0.22 s, bf16 0.035 s; GPT-2 fp32
 # 0.35 s, bf16 0.055 s. A case costs its build (1.5-2.5 s: the first of a model initialises it
 # on the CPU, later ones copy it; ResNet-50 also makes 1,024 random images, 1 s), its check
 # (3 steps + the FP32 reference's forward and backward: about 4.3 steps), cuDNN's autotuning
 # at each new convolution configuration (about 5 s per precision/layout/batch), 2 warm-up
-# steps and timed rounds (--max-time 2: 2 s, at least 6 steps, at most 20; --unpaired: no
-# baseline step per round). A gpubench run costs, besides its cases, about 10 s to start
-# (CLI, pytest, torch and transformers imports, each model validated once on the CPU, the
-# machine's peaks) and 6 s after them (CUDA start in the CLI, summary and advice), plus 5 s per
-# model in the headline step (its no_grad/del measurement, which the later steps leave out). --timeout 90: one command of a case (its
-# build, which generates the loader's data, its check, its rounds) taking longer fails the case
-# as hung, and the next case runs.
+# steps and timed rounds (--max-time 1.5: 1.5 s, at least 6 steps; --unpaired: no baseline
+# step per round). A gpubench run costs, besides its cases, about 8 s to start (CLI, pytest,
+# torch and transformers imports, each of its models validated once on the CPU: 1-2 s each;
+# the matmul peaks are not measured again: the peaks step passes them on in
+# GPUBENCH_MATMUL_PEAKS) and 5 s after them (summary and advice), plus 5 s per model in the
+# headline step (its no_grad/del measurement, which the later steps leave out).
+# scripts/gpu_check_budget.py runs each step's CPU-side work here at these shapes (docs/gpu.md).
 #
 #   step        budget  estimate  arithmetic
-#   00 setup       15        5    python3 -c imports, versions, selections (torch import 3 s)
-#   01 peaks       40       20    nvidia-smi 1 s, torch 3 s, CUDA init 3-10 s, 4 peaks 1-2 s each
-#   02 headline   145      100    8 cases: resnet50 fp32 12 + tf32 10 + bf16 8.5 + bf16-cl 12
-#                                 (two new cuDNN configurations: its FP32 reference is NHWC too);
-#                                 bert fp32 7 + bf16 3; gpt2 fp32 7.5 + bf16 3 = 63; run 10 + 21
-#   03 more       115       93    resnet50-fp32-accum4-mb64 11.5 (autotune at b64); gpt2 build
-#                                 2.5, adamw 5.5, adamw_fused 5.5, emptycache 14 and expseg 14
-#                                 (each in a worker process of its own: spawn, torch, CUDA, its
-#                                 own build), ckpt 7 (the recompute: 0.47 s steps), bf16-ckpt 3.5
-#                                 = 63.5; run 10 + 16 + 3
-#   04 loader      85       70    4,096 JPEGs at 384 px in 16 processes 6-10 s; storage probe 2 s;
-#                                 3 resnet50 cases at 8 workers (5 ms per image, 0.16 s a batch:
-#                                 just under the 0.22 s step): loader probe (11 batches, 4 s),
-#                                 check, rounds: w8 16 (first: build, autotune), w8-pin-nb 9,
-#                                 w8-cold 11 (page cache dropped each epoch) = 36; run 10 + 11
-#   05 transfer    35       25    pytest without the suite's conftest (no model built): 8 cases of
+#   00 setup        5        1    python3, package metadata, selections: no torch, no model
+#   01 peaks       25       13    nvidia-smi 1 s, torch 3 s, CUDA init 3-5 s, 5 peaks (bf16,
+#                                 fp16, tf32, fp32, fp8) each 3 loops of 0.1 s after its sizing
+#   02 headline   140      104    8 cases: resnet50 fp32 12 + tf32 10 + bf16 8.5 + bf16-cl 12;
+#                                 bert fp32 7 + bf16 3; gpt2 fp32 7.5 + bf16 3 = 63; run 8 + 5
+#                                 + 3 models x 5 (hygiene) + validation 5 + CUDA start 3 = 41
+#                                 (done by 170 s: the headline is in the first 3 minutes)
+#   03 more        70       52    resnet50-fp32-accum4-mb64 11.5 (autotune at b64); gpt2 build
+#                                 2.5, adamw 5.5, adamw_fused 5.5, ckpt 7 (0.47 s steps),
+#                                 bf16-ckpt 3.5 = 35.5; run 8 + 5 + 2 models validated 3
+#   04 loader      55       42    4,096 JPEGs at 384 px in 16 processes 6-10 s; 2 resnet50 cases
+#                                 at 8 workers (5 ms per image, 0.16 s a batch): loader probe
+#                                 (11 batches, 4 s), check, rounds: w8 14 (build, autotune),
+#                                 w8-pin-nb 9 = 23; run 8 + 5 - overlap
+#   05 transfer    25       25    pytest without the suite's conftest (no model built): 8 cases of
 #                                 1 GB per round, pageable at ~10 GB/s 4.5 s each, pinned 1.2 s
-#   06 claims      65       50    bert pairs, 10 alternating rounds of two fp32 sides (0.23 s each):
-#                                 claim-cache-bert 11 (token file 1 s), claim-adamw-bert 11 = 22;
-#                                 run 10 + 11
-#   in all        500      363    + about 1 s of bookkeeping after each step and 5 s at the end
+#   06 claims      35       30    claim-adamw-bert, 10 alternating rounds of two fp32 sides (0.23 s
+#                                 each): 11 + build 2; run 8 + 5 + validation 2
+#   in all        355      267    + about 1 s of bookkeeping after each step; GPU_CHECK_TOTAL 360
 #
-# Each step's box is its budget plus what the steps before it left unused (a fixed deadline:
-# the sum of the budgets so far), never past GPU_CHECK_TOTAL (525 s) less the final 10 s.
+# No step's result depends on its budget being right: a step over its box is stopped (SIGINT,
+# then SIGKILL) with every case it finished kept, and the steps after it keep their own budgets
+# (each step's box ends at the sum of the budgets so far, and a step that ends early leaves its
+# time to the next); never past GPU_CHECK_TOTAL (360 s) less the final 5 s.
 # Environment: GPU_CHECK_STEPS=headline,transfer runs only those steps; GPU_CHECK_BUDGET_<step>=S
 # overrides one budget; GPU_CHECK_TOTAL=S the whole; GPU_CHECK_WORK=DIR the work folder;
 # GPU_CHECK_BANK=0 gives each step its own budget only (the tests' fixed boxes).
+# Wheels in vendor/ (an ignored folder: e.g. torchao's, for the FP8 cases; the machine has no
+# network) are unpacked into the work folder and put on PYTHONPATH.
 #
 # Exit status: 0 when every step that ran finished or was stopped by its box with cases kept;
 # 1 when no step produced a case; 3 when cases were produced but a step failed; 2 usage.
@@ -93,15 +96,29 @@ export GPUBENCH_DATA_DIR=${GPUBENCH_DATA_DIR:-${TMPDIR:-/tmp}/gpubench-data}
 export GPU_CHECK_RUN=${GPU_CHECK_RUN:-$$-$(date +%s)}
 TOOL=(python3 "$ROOT/scripts/gpu_check_tool.py")
 rm -f "$OUT/gpu_check.md" "$OUT/gpu_check.json" "$OUT/gpu_check.tar.gz"
+# The peaks step's file: every later step's MFU divides by these (measured once).
+export GPUBENCH_MATMUL_PEAKS="$WORK/peaks/peaks.json"
+# Wheels carried in vendor/ (no network on the machine), unpacked onto the path.
+shopt -s nullglob
+wheels=("$ROOT"/vendor/*.whl)
+shopt -u nullglob
+if (( ${#wheels[@]} )); then
+    mkdir -p "$WORK/vendor"
+    for w in "${wheels[@]}"; do
+        python3 -m zipfile -e "$w" "$WORK/vendor" >/dev/null 2>&1 \
+            || echo "gpu_check: could not unpack $w" >&2
+    done
+    export PYTHONPATH="$WORK/vendor:$PYTHONPATH"
+fi
 
 STEPS=(setup peaks headline more loader transfer claims)
 declare -A BUDGET NUM
 if [[ $MODE == gpu ]]; then
-    BUDGET=([setup]=15 [peaks]=40 [headline]=145 [more]=115 [loader]=85 [transfer]=35
-            [claims]=65)
-    TOTAL=${GPU_CHECK_TOTAL:-525}
+    BUDGET=([setup]=5 [peaks]=25 [headline]=140 [more]=70 [loader]=55 [transfer]=25
+            [claims]=35)
+    TOTAL=${GPU_CHECK_TOTAL:-360}
     PROFILE=gpu-small DEVICE=cuda
-    RUN_ARGS=(--rounds 20 --warmup 2 --max-time 2)
+    RUN_ARGS=(--rounds 20 --warmup 2 --max-time 1.5)
 else
     # A slow 2-core CI machine: generous boxes, the same commands.
     BUDGET=([setup]=60 [peaks]=60 [headline]=150 [more]=150 [loader]=150 [transfer]=90
@@ -110,7 +127,7 @@ else
     PROFILE=smoke DEVICE=cpu
     RUN_ARGS=(--rounds 3 --warmup 0 --max-time 0.5)
 fi
-FINAL_RESERVE=10
+FINAL_RESERVE=5
 for i in "${!STEPS[@]}"; do NUM[${STEPS[$i]}]=$(printf %02d "$i"); done
 selected() { [[ -z "${GPU_CHECK_STEPS:-}" || ",${GPU_CHECK_STEPS}," == *",$1,"* ]]; }
 START=$SECONDS
@@ -121,6 +138,22 @@ FAILED=0
 publish() {  # publish [--final]: gpu_check.md, .json and .tar.gz into OUT
     "${TOOL[@]}" publish "$WORK" "$OUT" "$MODE" --elapsed "$(( SECONDS - START ))" \
         --total "$TOTAL" "$@" >>"$WORK/publish.log" 2>&1
+}
+
+# DataLoader workers send their batches through /dev/shm: (8 workers x 2 prefetched + 1) x
+# 154 MB for ResNet-50's b256 at 224 px, 2.6 GB. A container's default is 64 MiB; as root the
+# check enlarges it to 8 GiB (else the loader cases skip with the reason).
+SHM_NEED_GIB=8
+ensure_shm() {
+    local free
+    free=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1) || return 0
+    [[ $free =~ ^[0-9]+$ ]] || return 0
+    if (( free < SHM_NEED_GIB * 1024 * 1024 )) && [[ $(id -u) == 0 ]]; then
+        mount -o "remount,size=${SHM_NEED_GIB}g" /dev/shm >>"$WORK/shm.log" 2>&1 \
+            && echo "gpu_check: /dev/shm enlarged to ${SHM_NEED_GIB} GiB (had $(( free / 1024 )) MiB free)" \
+                | tee -a "$WORK/shm.log"
+    fi
+    df -h /dev/shm >>"$WORK/shm.log" 2>&1
 }
 
 # The command of each step, in CMD (one python3 process: timeout signals it directly).
@@ -140,6 +173,7 @@ step_command() {
                 && k=$(<"$WORK/setup/$name.k") || return 1
             [[ -n $models ]] && args+=(--models "$models")
             [[ $name != loader ]] && args+=(--no-storage-probe)
+            [[ $name == loader && $MODE == gpu ]] && ensure_shm
             # The no_grad/del measurement of each model, once: in the headline step.
             [[ $name != headline ]] && args+=(--no-hygiene)
             local rounds=("${RUN_ARGS[@]}")

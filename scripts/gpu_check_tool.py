@@ -43,10 +43,11 @@ MARK_ENV = "GPU_CHECK_STEP"
 """Set for each step's command (inherited by every process it starts): what ``reap`` looks for."""
 
 PUBLISHED = {
-    # (model, precision, channels_last): (what, images/s) from Lambda's benchmark tables
-    ("resnet50", "tf32", False): "H200 about 2,260 img/s (Lambda, TF32)",
-    ("resnet50", "bf16", False): "H200 about 3,080 img/s (Lambda, AMP); H100 2,780-2,800",
-    ("resnet50", "bf16", True): "H200 about 3,080 img/s (Lambda, AMP); H100 2,780-2,800",
+    # (model, precision, channels_last): (what, images/s) from Lambda's H200 benchmark table
+    # (ResNet-50 training, PyTorch NGC, one GPU), the anchors the measured figures stand beside
+    ("resnet50", "tf32", False): ("H200 2,259 img/s (Lambda, TF32)", 2259.0),
+    ("resnet50", "bf16", False): ("H200 3,079 img/s (Lambda, AMP)", 3079.0),
+    ("resnet50", "bf16", True): ("H200 3,079 img/s (Lambda, AMP)", 3079.0),
 }
 
 # -- selections -------------------------------------------------------------------------------
@@ -54,20 +55,22 @@ PUBLISHED = {
 # Each case step of the GPU run: gpubench run's --groups, --models (None: the profile's own,
 # whose validation and hygiene measurements it pays for), and the cases, in the order gpubench
 # runs them (model by model, then group). "{K}": the loader knobs' worker count on this machine
-# (gpubench.suite.cases.knob_workers: 8 on a 16-core, 1-GPU host).
+# (gpubench.suite.cases.knob_workers: 8 on a 16-core, 1-GPU host; ``knob_workers`` below says it
+# without importing torch). Setup imports neither torch nor a workload: the ids are checked
+# against the profile by the step that runs them (an id gpubench did not collect is said in
+# "Not reached") and by tests/test_gpu_check.py on the CPU.
 GPU_STEPS = {
     "headline": {"groups": "precision,layout", "models": None, "test": "test_step", "ids": [
         "resnet50-fp32", "resnet50-tf32", "resnet50-bf16", "resnet50-bf16-cl",
         "bert-fp32", "bert-bf16", "gpt2-fp32", "gpt2-bf16"]},
-    "more": {"groups": "accumulation,optimizer,memory", "models": None, "test": "test_step",
+    "more": {"groups": "accumulation,optimizer,memory", "models": "resnet50,gpt2",
+             "test": "test_step",
              "ids": ["resnet50-fp32-accum4-mb64", "gpt2-fp32-adamw", "gpt2-fp32-adamw_fused",
-                     "gpt2-fp32-emptycache", "gpt2-fp32-expseg", "gpt2-fp32-ckpt",
-                     "gpt2-bf16-ckpt"]},
+                     "gpt2-fp32-ckpt", "gpt2-bf16-ckpt"]},
     "loader": {"groups": "loader", "models": "resnet50", "test": "test_step", "ids": [
-        "resnet50-fp32-images-jpeg-w{K}", "resnet50-fp32-images-jpeg-w{K}-pin-nb",
-        "resnet50-fp32-images-jpeg-w{K}-cold"]},
+        "resnet50-fp32-images-jpeg-w{K}", "resnet50-fp32-images-jpeg-w{K}-pin-nb"]},
     "claims": {"groups": "precision", "models": "bert", "test": "test_claim",
-               "ids": ["claim-cache-bert", "claim-adamw-bert"]},
+               "ids": ["claim-adamw-bert"]},
 }
 # The rehearsal on the CPU: the same steps, one smoke-profile resnet18 case each.
 REHEARSE_STEPS = {
@@ -83,42 +86,50 @@ REHEARSE_STEPS = {
 PROFILE = {"gpu": ("gpu-small", "cuda"), "rehearse": ("smoke", "cpu")}
 
 
-def exact_k(test: str, ids: list[str], universe: list[str]) -> str:
-    """The ``-k`` expression selecting exactly ``ids`` of ``test`` among the ids of
-    ``universe``: -k matches substrings, so an id also picks every id that contains it
-    (``gpt2-fp32-adamw`` picks ``gpt2-fp32-adamw_fused``), which are excluded by name."""
-    picks = []
-    for i in ids:
-        longer = [f"not {u}" for u in universe if i in u and u != i]
-        picks.append(f"({' and '.join([i, *longer])})")
-    return f"{test} and ({' or '.join(picks)})" if ids else f"{test} and nothing_selected"
+def exact_k(test: str, ids: list[str]) -> str:
+    """The ``-k`` expression selecting exactly ``ids`` of ``test``: each as the whole test name
+    ``test[id]`` (pytest's -k matches substrings, and the closing bracket keeps
+    ``gpt2-fp32-adamw`` from picking ``gpt2-fp32-adamw_fused``)."""
+    if not ids:
+        return f"{test} and nothing_selected"
+    return " or ".join(f"{test}[{i}]" for i in ids)
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process would see, without importing torch: CUDA_VISIBLE_DEVICES where
+    set, else the lines of ``nvidia-smi -L``; 1 when neither says (knob_workers' floor)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return max(1, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+    listed = _run(["nvidia-smi", "-L"], timeout=5)
+    return max(1, len(re.findall(r"^GPU \d+:", listed, flags=re.M)))
+
+
+def knob_workers(device: str) -> int:
+    """``gpubench.suite.cases.knob_workers`` without torch (the same rule: the cores per GPU,
+    2 to 8, on CUDA; 2 at most on the CPU)."""
+    cores = os.cpu_count() or 1
+    if device != "cuda":
+        return min(2, cores)
+    return max(2, min(8, cores // visible_gpus()))
 
 
 def selections(mode: str) -> dict:
-    """Each case step's selection, its ids checked against what gpubench would run here."""
-    from gpubench.suite.cases import knob_workers, profile_cases
-    from gpubench.suite.claims import claim_pairs
-
+    """Each case step's selection: its ids and the ``-k`` picking exactly them (no torch, no
+    workload: nothing is built)."""
     profile, device = PROFILE[mode]
     k = knob_workers(device)
     out = {}
     for step, spec in (GPU_STEPS if mode == "gpu" else REHEARSE_STEPS).items():
-        models = tuple(spec["models"].split(",")) if spec["models"] else None
-        wanted = [i.replace("{K}", str(k)) for i in spec["ids"]]
-        if spec["test"] == "test_claim":
-            known = [p.id for m in (models or ())[:2] for p in claim_pairs(m, profile, device)]
-        else:
-            known = [c.id for c in profile_cases(profile, device, models,
-                                                 tuple(spec["groups"].split(",")))]
-        ids = [i for i in known if i in wanted]  # in the order gpubench runs them
-        out[step] = {**spec, "profile": profile, "device": device, "ids": ids,
-                     "missing": [i for i in wanted if i not in known],
-                     "k": exact_k(spec["test"], ids, known)}
+        ids = [i.replace("{K}", str(k)) for i in spec["ids"]]
+        out[step] = {**spec, "profile": profile, "device": device, "ids": ids, "missing": [],
+                     "k": exact_k(spec["test"], ids)}
     return out
 
 
 def cmd_setup(args) -> int:
-    """Dependencies, versions, gpubench importable; the selections (imports torch)."""
+    """Dependencies, versions, gpubench importable; the selections. Imports neither torch nor
+    a workload (the versions come from the packages' metadata), so it builds no model."""
     import importlib.metadata as md
     import importlib.util
 
@@ -129,9 +140,10 @@ def cmd_setup(args) -> int:
                "pytest": "pytest", "pytest_benchmark": "pytest-benchmark", "pandas": "pandas",
                "scipy": "scipy", "seaborn": "seaborn", "matplotlib": "matplotlib",
                "markdown": "markdown", "psutil": "psutil", "tqdm": "tqdm",
-               "tabulate": "tabulate", "pynvml": "nvidia-ml-py"}
-    # Not needed by the check's steps: charts and report (--no-charts), NVML telemetry.
-    optional = {"seaborn", "matplotlib", "markdown", "pynvml", "tqdm", "psutil"}
+               "tabulate": "tabulate", "pynvml": "nvidia-ml-py", "torchao": "torchao"}
+    # Not needed by the check's steps: charts and report (--no-charts), NVML telemetry, FP8
+    # (torchao: from a wheel carried into vendor/, which gpu_check.sh unpacks onto the path).
+    optional = {"seaborn", "matplotlib", "markdown", "pynvml", "tqdm", "psutil", "torchao"}
     info = {"python": sys.version.split()[0], "executable": sys.executable, "versions": {},
             "missing": [], "optional_missing": [], "mode": args.mode}
     for module, dist in modules.items():
@@ -248,30 +260,42 @@ def cmd_peaks(args) -> int:
     try:
         shm = os.statvfs("/dev/shm")
         info["dev_shm_gib"] = round(shm.f_blocks * shm.f_frsize / 2**30, 2)
+        info["dev_shm_free_gib"] = round(shm.f_bavail * shm.f_frsize / 2**30, 2)
     except OSError:
-        info["dev_shm_gib"] = None
+        info["dev_shm_gib"] = info["dev_shm_free_gib"] = None
     info["problems"] = problems
     write_json(folder / "driver.json", info)
     print(json.dumps(info, indent=1), flush=True)
     device = "cuda" if info["cuda_usable"] else "cpu"
     if args.mode == "gpu" and device != "cuda":
         return 3
-    from gpubench.measure.flops import matmul_peak_flops
+    from gpubench.measure.flops import device_key, fp8_peak_flops, matmul_peak_flops
     from gpubench.train.precision import unsupported_reason
 
-    target = "cuda:0" if device == "cuda" else "cpu"
-    peaks = {"device": target, "peak_tflops": {}, "seconds": {}, "skipped": {}}
-    for precision in ("bf16", "fp16", "tf32", "fp32"):  # MFU's ceilings, bf16 first
-        reason = unsupported_reason(precision, device)
+    target = device_key(device)
+    # The later steps read this file (GPUBENCH_MATMUL_PEAKS) instead of measuring again.
+    peaks = {"device": device, "device_key": target,
+             "device_name": torch.cuda.get_device_name(target) if device == "cuda" else "cpu",
+             "peak_tflops": {}, "fp8_tflops": None, "seconds": {}, "skipped": {},
+             "timing": "CUDA events around a loop of matmuls, best of 3 loops" if device
+             == "cuda" else "wall clock around a loop of matmuls, best of 3 loops"}
+    for precision in ("bf16", "fp16", "tf32", "fp32", "fp8"):  # MFU's ceilings, bf16 first
+        # The float8 matmul (torch._scaled_mm) needs FP8 units, not torchao.
+        reason = None if precision == "fp8" else unsupported_reason(precision, device)
+        start = time.perf_counter()
         if reason:
             peaks["skipped"][precision] = reason
+        elif precision == "fp8":
+            fp8 = fp8_peak_flops(target)
+            peaks["fp8_tflops"] = None if fp8 is None else fp8 / 1e12
+            if fp8 is None:
+                peaks["skipped"][precision] = "no FP8 units on this device"
         else:
-            start = time.perf_counter()
             peaks["peak_tflops"][precision] = matmul_peak_flops(target, precision) / 1e12
-            peaks["seconds"][precision] = round(time.perf_counter() - start, 2)
+        peaks["seconds"][precision] = round(time.perf_counter() - start, 2)
         write_json(folder / "peaks.json", peaks)  # after each: a time-out keeps the others
-        print(precision, peaks["peak_tflops"].get(precision), peaks["skipped"].get(precision),
-              flush=True)
+        print(precision, peaks["peak_tflops"].get(precision, peaks["fp8_tflops"]),
+              peaks["skipped"].get(precision), flush=True)
     return 0
 
 
@@ -493,11 +517,15 @@ def headline(data: dict) -> dict:
         if r.get("model") != image:
             continue
         key = (r.get("model"), r.get("precision"), bool(r.get("channels_last")))
+        anchor, anchor_ips = PUBLISHED.get(key, (None, None))
         rows.append({"case": r["case_id"], "precision": r.get("precision"),
                      "layout": "channels_last" if r.get("channels_last") else "NCHW",
                      "images_per_s": r.get("samples_per_s"),
                      "step_ms": _ms(r.get("step_time_s")), "mfu": r.get("mfu"),
-                     "published": PUBLISHED.get(key)})
+                     "peak_gib": _gib(r.get("peak_memory_bytes")),
+                     "step_gib": _gib(r.get("step_memory_bytes")),
+                     "published": anchor, "published_images_per_s": anchor_ips,
+                     "of_published": _ratio(r.get("samples_per_s"), anchor_ips)})
     speedups = {}
     if image:
         fp32, tf32 = by_id.get(f"{image}-fp32"), by_id.get(f"{image}-tf32")
@@ -531,8 +559,30 @@ def headline(data: dict) -> dict:
         entry["bf16_over_fp32"] = _ratio(r and r.get("samples_per_s"),
                                          base and base.get("samples_per_s"))
         text.append(entry)
+    memory = [{"case": r["case_id"], "peak_gib": _gib(r.get("peak_memory_bytes")),
+               "step_gib": _gib(r.get("step_memory_bytes")),
+               "peak_method": r.get("peak_memory_method")} for r in steps]
     return {"peaks_tflops": peaks, "image_model": image, "image_rows": rows,
-            "amp_speedup": speedups, "transformers": text}
+            "amp_speedup": speedups, "transformers": text, "memory": memory}
+
+
+def _gib(value):
+    return None if value is None else value / 2**30
+
+
+def against_fp32(records: dict, r: dict) -> tuple[float | None, str]:
+    """A case's speedup against its model's fp32 case, and how it was measured: the paired
+    ratio where the case ran paired with its baseline (rounds alternated in one run), else its
+    samples/s over the fp32 case's from another step (a separate process: machine drift between
+    the two is in the ratio)."""
+    if r.get("speedup_paired") is not None:
+        return r["speedup_paired"], "paired"
+    base = records.get(f"{r.get('model')}-fp32")
+    if base is None or base is r:
+        return None, "-"
+    where = ("same run" if base.get("_step") == r.get("_step")
+             else f"separate process ({base.get('_step')} step)")
+    return _ratio(r.get("samples_per_s"), base.get("samples_per_s")), where
 
 
 def _ms(seconds):
@@ -564,6 +614,9 @@ def not_reached(data: dict) -> list[str]:
                 text = f"not reached: step {s['step']} stopped at its {s.get('box_s')} s box"
             elif s["status"] == "running":
                 text = "not reached"
+            elif s["status"] == "ok":
+                text = (f"not collected by step {s['step']}: not a case of its profile on this "
+                        "machine")
             else:
                 text = (f"not reached: step {s['step']} {s['status']} (exit "
                         f"{s.get('exit_code')}; see {s['step']}.log)")
@@ -610,12 +663,15 @@ def summary_markdown(data: dict, mode: str, elapsed: float | None, total: int | 
         rows = h["image_rows"]
         lines += [f"{h['image_model']} images/s (device-resident synthetic batches of "
                   f"{_shape(data, rows[0]['case'])}):", "",
-                  "| case | precision | layout | images/s | step (ms) | MFU | published |",
-                  "|---|---|---|---:|---:|---:|---|"]
+                  "| case | precision | layout | images/s | step (ms) | MFU | peak memory (GiB) | "
+                  "step memory (GiB) | published | of published |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
         for r in rows:
             lines.append(f"| {r['case']} | {r['precision']} | {r['layout']} | "
                          f"{_fmt(r['images_per_s'])} | {_fmt(r['step_ms'], '.1f')} | "
-                         f"{_fmt(r['mfu'], '.1%')} | {r['published'] or '-'} |")
+                         f"{_fmt(r['mfu'], '.1%')} | {_fmt(r['peak_gib'], '.2f')} | "
+                         f"{_fmt(r['step_gib'], '.2f')} | {r['published'] or '-'} | "
+                         f"{_fmt(r['of_published'], '.0%')} |")
         for amp, s in h["amp_speedup"].items():
             lines.append(f"\nAMP speedup of {amp}: {_times(s['over_fp32'])} over fp32, "
                          f"{_times(s['over_tf32'])} over tf32.")
@@ -624,17 +680,25 @@ def summary_markdown(data: dict, mode: str, elapsed: float | None, total: int | 
     lines.append("")
     if h["transformers"]:
         lines += ["Transformers, bf16 cases against the measured bf16 peak:", "",
-                  "| model (shape) | bf16 samples/s | tokens/s | TFLOP/s | MFU vs bf16 peak | "
-                  "record's MFU | bf16 over fp32 | fp32 MFU |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| model (shape) | bf16 samples/s | tokens/s | TFLOP/s | measured bf16 peak "
+                  "(TFLOP/s) | MFU vs bf16 peak | record's MFU | bf16 over fp32 | fp32 MFU |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for t in h["transformers"]:
             lines.append(
                 f"| {t['model']} {t['shape']} | {_fmt(t.get('samples_per_s'), ',.1f')} | "
                 f"{_fmt(t.get('tokens_per_s'))} | {_fmt(t.get('tflops'), '.1f')} | "
+                f"{_fmt(t.get('bf16_peak_tflops'), '.1f')} | "
                 f"{_fmt(t.get('mfu_vs_bf16_peak'), '.1%')} | {_fmt(t.get('mfu_record'), '.1%')}"
                 f" | {_times(t.get('bf16_over_fp32'))} | {_fmt(t.get('fp32_mfu'), '.1%')} |")
     else:
         lines.append("No transformer headline case finished.")
+    if h["memory"]:
+        lines += ["", "Memory of every headline case (peak: the most allocated in the timed "
+                  "window; per step: what one step adds to what is resident):", "",
+                  "| case | peak memory (GiB) | step memory (GiB) | peak measured by |",
+                  "|---|---:|---:|---|"]
+        lines += [f"| {m['case']} | {_fmt(m['peak_gib'], '.2f')} | {_fmt(m['step_gib'], '.2f')}"
+                  f" | {m['peak_method'] or '-'} |" for m in h["memory"]]
     missing = not_reached(data)
     lines += ["", "## Not reached", ""]
     lines += [f"- {m}" for m in missing] if missing else ["Everything selected finished."]
@@ -670,11 +734,16 @@ def _other_tables(data: dict) -> list[str]:
     records = list(data["records"].values())
     step = {name: [r for r in records if r.get("_step") == name] for name in ("more", "loader")}
     kind = {name: [r for r in records if r.get("kind") == name] for name in ("transfer", "claim")}
-    out = _section("More cases", "| case | samples/s | step (ms) | peak memory (GiB) | MFU |", [
-        f"| {r['case_id']} | {_fmt(r.get('samples_per_s'), ',.1f')} | "
-        f"{_fmt(_ms(r.get('step_time_s')), '.1f')} | "
-        f"{_fmt((r.get('peak_memory_bytes') or 0) / 2**30 or None, '.2f')} | "
-        f"{_fmt(r.get('mfu'), '.1%')} |" for r in step["more"]])
+    by_id = {r["case_id"]: r for r in records if r.get("case_id")}
+    more = []
+    for r in step["more"]:
+        speedup, how = against_fp32(by_id, r)
+        more.append(f"| {r['case_id']} | {_fmt(r.get('samples_per_s'), ',.1f')} | "
+                    f"{_fmt(_ms(r.get('step_time_s')), '.1f')} | "
+                    f"{_fmt(_gib(r.get('peak_memory_bytes')), '.2f')} | "
+                    f"{_fmt(r.get('mfu'), '.1%')} | {_times(speedup)} | {how} |")
+    out = _section("More cases", "| case | samples/s | step (ms) | peak memory (GiB) | MFU | "
+                   "speedup over its fp32 | measured |", more, left=1)
     out += _section("Loader", "| case | samples/s | loader stall | cold resident |", [
         f"| {r['case_id']} | {_fmt(r.get('samples_per_s'), ',.1f')} | "
         f"{_fmt(r.get('loader_stall_fraction'), '.1%')} | "
@@ -740,6 +809,11 @@ def cmd_publish(args) -> int:
               "headline": headline(data), "not_reached": not_reached(data),
               "steps": [{k: s.get(k) for k in ("step", "status", "seconds", "box_s", "budget_s",
                                                "note", "finished")} for s in data["steps"]],
+              "more": [{"case": r["case_id"], "samples_per_s": r.get("samples_per_s"),
+                        "peak_memory_gib": _gib(r.get("peak_memory_bytes")),
+                        **dict(zip(("speedup_over_fp32", "measured"),
+                                   against_fp32(data["records"], r), strict=True))}
+                       for r in data["records"].values() if r.get("_step") == "more"],
               "driver": data["driver"], "versions": data["setup"].get("versions"),
               "cases": len(data["records"])}
     for folder in (work, out):

@@ -203,10 +203,14 @@ def test_usage_error():
 
 
 def _record(cid, model, precision, samples, tflops=None, mfu=None, peak=None, **extra):
+    memory = {"peak_memory_bytes": 3 * 2**30 * (2 if precision == "fp32" else 1),
+              "step_memory_bytes": 2**30 * (2 if precision == "fp32" else 1),
+              "peak_memory_method": "allocator"}
     return {"extra_info": {"kind": "step", "case_id": cid, "model": model,
                            "precision": precision, "parallel": "single",
                            "samples_per_s": samples, "step_time_s": 256 / samples,
-                           "tflops": tflops, "mfu": mfu, "peak_tflops": peak, **extra},
+                           "tflops": tflops, "mfu": mfu, "peak_tflops": peak, **memory,
+                           **extra},
             "stats": {"median": 256 / samples}}
 
 
@@ -259,11 +263,15 @@ def test_the_summary_puts_the_headline_first_and_says_what_was_not_reached(tmp_p
     assert md.index("## Headline") < md.index("## Not reached") < md.index("## Steps")
     assert "bf16 800.0, fp16 810.0, tf32 400.0, fp32 50.0" in md
     assert "| resnet50-tf32 | tf32 | NCHW | 2,000 |" in md
-    assert "H200 about 2,260 img/s (Lambda, TF32)" in md
+    assert "| H200 2,259 img/s (Lambda, TF32) | 89% |" in md
     assert "| resnet50-bf16-cl | bf16 | channels_last | 3,200 |" in md
     assert "AMP speedup of resnet50-bf16: 3.00x over fp32, 1.50x over tf32." in md
     # bert bf16: 200 TFLOP/s against the measured bf16 peak (800): 25%, 5x fp32's samples/s.
-    assert "| bert [128, 128] | 3,000.0 | 384,000 | 200.0 | 25.0% | 26.0% | 5.00x | 80.0% |" in md
+    assert ("| bert [128, 128] | 3,000.0 | 384,000 | 200.0 | 800.0 | 25.0% | 26.0% | 5.00x | "
+            "80.0% |") in md
+    # Peak and per-step memory of every headline case, beside the figures and in a table.
+    assert "| resnet50-bf16 | bf16 | NCHW | 3,000 | 85.3 | - | 3.00 | 1.00 |" in md
+    assert "| gpt2-fp32 | 6.00 | 2.00 | allocator |" in md
     assert "gpt2-bf16: not reached: step 02-headline stopped at its 145 s box" in md
     assert "gpt2-fp32-expseg: failed: RuntimeError: rank 0 died" in md
     assert "step 04-loader did not run: no time left" in md
@@ -295,11 +303,11 @@ def test_publish_fails_without_a_case_and_the_tarball_leaves_out_the_largest_fil
 def test_the_gpu_selections_are_cases_of_the_gpu_small_profile_picked_exactly():
     from _pytest.mark.expression import Expression
 
-    selections = tool.selections("gpu")
-    assert [s for s in selections.values() if s["missing"]] == []
-    assert selections["headline"]["ids"] == tool.GPU_STEPS["headline"]["ids"]
-    from gpubench.suite.cases import profile_cases
+    from gpubench.suite.cases import knob_workers, profile_cases
 
+    selections = tool.selections("gpu")
+    assert selections["headline"]["ids"] == tool.GPU_STEPS["headline"]["ids"]
+    assert tool.knob_workers("cuda") == knob_workers("cuda")  # the same rule, without torch
     for step, sel in selections.items():
         if sel["test"] != "test_step":
             continue
@@ -307,19 +315,43 @@ def test_the_gpu_selections_are_cases_of_the_gpu_small_profile_picked_exactly():
         # The cases gpubench run collects with the step's --groups and --models.
         every = [c.id for c in profile_cases("gpu-small", "cuda", models,
                                              tuple(sel["groups"].split(",")))]
+        assert set(sel["ids"]) <= set(every), (step, set(sel["ids"]) - set(every))
         expr = Expression.compile(sel["k"])
         picked = [cid for cid in every if expr.evaluate(
             lambda s, cid=cid: any(s.lower() in n.lower() for n in (
-                f"test_step[{cid}]", cid, "test_training_step.py", "benchmarks")))]
-        assert picked == sel["ids"], step
+                f"test_step[{cid}]", "test_training_step.py", "benchmarks")))]
+        assert sorted(picked) == sorted(sel["ids"]), step
 
 
+def test_setup_builds_no_model(tmp_path):
+    """Setup's selections come from the script's own lists: the setup command imports neither
+    torch nor a workload module, so no model can be built in it (the probe builds of ResNet-50,
+    BERT and GPT-2 took 10-20 s of a fresh machine's start). Run in a fresh interpreter, the
+    modules it imported are checked."""
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('t', {str(ROOT / 'scripts' / 'gpu_check_tool.py')!r})\n"
+            "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+            "rc = t.main(['setup', sys.argv[1], 'gpu'])\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision',"
+            " 'transformers') or m.startswith(('gpubench.workloads', 'gpubench.train',"
+            " 'gpubench.suite')))\n"
+            "print('IMPORTED', heavy); sys.exit(rc)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "work")], cwd=tmp_path,
+                          capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "IMPORTED []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    setup = json.loads((tmp_path / "work" / "setup" / "setup.json").read_text())
+    assert setup["selections"]["headline"]["k"].startswith("test_step[resnet50-fp32] or ")
 def test_the_other_steps_tables_list_their_records():
     """The more, loader, transfer and claims sections of gpu_check.md, each only when it has
     records."""
     records = {
         "a": {"_step": "more", "case_id": "gpt2-fp32-ckpt", "samples_per_s": 10.0,
-              "step_time_s": 0.1, "peak_memory_bytes": 2**30, "mfu": 0.2},
+              "step_time_s": 0.1, "peak_memory_bytes": 2**30, "mfu": 0.2, "model": "gpt2"},
+        "f": {"_step": "headline", "case_id": "gpt2-fp32", "samples_per_s": 20.0,
+              "model": "gpt2"},
         "b": {"kind": "claim", "case_id": "claim-adamw-bert", "case_id_base": "bert-fp32-adam",
               "case_id_new": "bert-fp32-adamw", "rounds_base_s": [1.0, 2.0],
               "rounds_new_s": [1.0, 1.0]},
@@ -328,8 +360,10 @@ def test_the_other_steps_tables_list_their_records():
     }
     text = "\n".join(tool._other_tables({"records": records}))
     assert "## Loader" not in text
-    assert ("## More cases\n\n| case | samples/s | step (ms) | peak memory (GiB) | MFU |\n"
-            "|---|---:|---:|---:|---:|\n| gpt2-fp32-ckpt | 10.0 | 100.0 | 1.00 | 20.0% |") in text
+    assert ("## More cases\n\n| case | samples/s | step (ms) | peak memory (GiB) | MFU | "
+            "speedup over its fp32 | measured |\n|---|---:|---:|---:|---:|---:|---:|\n"
+            "| gpt2-fp32-ckpt | 10.0 | 100.0 | 1.00 | 20.0% | 0.50x | separate process "
+            "(headline step) |") in text
     assert "| pinned-64MB | 50.0 | 0.90 |" in text
     assert ("|---|---|---|---:|\n| claim-adamw-bert | bert-fp32-adam | bert-fp32-adamw | "
             "1.50 |") in text

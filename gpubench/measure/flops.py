@@ -244,9 +244,51 @@ def step_peak_flops(device_str: str, precision: str) -> float:
     return peak
 
 
-@functools.cache
+PEAKS_ENV = "GPUBENCH_MATMUL_PEAKS"
+"""A JSON file of peaks measured earlier on this very device (``{"device": "cuda",
+"device_name": ..., "peak_tflops": {precision: TFLOP/s}, "fp8_tflops": ...}``), used instead of
+measuring them again: ``scripts/gpu_check.sh`` measures the peaks once and passes them on to
+its later steps. A file for another device, or without the precision, is not used."""
+
+
+def device_key(device_str: str, current: int | None = None) -> str:
+    """One name per device: ``cuda`` is ``cuda:<current device>`` (``current``, default
+    ``torch.cuda.current_device()``), so that a peak is measured and cached once whichever way
+    the device is written."""
+    device = torch.device(device_str)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device() if current is None
+                              else current)
+    return str(device)
+
+
+def given_peak(device_str: str, precision: str, path: str | None = None) -> float | None:
+    """The peak (FLOP/s) ``PEAKS_ENV``'s file (or ``path``) holds for ``device_str`` and
+    ``precision`` ("fp8": the float8 matmul's), or None."""
+    import json
+    import os
+
+    path = path or os.environ.get(PEAKS_ENV)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    device = torch.device(device_str)
+    if not isinstance(data, dict) or data.get("device") != device.type:
+        return None
+    if device.type == "cuda" and data.get("device_name") != torch.cuda.get_device_name(device):
+        return None
+    value = (data.get("fp8_tflops") if precision == "fp8"
+             else (data.get("peak_tflops") or {}).get(precision))
+    return float(value) * 1e12 if isinstance(value, (int, float)) and value > 0 else None
+
+
 def matmul_peak_flops(device_str: str, precision: str) -> float:
-    """Best FLOP/s of a square matmul at ``precision`` on ``device``, measured once per process.
+    """Best FLOP/s of a square matmul at ``precision`` on ``device``, measured once per process
+    and device (``device_key``), or taken from ``PEAKS_ENV``'s file.
 
     The side grows until one matmul takes >= 20 ms (or a cap is hit), so slow paths (fp16 on a
     CPU without half-precision units) stay quick to measure and fast ones reach their plateau.
@@ -254,7 +296,15 @@ def matmul_peak_flops(device_str: str, precision: str) -> float:
     bf16's (``fp8_peak_flops`` is the float8 matmul's).
     """
     if precision in FP8_PRECISIONS:
-        return matmul_peak_flops(device_str, "bf16")
+        precision = "bf16"
+    return _matmul_peak(device_key(device_str), precision)
+
+
+@functools.cache
+def _matmul_peak(device_str: str, precision: str) -> float:
+    given = given_peak(device_str, precision)
+    if given is not None:
+        return given
     device = torch.device(device_str)
     policy = Precision(precision, device.type)
     dtype = policy.autocast_dtype or torch.float32
@@ -268,15 +318,23 @@ def matmul_peak_flops(device_str: str, precision: str) -> float:
         return _best_flops(matmul, device, 8192 if device.type == "cuda" else 2048)
 
 
-@functools.cache
 def fp8_peak_flops(device_str: str) -> float | None:
     """Best FLOP/s of a square float8 (e4m3) matmul with per-tensor scales and a bf16 output
-    (``torch._scaled_mm``, what torchao's float8 linears run), measured once per process; None
-    on a device without FP8 units (``gpubench.train.precision.fp8_units``), where FP8 is
-    emulated and has no peak of its own."""
+    (``torch._scaled_mm``, what torchao's float8 linears run), measured once per process and
+    device (or taken from ``PEAKS_ENV``'s file); None on a device without FP8 units
+    (``gpubench.train.precision.fp8_units``), where FP8 is emulated and has no peak of its
+    own."""
+    return _fp8_peak(device_key(device_str))
+
+
+@functools.cache
+def _fp8_peak(device_str: str) -> float | None:
     device = torch.device(device_str)
     if not fp8_units(device.type):
         return None
+    given = given_peak(device_str, "fp8")
+    if given is not None:
+        return given
 
     def matmul(n: int) -> Callable[[], object]:
         a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
@@ -287,27 +345,39 @@ def fp8_peak_flops(device_str: str) -> float | None:
     return _best_flops(matmul, device, 16384)
 
 
+def loop_seconds(run: Callable[[], object], device: torch.device, reps: int) -> float:
+    """Seconds per call of ``reps`` back-to-back calls of ``run``: on CUDA between two CUDA
+    events recorded around the loop (the device's own clock, no host synchronisation between
+    the calls, so no launch gap is counted), elsewhere by the wall clock around the loop."""
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps  # elapsed_time is in milliseconds
+    begin = time.perf_counter()
+    for _ in range(reps):
+        run()
+    _sync(device)
+    return (time.perf_counter() - begin) / reps
+
+
 def _best_flops(matmul: Callable[[int], Callable[[], object]], device: torch.device,
                 cap: int) -> float:
-    """FLOP/s of the fastest of repeated square matmuls ``matmul(n)()``, the side ``n`` doubled
-    from 256 until one takes >= 20 ms or reaches ``cap``."""
+    """FLOP/s of the fastest of a few loops of square matmuls ``matmul(n)()`` (``loop_seconds``),
+    the side ``n`` doubled from 256 until one takes >= 20 ms or reaches ``cap``."""
     n = 256
     while True:
         run = matmul(n)
         run()  # warm-up: kernel selection, allocator
         _sync(device)
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        elapsed = time.perf_counter() - start
+        elapsed = loop_seconds(run, device, 1)
         if elapsed >= 0.02 or n >= cap:
             break
         n *= 2
-    reps = max(3, min(50, int(0.3 / max(elapsed, 1e-6))))
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
+    reps = max(3, min(50, int(0.1 / max(elapsed, 1e-6))))  # loops of about 0.1 s
+    best = min(loop_seconds(run, device, reps) for _ in range(3))
     return 2 * n**3 / best
