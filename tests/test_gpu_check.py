@@ -328,8 +328,9 @@ def test_setup_builds_no_model(tmp_path):
     torch nor a workload module, so no model can be built in it (the probe builds of ResNet-50,
     BERT and GPT-2 took 10-20 s of a fresh machine's start). Run in a fresh interpreter, the
     modules it imported are checked."""
+    path = str(ROOT / "scripts" / "gpu_check_tool.py")
     code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('t', {str(ROOT / 'scripts' / 'gpu_check_tool.py')!r})\n"
+            f"spec = importlib.util.spec_from_file_location('t', {path!r})\n"
             "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
             "rc = t.main(['setup', sys.argv[1], 'gpu'])\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision',"
