@@ -34,14 +34,23 @@ def test_compile_modes_are_cases_with_their_requirements():
         RunConfig(model="resnet18", compile=True, compile_mode="fast")
 
 
-def test_compile_cost_and_break_even():
+def test_compile_cost_and_break_even_against_the_same_configuration_uncompiled():
     # A 10 s first step, 1 s steady steps, 1.25x the baseline's speed: 0.25 s saved a step.
     info = {"first_step_s": 11.0, "step_time_s": 1.0, "baseline_step_time_s": 1.25,
             "speedup_paired": 1.25}
-    assert compile_cost(info) == {"compile_time_s": 10.0, "break_even_steps": 40.0}
+    fp32 = RunConfig(model="resnet18", compile=True)
+    assert compile_cost(info, fp32) == {"compile_time_s": 10.0, "break_even_steps": 40.0,
+                                        "break_even_against": "resnet18-fp32"}
     slower = {**info, "speedup_paired": 0.9}
-    assert compile_cost(slower) == {"compile_time_s": 10.0, "break_even_steps": None}
-    assert compile_cost({"step_time_s": 1.0}) == {}
+    assert compile_cost(slower, fp32)["break_even_steps"] is None
+    assert compile_cost({"step_time_s": 1.0}, fp32) == {}
+    # bf16 compiled against the fp32 eager baseline: the saving is mostly bf16's, not
+    # compiling's; no break-even without bf16 eager's step time, then against it.
+    bf16 = RunConfig(model="resnet18", compile=True, precision="bf16")
+    assert compile_cost(info, bf16)["break_even_steps"] is None
+    out = compile_cost(info, bf16, uncompiled_step_s=1.1)
+    assert out["break_even_steps"] == pytest.approx(100.0)
+    assert out["break_even_against"] == "resnet18-bf16"
 
 
 @pytest.mark.slow

@@ -304,6 +304,24 @@ def test_an_unpaired_window_is_its_own_energy_block():
     assert info["baseline_energy_j_per_step"] is None
 
 
+def test_the_warm_up_rounds_inside_the_window_share_its_energy():
+    """pytest-benchmark runs the window's warm-up rounds inside it: 2 warm-up and 10 timed
+    steps of 1 J each read 12 J, which is 1 J per step, not 1.2."""
+    joules = [0.0]
+
+    def step():
+        joules[0] += 1.0
+
+    with Sampler("cpu", steps=10, samples_per_step=4, warmup_steps=2,
+                 energy_counter=lambda first_only=False: joules[0]) as sampler:
+        for _ in range(12):
+            step()
+    info = sampler.summary()
+    assert info["energy_covers_j"] == 12.0 and info["energy_covers_steps"] == 12
+    assert info["energy_j_per_step"] == pytest.approx(1.0)
+    assert info["samples_per_kj"] == pytest.approx(4000.0)
+
+
 def test_a_paired_case_runs_its_energy_blocks_after_its_paired_rounds(monkeypatch):
     from gpubench.measure import protocol
     from gpubench.measure.protocol import (

@@ -276,3 +276,17 @@ def test_a_ranks_loader_workers_are_forked_as_under_torchrun():
     # a training script's ranks on Linux fork them.
     with WorkerGroup(1, LoaderStart) as group:
         assert group.call("methods") == [("spawn", "fork")]
+
+
+def test_a_spawned_nccl_rank_sets_its_device_before_its_process_group(monkeypatch):
+    """NCCL ranks: the rank's own GPU is current before init_process_group, and passed as its
+    device_id; gloo ranks get nothing."""
+    import torch
+
+    from gpubench.launchers.workers import rank_device
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(d))
+    assert rank_device("gloo", 1) == {} and calls == []
+    assert rank_device("nccl", 1) == {"device_id": torch.device("cuda", 1)}
+    assert calls == [1]

@@ -109,11 +109,13 @@ METRICS: tuple[Metric, ...] = (
     Metric(("scaling_efficiency", "single_case_id"), (None, "str"), "ratio",
            "parallel cases: samples/s / (devices x samples/s of ``single_case_id``, the "
            "single-device case with the same per-device settings)"),
-    Metric(("first_step_s", "compile_time_s", "break_even_steps"), "float>=0", "s, steps",
+    Metric(("first_step_s", "compile_time_s", "break_even_steps", "break_even_against"),
+           ("float>=0", "float>=0", "float>=0", "str"), "s, steps",
            "the training check's first step (with torch.compile: its compilation); compile "
            "cases: that less a steady step, and the steps after which compiling has paid off "
-           "(compile time / seconds saved per step against the paired baseline; null where "
-           "the compiled step saves nothing)"),
+           "(compile time / seconds saved per step against ``break_even_against``, the same "
+           "configuration uncompiled: the paired baseline where it is that; null where it was "
+           "not measured or the compiled step saves nothing)"),
     Metric(("harness_s",), None, "s",
            "wall seconds of each part of the case's measurement (build, prepare, check, count, "
            "warmup, partner, rounds, finish, close)"),

@@ -104,6 +104,20 @@ def loopback_store(timeout_s: float) -> dist.TCPStore:
     return store
 
 
+def rank_device(backend: str, rank: int) -> dict:
+    """A spawned NCCL rank's own GPU (ranks of one machine: rank ``r`` on ``cuda:r``), made the
+    current device *before* its process group forms and given to ``init_process_group`` as
+    ``device_id``: NCCL's communicator is then bound to that device (formed eagerly on it)
+    instead of guessing one from the current device, cuda:0 for every rank, which puts all of
+    their contexts on one GPU. Gloo (CPU) ranks: nothing."""
+    if backend != "nccl":
+        return {}
+    import torch
+
+    torch.cuda.set_device(rank)
+    return {"device_id": torch.device("cuda", rank)}
+
+
 def _rank_main(conn, payload: bytes) -> None:
     """A rank, once ``guarded_call`` has armed its parent-death watch: join the process group,
     build ``factory(rank, world_size, *args)``, then run commands until "stop"."""
@@ -114,7 +128,8 @@ def _rank_main(conn, payload: bytes) -> None:
         store = dist.TCPStore(LOOPBACK, port, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                **rank_device(backend, rank))
         conn.send(("stage", "building"))
         handler = factory(rank, world_size, *args)
         conn.send(("ok", None))

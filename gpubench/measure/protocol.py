@@ -663,7 +663,8 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
             steps += 2 * ENERGY_BLOCK_MAX_ROUNDS
         bounded = (group.timed_rounds(steps) if isinstance(group, InProcess)
                    else contextlib.nullcontext())
-        with Sampler.for_case(cfg, group, partner, rounds) as telemetry, bounded:
+        with Sampler.for_case(cfg, group, partner, rounds, window_warmup) as telemetry, \
+                bounded:
             if partner is None:
                 benchmark.pedantic(group.call, args=("step",), rounds=rounds,
                                    warmup_rounds=window_warmup, iterations=1)

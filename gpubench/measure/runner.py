@@ -218,30 +218,42 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         info["single_case_id"] = single.id  # what scaling efficiency compares with
     info.update(paired_speedup(cfg, rounds_s, measured.get("paired_baseline_rounds_s")))
     if cfg.compile:
-        info.update(compile_cost(info))
+        info.update(compile_cost(info, cfg))
     if "comm_time_s" in info:
         info["comm_fraction"] = min(1.0, info["comm_time_s"] / step_time_s)
     benchmark.extra_info.update(info)
     return info
 
 
-def compile_cost(info: dict) -> dict:
+def compile_cost(info: dict, cfg: RunConfig | None = None,
+                 uncompiled_step_s: float | None = None) -> dict:
     """What ``torch.compile`` cost a case: ``compile_time_s``, its first step's seconds less a
     steady step's (the compilation, with the autotuning of max-autotune and the graph capture
     of reduce-overhead), and ``break_even_steps``, the steps after which it has paid off: that
-    time over the seconds each step saves against the paired baseline's step (None where the
-    compiled step saves nothing)."""
+    time over the seconds each step saves against the *same configuration uncompiled*
+    (``break_even_against``): ``uncompiled_step_s`` where its step time is known, else the
+    paired baseline when that is the same configuration uncompiled (an fp32 compiled case
+    against fp32 eager), else None (a bf16 compiled case against the fp32 baseline would credit
+    bf16's saving to compiling). None also where the compiled step saves nothing."""
     first, step = info.get("first_step_s"), info["step_time_s"]
     if first is None:
         return {}
     compile_s = max(0.0, first - step)
-    out = {"compile_time_s": compile_s, "break_even_steps": None}
-    baseline = info.get("baseline_step_time_s")
-    speedup = info.get("speedup_paired")
-    if baseline is not None and speedup:
-        saved = step * speedup - step  # baseline-equivalent seconds per step less the case's
-        if saved > 0:
-            out["break_even_steps"] = compile_s / saved
+    out = {"compile_time_s": compile_s, "break_even_steps": None, "break_even_against": None}
+    twin = cfg.with_(compile=False, compile_mode="default") if cfg is not None else None
+    if uncompiled_step_s is not None:
+        saved = uncompiled_step_s - step
+        out["break_even_against"] = twin.id if twin is not None else "uncompiled"
+    elif (twin is not None and twin == cfg.baseline and info.get("speedup_paired")
+          and info.get("baseline_step_time_s") is not None):
+        # The paired baseline is the same configuration uncompiled: its seconds per step, in
+        # the case's batch (speedup_paired carries the ratio of global batches).
+        saved = step * info["speedup_paired"] - step
+        out["break_even_against"] = twin.id
+    else:
+        return out
+    if saved > 0:
+        out["break_even_steps"] = compile_s / saved
     return out
 
 

@@ -311,8 +311,12 @@ class Sampler:
                  gpus: Iterable[int] | None = None, steps: int | None = None,
                  samples_per_step: int | None = None, exclude_pids: Iterable[int] = (),
                  period_s: float = PERIOD_S,
-                 energy_counter: Callable[[bool], float | None] | None = None):
+                 energy_counter: Callable[[bool], float | None] | None = None,
+                 warmup_steps: int = 0):
         self.device = device
+        self.warmup_steps = warmup_steps
+        """Steps the window runs before its ``steps`` (pytest-benchmark's warm-up rounds inside
+        it): the window's energy is theirs too, so it is divided over both."""
         self.own_processes = own_processes
         self.gpu_indices = list(gpus) if gpus is not None else [0]
         self.steps, self.samples_per_step = steps, samples_per_step
@@ -335,7 +339,8 @@ class Sampler:
         self._summary: dict | None = None
 
     @classmethod
-    def for_case(cls, cfg, group=None, baseline=None, rounds: int | None = None) -> Sampler:
+    def for_case(cls, cfg, group=None, baseline=None, rounds: int | None = None,
+                 warmup_rounds: int = 0) -> Sampler:
         """The sampler of one case's timed rounds: its devices and own processes from ``cfg``
         (and the launcher ``group``), the paired ``baseline`` worker excluded from its CPU
         utilisation."""
@@ -352,7 +357,8 @@ class Sampler:
             gpus = []
         exclude = list(getattr(getattr(baseline, "group", None), "pids", None) or [])
         return cls(cfg.device, own_processes=own, gpus=gpus, steps=rounds,
-                   samples_per_step=cfg.global_batch, exclude_pids=exclude)
+                   samples_per_step=cfg.global_batch, exclude_pids=exclude,
+                   warmup_steps=warmup_rounds)
 
     # -- the window ----------------------------------------------------------------------
 
@@ -634,11 +640,14 @@ class Sampler:
             out["energy_source"] = "block of the case's own rounds"
         elif self._energy0 is not None and self._energy1 is not None:
             joules = max(0.0, self._energy1 - self._energy0 - self._untimed_j)
-            seconds, steps, samples = timed_wall, self.steps, self.samples_per_step
+            # The window's warm-up rounds ran in it too: their steps share its energy.
+            seconds, samples = timed_wall, self.samples_per_step
+            steps = self.steps + self.warmup_steps if self.steps else self.steps
             out["energy_source"] = ("timed rounds, the paired baseline's steps read out"
                                     if self._untimed_s else "timed rounds")
         elif out["telemetry_power_w"] is not None:
-            seconds, steps, samples = timed_wall, self.steps, self.samples_per_step
+            seconds, samples = timed_wall, self.samples_per_step
+            steps = self.steps + self.warmup_steps if self.steps else self.steps
             joules = out["telemetry_power_w"] * seconds
             out["energy_source"] = "sampled power"
             notes.append("energy from sampled power (no energy counter on this GPU)")
