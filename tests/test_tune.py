@@ -230,3 +230,21 @@ def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(tmp_pa
                                                                         best)
     assert result.measured_s <= 0.4 * sweep["measured_s"], (result.measured_s,
                                                              sweep["measured_s"])
+
+
+@pytest.mark.parametrize("precision, matmul, cudnn", [
+    ("fp32", "highest", "False"), ("tf32", "high", "True"), ("bf16", "highest", "False")])
+def test_the_snippets_math_settings_are_the_measured_cases(precision, matmul, cudnn):
+    """An fp32 winner ran IEEE float32 convolutions (cuDNN TF32 off, PyTorch's default on):
+    the snippet says so, as ``Precision.math_mode`` set them."""
+    from gpubench.train.precision import Precision
+
+    code = snippet(tune.TuneResult("bert", "cuda", "gpu-small", 4, None, "bert-fp32", {}, [],
+                                   [], {"case_id": "x", "config": _config(precision=precision)},
+                                   [], 0.0, True))
+    assert f'torch.set_float32_matmul_precision("{matmul}")' in code
+    assert f"torch.backends.cudnn.allow_tf32 = {cudnn}" in code
+    assert "torch.backends.cudnn.benchmark = True" in code
+    assert Precision(precision, "cuda").math_settings() == {
+        "float32_matmul_precision": matmul, "cudnn_allow_tf32": cudnn == "True",
+        "cudnn_benchmark": True}

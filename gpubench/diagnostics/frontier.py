@@ -39,10 +39,14 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 def release_device_memory() -> None:
     """Free what a failed try left: collect the garbage its frames held, then hand the CUDA
-    caching allocator's free blocks back to the device."""
+    caching allocator's free blocks back to the device and the pinned host blocks (an
+    offloading try's) back to the system."""
+    from gpubench.train.implementations import release_pinned_memory
+
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+        release_pinned_memory()
 
 
 @dataclass(frozen=True)

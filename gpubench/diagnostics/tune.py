@@ -696,11 +696,15 @@ def snippet(result: TuneResult) -> str:
     lines = ["import torch", ""]
     if c.get("attention", "default") != "default":
         lines.insert(1, "from torch.nn.attention import SDPBackend, sdpa_kernel")
-    if c["precision"] == "tf32":
-        lines += ["torch.backends.cuda.matmul.allow_tf32 = True",
-                  "torch.backends.cudnn.allow_tf32 = True"]
+    from gpubench.train.precision import Precision
+
+    # The math settings the measured case ran with (``Precision.math_settings``).
+    math = Precision(c["precision"], dev).math_settings()
+    lines.append(f'torch.set_float32_matmul_precision("{math["float32_matmul_precision"]}")')
     if dev == "cuda":
-        lines.append("torch.backends.cudnn.benchmark = True")
+        lines += [f"torch.backends.cudnn.allow_tf32 = {math['cudnn_allow_tf32']}"
+                  + ("" if math["cudnn_allow_tf32"] else "  # PyTorch's default is True"),
+                  f"torch.backends.cudnn.benchmark = {math['cudnn_benchmark']}"]
     layout = ", memory_format=torch.channels_last" if c["channels_last"] else ""
     lines += [f'model = build_model().to("{dev}"{layout})']
     if c.get("attn_implementation", "default") != "default":

@@ -237,6 +237,8 @@ class Case:
         iterator = getattr(self.loader, "_iterator", None)  # persistent workers live here
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+        if self.cfg.offload:  # its saved activations' pinned host blocks, tens of GB
+            implementations.release_pinned_memory()
 
     def fixed_batches(self) -> list[Batch]:
         """The next ``accum_steps`` micro-batches, already on the device, to train on repeatedly."""

@@ -86,13 +86,67 @@ class ExpandableSegments(Implementation):
 
 
 class Offload(Implementation):
-    """Every tensor autograd saves in the micro-batch's forward goes to host memory (page-locked
-    on CUDA, so the copies are asynchronous), and comes back in its backward. Inside an
-    activation-checkpointed block, checkpointing's own hooks apply (what it keeps are the
-    block's inputs, offloaded by this outside it)."""
+    """Every tensor autograd saves in the micro-batch's forward goes to host memory, and comes
+    back in its backward. Inside an activation-checkpointed block, checkpointing's own hooks
+    apply (what it keeps are the block's inputs, offloaded by this outside it).
+
+    On CUDA the hooks are gpubench's own rather than ``torch.autograd.graph.save_on_cpu``,
+    whose packing changed between releases (torch 2.11's copies to pinned memory with a
+    *blocking* device-to-host copy, so the forward waits for every copy; later releases copy
+    with ``non_blocking``), which would make the case's time, and the offload verdict, depend
+    on the torch version. Here, on every version: each saved tensor is copied into page-locked
+    host memory on a side stream (after the work that produced it), ``non_blocking``, so the
+    copies overlap the forward; the device tensor is kept from reuse until its copy has run
+    (``record_stream``); the backward's stream waits for the copy's event before copying it
+    back, ``non_blocking``. The pinned blocks the case used are handed back at its end
+    (``release_pinned_memory``). On the CPU: ``save_on_cpu`` (the activations already live in
+    host memory)."""
+
+    def __init__(self, value: Any, cfg: RunConfig) -> None:
+        super().__init__(value, cfg)
+        self._stream = None
 
     def forward(self) -> contextlib.AbstractContextManager:
-        return torch.autograd.graph.save_on_cpu(pin_memory=self.cfg.device == "cuda")
+        if self.cfg.device != "cuda":
+            return torch.autograd.graph.save_on_cpu(pin_memory=False)
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, tensor: torch.Tensor):
+        if not tensor.is_cuda or tensor.is_sparse:
+            return tensor.device, tensor, None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(tensor.device)
+        stream = self._stream
+        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
+                           pin_memory=True)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(stream):
+            host.copy_(tensor, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        tensor.record_stream(stream)
+        return tensor.device, host, done
+
+    @staticmethod
+    def _unpack(packed) -> torch.Tensor:
+        device, host, done = packed
+        if done is None:
+            return host
+        torch.cuda.current_stream(device).wait_event(done)
+        return host.to(device, non_blocking=True)
+
+
+def release_pinned_memory() -> bool:
+    """Hand the page-locked host blocks the CUDA caching host allocator keeps back to the
+    system (``torch._C._host_emptyCache``): an offload case's saved activations (tens of GB at
+    the GPU shapes) stay pinned in its cache otherwise, for the rest of the process. Returns
+    whether it ran (CUDA initialised, and the binding exists in this torch)."""
+    empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is None or not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    torch.cuda.synchronize()  # no copy still reads a block being freed
+    empty()
+    return True
 
 
 class AttentionBackend(Implementation):

@@ -48,6 +48,15 @@ class Precision:
         self.scaler.step(optimizer)
         self.scaler.update()
 
+    def math_settings(self) -> dict:
+        """The global math settings ``math_mode`` applies (one home: the tuner's snippet prints
+        the same): float32 matmuls in TF32 ("high") only for tf32, IEEE ("highest") otherwise;
+        cuDNN's TF32 likewise (PyTorch's default is on, which would make "fp32" convolutions
+        TF32); cuDNN benchmark mode for CUDA cases."""
+        tf32 = self.name == "tf32"
+        return {"float32_matmul_precision": "high" if tf32 else "highest",
+                "cudnn_allow_tf32": tf32, "cudnn_benchmark": cudnn_benchmark(self.device_type)}
+
     @contextlib.contextmanager
     def math_mode(self) -> Iterator[None]:
         """Set the float32 matmul/convolution mode for this policy, restoring it afterwards.
@@ -59,12 +68,12 @@ class Precision:
         scripts set it: each new convolution shape is autotuned once (in the check and warm-up
         steps, before the timed rounds) and the fastest algorithm is kept.
         """
-        tf32 = self.name == "tf32"
+        settings = self.math_settings()
         saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32,
                  torch.backends.cudnn.benchmark)
-        torch.set_float32_matmul_precision("high" if tf32 else "highest")
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cudnn.benchmark = cudnn_benchmark(self.device_type)
+        torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
+        torch.backends.cudnn.allow_tf32 = settings["cudnn_allow_tf32"]
+        torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]
         try:
             yield
         finally:
