@@ -31,6 +31,21 @@ def test_attention_cases_only_for_models_that_call_sdpa():
     assert reason == "attention flash: resnet18's forward calls no scaled_dot_product_attention"
 
 
+def test_on_cuda_the_four_kernels_and_their_claim_are_at_bf16():
+    """Flash and cuDNN attention have no fp32 kernel on CUDA: the kernels are compared at bf16
+    (the precision group's bf16 case is their default), and the claim's two sides with them."""
+    ids = {c.id for c in profile_cases("gpu-small", "cuda", ("bert",), ("attention",))}
+    assert {"bert-bf16-sdpa_math", "bert-bf16-sdpa_flash", "bert-bf16-sdpa_efficient",
+            "bert-bf16-sdpa_cudnn"} <= ids
+    assert not any(i.startswith("bert-fp32-sdpa_") for i in ids)
+    claim = CLAIMS["flash-attention"]
+    cuda = RunConfig(model="bert", profile="gpu-small", device="cuda")
+    assert claim.config("new", cuda).id == "bert-bf16-sdpa_flash"
+    assert claim.config("base", cuda).id == "bert-bf16-sdpa_math"
+    cpu = RunConfig(model="bert", profile="cpu")
+    assert claim.config("new", cpu).id == "bert-fp32-sdpa_flash"
+
+
 def test_the_cpu_runs_the_flash_and_math_kernels_only():
     base = RunConfig(model="bert", profile="smoke")
     for backend in ("flash", "math"):

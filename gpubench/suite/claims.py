@@ -51,6 +51,12 @@ def _knob_loader(**knobs):
     return fields
 
 
+def _attention_precision(base) -> str:
+    """The attention kernels' cases' precision (``techniques``' attention cases): bf16 on
+    CUDA, the baseline's elsewhere."""
+    return "bf16" if base.device == "cuda" else base.precision
+
+
 @dataclass(frozen=True)
 class Claim:
     """One claim of the source articles, as data: what it says, how large each part of the
@@ -165,10 +171,13 @@ CLAIMS = {c.key: c for c in (
           {"compile": True, "compile_mode": "reduce-overhead"}, base={"compile": True},
           devices=("cuda",), sources=("PT",)),
     # Attention kernels: FlashAttention against the unfused math kernel (eager attention's
-    # computation: the score matrix materialised and saved for backward).
+    # computation: the score matrix materialised and saved for backward); on CUDA both at
+    # bf16, the dtype FlashAttention has kernels for (none for fp32: the claim could not hold
+    # there by construction).
     Claim("flash-attention", "flash attention is faster and uses less memory than eager "
           "attention", {"time": (1.05, float("inf")), "memory": (0.0, 0.95)},
-          {"attention": "flash"}, base={"attention": "math"}, sources=("PT",)),
+          {"attention": "flash", "precision": _attention_precision},
+          base={"attention": "math", "precision": _attention_precision}, sources=("PT",)),
     # FP8 training (torchao float8) against bf16 autocast, per recipe (``fp8``: per-tensor
     # scales, ``fp8-rowwise``: per-row), on GPUs with FP8 units; the converted linears are
     # torchao's filter's on CUDA, every eligible one elsewhere (emulated: no speed verdict).

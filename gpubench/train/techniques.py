@@ -252,10 +252,14 @@ TECHNIQUES: tuple[Technique, ...] = (
              "cudnn (cuDNN attention, CUDA); math (the unfused reference: the scores "
              "materialised, as eager attention does). For workloads whose forward calls it.",
         implementation="gpubench.train.implementations:AttentionBackend",
-        group="attention", cases=lambda base: [
-            base.with_(attention=b) for b in ("math", "flash", "efficient", "cudnn")]
-        + [base.with_(precision="bf16", attention="flash")]
-        if base.workload.facts.uses_sdpa else []),
+        # On CUDA the four kernels at bf16, the one dtype all of them have kernels for
+        # (flash and cuDNN attention have none for fp32); the precision group's bf16 case is
+        # their default. Elsewhere at the baseline's precision, and flash also at bf16.
+        group="attention", cases=lambda base: (
+            [base.with_(attention=b, precision="bf16" if base.device == "cuda"
+                        else base.precision) for b in ("math", "flash", "efficient", "cudnn")]
+            + ([] if base.device == "cuda" else [base.with_(precision="bf16", attention="flash")])
+            if base.workload.facts.uses_sdpa else [])),
     Technique(
         "attn_implementation", "choice", ATTN_IMPLEMENTATIONS, default="default",
         tag=lambda v, c: None if v == "default" else f"attn_{v}", tag_doc="attn_{value}",
