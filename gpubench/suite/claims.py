@@ -53,8 +53,8 @@ def _knob_loader(**knobs):
 
 def _attention_precision(base) -> str:
     """The attention kernels' cases' precision (``techniques``' attention cases): bf16 on
-    CUDA, the baseline's elsewhere."""
-    return "bf16" if base.device == "cuda" else base.precision
+    CUDA, the baseline's elsewhere (a baseline described from records is the fp32 one)."""
+    return "bf16" if base.device == "cuda" else getattr(base, "precision", "fp32")
 
 
 @dataclass(frozen=True)
