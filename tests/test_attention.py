@@ -176,3 +176,26 @@ def test_the_flash_attention_claim_compares_sdpa_with_eager(sdpa_median, sdpa_ac
     (v,) = [v for v in advise(pd.DataFrame(rows))
             if v.claim == f"{FLASH} (transformers: sdpa vs eager)"]
     assert v.verdict == expected, v
+
+
+def test_the_kernel_that_ran_is_named_by_the_flop_counter():
+    """The record's ``attention_kernels``: what the FLOP counter saw run; the math path runs
+    as plain matmuls and names none. ``fp8_flops``: the float8 matmuls' share."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from gpubench.measure.flops import FlopCount, count_flops_detailed
+
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+
+    def step():
+        torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
+
+    ran = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
+        with sdpa_kernel(backend):
+            ran[backend] = count_flops_detailed(step).attention_kernels
+    assert ran == {SDPBackend.FLASH_ATTENTION: ["flash (cpu)"], SDPBackend.MATH: []}
+    cuda = FlopCount(100, {"aten._scaled_dot_product_efficient_attention": 10,
+                           "aten._scaled_dot_product_efficient_attention_backward": 20,
+                           "aten._scaled_mm": 40, "aten.mm": 30})
+    assert cuda.attention_kernels == ["efficient"] and cuda.fp8_flops == 40

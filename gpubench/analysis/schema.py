@@ -109,6 +109,11 @@ METRICS: tuple[Metric, ...] = (
     Metric(("scaling_efficiency", "single_case_id"), (None, "str"), "ratio",
            "parallel cases: samples/s / (devices x samples/s of ``single_case_id``, the "
            "single-device case with the same per-device settings)"),
+    Metric(("attention_kernels", "fp8_flops_fraction"), (None, "float>=0"), "names, ratio",
+           "the fused attention kernels the step ran (flash, efficient, cudnn, flash (cpu); "
+           "empty: none, the math path's matmuls), seen by the FLOP counter as their ops; and "
+           "the share of the step's counted FLOPs run as float8 matmuls (``torch._scaled_mm``, "
+           "torchao's float8 linears)"),
     Metric(("first_step_s", "compile_time_s", "break_even_steps", "break_even_against"),
            ("float>=0", "float>=0", "float>=0", "str"), "s, steps",
            "the training check's first step (with torch.compile: its compilation); compile "

@@ -116,6 +116,34 @@ class FlopCount:
         6N + 12LHQT per token)."""
         return self.total - self.recomputed
 
+    @property
+    def attention_kernels(self) -> list[str]:
+        """The fused attention kernels that ran (``ATTENTION_KERNELS``: what
+        ``scaled_dot_product_attention`` dispatched to, seen by the counter as its op), empty
+        where none did (the math path runs as plain matmuls)."""
+        found = (next((name for prefix, name in ATTENTION_KERNELS.items()
+                       if op.removeprefix("aten.").startswith(prefix)), None)
+                 for op in self.by_op)
+        return sorted({name for name in found if name})
+
+    @property
+    def fp8_flops(self) -> int:
+        """FLOPs of the float8 matmuls (``torch._scaled_mm``, what torchao's float8 linears
+        run): the GEMM work that ran in FP8."""
+        return sum(n for op, n in self.by_op.items() if op.startswith("aten._scaled_mm"))
+
+
+ATTENTION_KERNELS = {
+    "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_efficient_attention": "efficient",
+    "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_flash_attention_forward": "flash",
+    "_efficient_attention_forward": "efficient",
+}
+"""Op name prefix -> the attention kernel it is (the backward ops share the forward's prefix).
+The first matching prefix wins: the CPU's flash op is listed before the CUDA one it starts
+with."""
 
 ATTENTION_BACKWARD_RECOMPUTE = 1 / 5
 """Share of a fused attention backward's counted FLOPs that recompute the scores (QK^T): torch's
