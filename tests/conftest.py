@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -6,3 +9,17 @@ import torch
 def _threads():
     # Two cores: pin threads so tests do not oversubscribe the machine.
     torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """One real ``gpubench run --profile smoke`` (every model, group and parallel form, three
+    rounds) for every test that reads a run's files: (its results folder, its stdout)."""
+    out = tmp_path_factory.mktemp("smoke")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpubench", "run", "--profile", "smoke", "--out", str(out),
+         "--rounds", "3", "--data-dir", str(tmp_path_factory.mktemp("data"))],
+        capture_output=True, text=True, timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc.stdout

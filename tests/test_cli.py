@@ -20,18 +20,6 @@ LOADER_FIELDS = ("loader_stall_fraction", "loader_wait_s", "loader_samples_per_s
 RANK_FIELDS = ("rank_step_time_s", "rank_peak_memory_bytes", "single_case_id")
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpubench", "run", "--profile", "smoke", "--out", str(out),
-         "--rounds", "3", "--data-dir", str(tmp_path_factory.mktemp("data"))],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc.stdout
-
-
 def test_run_writes_json_with_every_field(smoke_run):
     out, _ = smoke_run
     data = json.loads((out / "benchmark.json").read_text())
@@ -155,3 +143,19 @@ def test_report_across_two_runs(smoke_run, tmp_path):
     assert "machine-a, machine-b" in report
     assert (tmp_path / "both" / "speedup.png").exists()
     assert "## Advice" not in report  # verdicts are per run
+
+
+HEAVY = ("torch", "torchvision", "transformers", "scipy", "pandas", "matplotlib", "seaborn")
+
+
+def test_the_command_line_starts_without_the_heavy_libraries():
+    """Building the parser of every command and parsing a run's arguments imports none of them
+    (``gpubench --help``, and the start of every gpubench process, would pay seconds)."""
+    code = ("import sys\n"
+            "from gpubench.cli.main import build_parser\n"
+            "build_parser().parse_args(['run', '--profile', 'smoke', '--models', 'bert'])\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

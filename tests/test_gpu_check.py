@@ -181,8 +181,13 @@ def test_a_rehearsal_killed_mid_step_keeps_the_previous_steps_in_the_tarball(tmp
 
 
 def test_a_step_over_its_box_is_stopped_with_its_processes_and_the_next_step_runs(tmp_path):
+    # The headline step's case waits until a signal stops it (tests/data/hold_step.py): the
+    # step outlasts its 12 s box on any machine, however fast.
+    hold = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "data"),
+                                                        os.environ.get("PYTHONPATH")])),
+            "PYTEST_PLUGINS": "hold_step", "HOLD_STEP": "02-headline"}
     proc, out = _rehearse(tmp_path, timeout=3000, GPU_CHECK_STEPS="setup,headline,transfer",
-                          GPU_CHECK_BUDGET_headline="12", GPU_CHECK_BANK="0")
+                          GPU_CHECK_BUDGET_headline="12", GPU_CHECK_BANK="0", **hold)
     # The timed-out headline produced no case: nothing to bring back, hence exit 1.
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "no step produced a case" in proc.stderr

@@ -19,7 +19,6 @@ from gpubench.train.config import RunConfig
 from gpubench.train.techniques import variants
 from gpubench.util import atomic
 from gpubench.util.argtypes import BYTE_SIZE_HELP, byte_size, name_list, positive_int
-from gpubench.util.tables import markdown_table
 
 TECHNIQUES = {"fp32": {}, **{name: dict(v.changes) for name, v in variants("frontier").items()}}
 """Technique sets the frontier can compare, by name: the FP32 baseline and every variant the
@@ -102,6 +101,7 @@ def memory_main(args: argparse.Namespace) -> int:
     from gpubench.diagnostics.leaks import allocator_stats, check_loops
     from gpubench.train.build import build
     from gpubench.util.argtypes import parse_bytes
+    from gpubench.util.tables import markdown_table  # pandas
 
     device, profile = resolve_target(args.device, args.profile)
     if getattr(args, "snapshot", None) and device != "cuda":
