@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpubench.measure.runner import run_case
+from gpubench.suite.cases import case_timeout
 from gpubench.train.build import Unsupported
 
 
@@ -19,7 +20,7 @@ def test_step(benchmark, bench_case, options):
         pytest.skip(reason)
     try:
         run_case(benchmark, cfg, rounds=options.rounds, warmup_rounds=options.warmup,
-                 timeout_s=options.timeout_s, max_time_s=options.max_time_s,
+                 timeout_s=case_timeout(cfg, options.timeout_s), max_time_s=options.max_time_s,
                  baseline=options.paired_baseline(cfg), trace_dir=options.trace_dir,
                  ranks=options.ranks, min_time_s=options.min_time_s,
                  energy_block_s=options.energy_block_s)

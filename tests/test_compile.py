@@ -125,3 +125,14 @@ def test_a_miscompiled_model_fails_the_check(monkeypatch):
     with build_module.build(RunConfig(model="bert", profile="smoke", compile=True)) as case, \
             pytest.raises(TrainingCheckError):
         check_case(case)
+
+
+def test_a_compiled_case_has_a_time_limit_sized_for_compiling():
+    from gpubench.suite.cases import case_timeout
+
+    eager = RunConfig(model="resnet18")
+    assert case_timeout(eager, 90.0) == 90.0 and case_timeout(eager, None) is None
+    assert case_timeout(eager.with_(compile=True), 90.0) == 600.0
+    autotune = eager.with_(compile=True, compile_mode="max-autotune-no-cudagraphs")
+    assert case_timeout(autotune, 300.0) == 1800.0
+    assert case_timeout(autotune, 3600.0) == 3600.0  # a longer --timeout stands

@@ -248,6 +248,24 @@ def recipe_cases(base: RunConfig) -> list[RunConfig]:
     return [stack.with_(parallel="ddp", world_size=2, ddp_no_sync=True), stack]
 
 
+COMPILE_TIMEOUT_S = {"default": 600.0, "reduce-overhead": 600.0,
+                     "max-autotune-no-cudagraphs": 1800.0}
+"""The least time limit of one command of a compiled case, by compile mode: its first step
+compiles forward and backward (Inductor: a minute or two for ResNet-50 or GPT-2 on a fresh
+cache), reduce-overhead also records its CUDA graphs, and max-autotune-no-cudagraphs benchmarks
+every GEMM and convolution candidate of each shape (10-25 minutes on an H200 for ResNet-50,
+whose 53 convolutions each have dozens of candidates): the run's ``--timeout`` (300 s by
+default), sized for eager steps, would fail them as hung."""
+
+
+def case_timeout(cfg: RunConfig, timeout_s: float | None) -> float | None:
+    """The time limit of one command of ``cfg``: ``timeout_s`` (``--timeout``), raised for a
+    compiled case to ``COMPILE_TIMEOUT_S`` of its mode; None (no limit) stays None."""
+    if timeout_s is None or not cfg.compile:
+        return timeout_s
+    return max(timeout_s, COMPILE_TIMEOUT_S[cfg.compile_mode])
+
+
 SLOW_GROUPS = ("compile",)
 """Groups whose cases run only when asked for (torch.compile: minutes of compilation)."""
 
