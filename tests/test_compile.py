@@ -83,12 +83,21 @@ def test_the_compile_claims():
     assert verdicts[compile_claim].verdict == "holds"
     assert "compiling took 12.0 s, won back after 60 steps" in verdicts[compile_claim].why
     assert verdicts[graphs].verdict == "not testable here"
+    # CUDA graphs against compile's default mode, both at bf16 on a launch-bound micro-batch
+    # (a sixteenth of the baseline's 8: 1); the compute-bound fp32 pair is not the claim's.
+    small = {"precision": "bf16", "micro_batch": 1, "global_batch": 1, "device": "cuda",
+             "noise": 0.002, "compile": True}
     cuda = [_row("bert-fp32", 1.0, device="cuda", noise=0.002),
             _row("bert-fp32-compile", 0.8, device="cuda", noise=0.002, compile=True),
-            _row("bert-fp32-compile-reduce-overhead", 0.5, device="cuda", noise=0.002,
-                 compile=True, compile_mode="reduce-overhead")]
+            _row("bert-fp32-compile-reduce-overhead", 0.8, device="cuda", noise=0.002,
+                 compile=True, compile_mode="reduce-overhead"),
+            _row("bert-bf16-mb1-compile", 0.2, **small),
+            _row("bert-bf16-mb1-compile-reduce-overhead", 0.1, compile_mode="reduce-overhead",
+                 **small)]
     verdicts = {v.claim: v for v in advise(pd.DataFrame(cuda))}
     assert verdicts[graphs].verdict == "holds", verdicts[graphs]
+    ids = {c.id for c in profile_cases("gpu-small", "cuda", ("bert",), ("compile",))}
+    assert {"bert-bf16-mb8-compile", "bert-bf16-mb8-compile-reduce-overhead"} <= ids, ids
 
 
 def test_the_summary_says_what_compiling_cost():
