@@ -80,8 +80,25 @@ def test_the_memory_model_predicts_the_measured_training_memory():
                 base.with_(checkpointing=True), base):
         with tune.build(base) as base_case:
             _, _, _, facts = tune.paired_ratios(base_case, cfg, 1, check=True)
-        assert model.predict(cfg) == pytest.approx(facts["training_memory_bytes"], rel=0.1)
+        assert model.predict(cfg) / tune.WORKSPACE_MARGIN == pytest.approx(
+            facts["training_memory_bytes"], rel=0.1)
     assert model.counted == 2  # one count per (precision, checkpointing, layout)
+    # Offloading: the saved activations are host memory; the device keeps one block's.
+    offload = base.with_(offload=True)
+    saved = model.predict(base) / tune.WORKSPACE_MARGIN - model._state
+    assert model.predict_host(offload) == pytest.approx(saved) and model.predict_host(base) == 0
+    blocks = max(1, base.workload.facts.blocks)
+    assert model.predict(offload) / tune.WORKSPACE_MARGIN == pytest.approx(
+        model._state + saved / blocks)
+    assert model.counted == 2  # offloading saves the same tensors: no new count
+
+
+def test_a_confirmed_winner_over_the_budget_by_its_measured_peak_is_not_the_winner():
+    assert tune.over_budget({"peak_memory_bytes": 2 * 2**30}, 2**30) == (
+        "over budget: measured peak 2.0 GiB > 1.0 GiB")
+    assert tune.over_budget({"peak_memory_bytes": 2**29}, 2**30) is None
+    assert tune.over_budget({}, 2**30) is None and tune.over_budget(
+        {"peak_memory_bytes": 5}, None) is None
 
 
 def test_a_tune_writes_the_winner_its_ablation_the_diagnosis_and_the_snippet(tmp_path):

@@ -208,12 +208,19 @@ def search_space(base: RunConfig, global_batch: int, dims: tuple[str, ...] = DEF
     return list(dict.fromkeys(out))
 
 
+WORKSPACE_MARGIN = 1.10
+"""Device memory beyond the counted state and saved activations: cuBLAS/cuDNN workspaces, the
+autograd graph's transients, the allocator's rounding (5-10% at the GPU shapes); a prediction
+is the counted bytes times this."""
+
+
 class MemoryModel:
     """Predicted training memory of a configuration (parameters + gradients + optimizer state +
-    the activations its largest micro-batch saves), from exact counts: the state once, the
-    saved activations once per (precision, checkpointing, layout, attention) at one
-    micro-batch, scaled linearly with the micro-batch (offloading counted as the plain case,
-    as the suite counts it)."""
+    the activations its largest micro-batch saves, times ``WORKSPACE_MARGIN``), from exact
+    counts: the state once, the saved activations once per (precision, checkpointing, layout,
+    attention) at one micro-batch, scaled linearly with the micro-batch. Offloading moves the
+    saved activations to host memory (``predict_host``): the device holds one block's of them
+    at a time (the one being copied), the rest is host memory, which must fit too."""
 
     def __init__(self) -> None:
         self._state: float | None = None
@@ -221,8 +228,8 @@ class MemoryModel:
         self.counted = 0
 
     def _count(self, cfg: RunConfig) -> tuple[int, float]:
-        # Offloading moves saved tensors to the host; they are counted as the plain case's
-        # (the case's counted forward leaves its hooks out, as the suite's count does).
+        # Counted without offloading's hooks (the saved tensors themselves); where they live
+        # is ``predict``'s and ``predict_host``'s business.
         key = (cfg.precision, cfg.checkpointing, cfg.channels_last, cfg.attn_implementation,
                cfg.attention)
         if key not in self._activations:
@@ -238,9 +245,38 @@ class MemoryModel:
             self.counted += 1
         return self._activations[key]
 
-    def predict(self, cfg: RunConfig) -> float:
+    def _saved(self, cfg: RunConfig) -> float:
         micro, saved = self._count(cfg)
-        return self._state + saved * cfg.resolved_micro_batch / micro
+        return saved * cfg.resolved_micro_batch / micro
+
+    def predict(self, cfg: RunConfig) -> float:
+        """Device bytes."""
+        saved = self._saved(cfg)
+        if cfg.offload:
+            saved /= max(1, cfg.workload.facts.blocks)
+        return (self._state + saved) * WORKSPACE_MARGIN
+
+    def predict_host(self, cfg: RunConfig) -> float:
+        """Pinned host bytes: the saved activations of an offloading configuration, else 0."""
+        return self._saved(cfg) if cfg.offload else 0.0
+
+
+def host_memory_free() -> float | None:
+    """Bytes of host memory available (psutil), or None where unknown."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return float(psutil.virtual_memory().available)
+
+
+def over_budget(entry: dict, budget: float | None) -> str | None:
+    """Why a confirmed candidate's *measured* peak breaks the budget, or None: the prediction
+    prunes, the measurement decides."""
+    peak = entry.get("peak_memory_bytes")
+    if budget is None or peak is None or peak <= budget:
+        return None
+    return f"over budget: measured peak {_size(peak)} > {_size(budget)}"
 
 
 def _timed(case) -> float:
@@ -507,9 +543,14 @@ class Tuner:
                 for c in cands:
                     if c.pruned is None:
                         c.predicted_bytes = memory.predict(c.cfg)
+                        host = memory.predict_host(c.cfg)
+                        free = host_memory_free() if host else None
                         if c.predicted_bytes > self.budget:
                             c.pruned = (f"predicted {_size(c.predicted_bytes)}, over the "
                                         f"budget of {_size(self.budget)}")
+                        elif free is not None and host > free:
+                            c.pruned = (f"offloads {_size(host)} to host memory, which has "
+                                        f"{_size(free)} available")
                 if base.id in {c.id for c in cands if c.pruned}:
                     raise TuneError(
                         f"--budget {_size(self.budget)}: not even the baseline fits "
@@ -593,6 +634,11 @@ class Tuner:
                                                             check=True)
                     entry = {"case_id": c.id, "check": "passed", **_speed_summary(base_s, new_s),
                              **facts, "predicted_bytes": c.predicted_bytes}
+                    over = over_budget(entry, self.budget)
+                    if over:
+                        entry["check"] = over
+                        if reserve:
+                            queue.append(reserve.pop(0))
                 except TrainingCheckError as err:
                     entry = {"case_id": c.id, "check": f"failed: {str(err).splitlines()[0]}"}
                     if reserve:
