@@ -99,6 +99,36 @@ def test_torchrun_variables_win_over_slurm():
         "torchrun", 0, 2, "4242", 4)
     assert "MASTER_ADDR" not in place.environ()  # torchrun's agent set it
     assert job_place({}) is None
+    plain = job_place({"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1",
+                       "LOCAL_WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "2"})
+    assert plain.record() == {"launcher": "torchrun", "job_id": None, "nodes": 2,
+                              "node_list": None, "tasks_per_node": 8, "gpus_per_node": None}
+
+
+def test_submitit_local_task_maps_to_torch_variables():
+    env = {"SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1",
+           "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_JOB_ID": "31337",
+           "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}  # an salloc's: the local job is its own
+    place = job_place(env)
+    assert place.launcher == "local" and place.record()["job_id"] == "31337"
+    assert place.environ() == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                               "MASTER_PORT": str(derived_port("31337"))}
+
+
+def test_one_job_runs_several_cases():
+    from gpubench.cli.torchrun import dist_cases
+
+    args = build_parser().parse_args(["dist", *CASE, "--parallel", "ddp", "fsdp", "ddp",
+                                      "--out", "x.json"])
+    assert [c.id for c in dist_cases(args, "smoke", "cpu", 2)] == ["bert-fp32-ddp2",
+                                                                   "bert-fp32-fsdp2"]
+    args = build_parser().parse_args(["dist", *CASE, "--group", "parallel", "--out", "x.json"])
+    group = dist_cases(args, "smoke", "cpu", 2)
+    assert len(group) > 2 and all(c.multiprocess and c.world_size == 2 for c in group)
+    assert {c.parallel for c in group} >= {"ddp", "fsdp"}
+    with pytest.raises(ValueError, match="no multi-process case at world size 3"):
+        dist_cases(args, "smoke", "cpu", 3)
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -167,6 +167,8 @@ def job_place(env=None) -> JobPlace | None:
         place = JobPlace("torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
                          _int(env, "LOCAL_RANK"),
                          _int(env, "LOCAL_WORLD_SIZE", env.get("WORLD_SIZE")))
+        # torchrun's agents: one per node (its GROUP_WORLD_SIZE), their ranks LOCAL_WORLD_SIZE.
+        place.nodes = _int(env, "GROUP_WORLD_SIZE", str(max(1, place.world // place.local_world)))
         if slurm:  # srun torchrun: the job's facts are Slurm's
             place.job_id = env["SLURM_JOB_ID"]
             _slurm_facts(place, env)
