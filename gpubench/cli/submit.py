@@ -172,34 +172,55 @@ def _task_outcome(job, task: int) -> tuple[str, str] | None:
 
 
 def wait_for(job, executor: str, deadline_s: float) -> None:
-    """Until every task wrote its result; ``JobFailed`` (one line naming the job and the task
-    log) when one failed, ended without a result, or the deadline passed (the job cancelled)."""
+    """Until every task wrote its result; ``JobFailed`` (one line naming the job, what ended it
+    and a task's log) when a task failed, ended without a result, or the deadline passed (the
+    job then cancelled)."""
     start = time.monotonic()
     gone_since = None
+
+    def over() -> bool:
+        return job.done() if executor == "local" else _in_queue(str(job.job_id)) is False
+
     while True:
         outcomes = [_task_outcome(job, t) for t in range(job.num_tasks)]
-        failed = [(t, o) for t, o in enumerate(outcomes) if o and o[0] == "error"]
-        if failed:
-            task, (_, trace) = failed[0]
+        if any(o and o[0] == "error" for o in outcomes):
+            # The others end at once (srun --kill-on-bad-exit): wait for that, to tell a task
+            # that died (no result: the cause) from those that failed because it did.
+            settle = min(time.monotonic() + 30.0, start + deadline_s)
+            while time.monotonic() < settle and not over():
+                time.sleep(POLL_S)
+            outcomes = [_task_outcome(job, t) for t in range(job.num_tasks)]
             _cancel(job)
-            last = ([ln for ln in trace.strip().splitlines() if ln.strip()] or ["?"])[-1]
-            raise JobFailed(f"job {job.job_id}: task {task} failed ({last.strip()}); "
-                            f"log: {_log(job, task)}")
+            raise JobFailed(_failure(job, outcomes))
         if all(outcomes):
             return
-        over = (job.done() if executor == "local" else _in_queue(str(job.job_id)) is False)
-        if over:
+        if over():
             gone_since = gone_since or time.monotonic()
             if time.monotonic() - gone_since > 5 * POLL_S:  # results land a moment after
-                task = next(t for t, o in enumerate(outcomes) if o is None)
-                raise JobFailed(f"job {job.job_id}: task {task} ended without a result "
-                                f"(killed, or out of time or memory); log: {_log(job, task)}")
+                raise JobFailed(_failure(job, [_task_outcome(job, t)
+                                               for t in range(job.num_tasks)]))
         if time.monotonic() - start > deadline_s:
             _cancel(job)
             task = next(t for t, o in enumerate(outcomes) if o is None)
             raise JobFailed(f"job {job.job_id} not finished within --deadline {deadline_s:g} s "
                             f"(cancelled); log: {_log(job, task)}")
         time.sleep(POLL_S)
+
+
+def _failure(job, outcomes: list) -> str:
+    """One line: the tasks that ended without a result (killed, out of time or memory), then
+    those that failed, each with the last line of its error; the log of the first named."""
+    dead = [t for t, o in enumerate(outcomes) if o is None]
+    failed = [(t, o[1]) for t, o in enumerate(outcomes) if o and o[0] == "error"]
+    parts = []
+    if dead:
+        parts.append(f"task{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} ended "
+                     "without a result (killed, or out of time or memory)")
+    for task, trace in failed[:2]:
+        last = ([ln.strip() for ln in trace.splitlines() if ln.strip()] or ["?"])[-1]
+        parts.append(f"task {task} failed ({' '.join(last.split())[:200]})")
+    first = dead[0] if dead else failed[0][0] if failed else 0
+    return f"job {job.job_id}: {'; '.join(parts)}; log: {_log(job, first)}"
 
 
 def _cancel(job) -> None:
