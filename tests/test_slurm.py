@@ -238,16 +238,32 @@ def _slurm_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def slurm():
-    """The environment of jobs on the running Slurm (one thread per rank, this checkout's
-    code); skips, or fails under ``GPUBENCH_REQUIRE_SLURM=1``, where there is none."""
+def require_slurm() -> None:
+    """Skip where no Slurm answers, with the reason; fail instead under
+    ``GPUBENCH_REQUIRE_SLURM=1`` (CI, where a skipped cluster test would go unnoticed)."""
     reason = _slurm_reason()
     if reason:
         if os.environ.get("GPUBENCH_REQUIRE_SLURM") == "1":
             pytest.fail(f"GPUBENCH_REQUIRE_SLURM=1 but {reason}")
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The environment of jobs on the running Slurm (one thread per rank, this checkout's
+    code)."""
+    require_slurm()
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def test_without_slurm_the_tests_skip_and_in_ci_fail(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.delenv("GPUBENCH_REQUIRE_SLURM", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="Slurm is not installed"):
+        require_slurm()
+    monkeypatch.setenv("GPUBENCH_REQUIRE_SLURM", "1")
+    with pytest.raises(pytest.fail.Exception, match="GPUBENCH_REQUIRE_SLURM=1 but Slurm is"):
+        require_slurm()
 
 
 def records(path: Path) -> list[dict]:
@@ -365,3 +381,24 @@ def test_a_task_killed_mid_job_ends_submit_in_one_line(slurm, tmp_path, monkeypa
     (info,) = records(out)
     assert info["case_id"].endswith("ddp2")
     assert time.monotonic() - start < 240 + 60
+
+
+@pytest.mark.slow
+def test_a_job_past_its_deadline_is_cancelled(slurm, tmp_path, monkeypatch, capsys):
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "late.json"
+    start = time.monotonic()
+    code = main(["submit", *CASE, "--tasks-per-node", "2", "--time", "10", "--deadline", "3",
+                 "--folder", str(tmp_path / "jobs"), "--out", str(out)])
+    assert code == 1 and time.monotonic() - start < 60
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "not finished within --deadline 3 s (cancelled); log: " in err
+    job_id = err.split("job ")[1].split()[0]
+    for _ in range(100):  # scancel's job leaves the queue
+        listed = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+        if not listed.stdout.strip():
+            break
+        time.sleep(0.2)
+    assert not listed.stdout.strip(), listed.stdout
+    assert not out.exists()
