@@ -68,6 +68,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 MpiDefault=none
 ReturnToService=2
+KillWait=5
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 StateSaveLocation=$dir/state
