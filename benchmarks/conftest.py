@@ -13,7 +13,7 @@ from gpubench.measure.machine import machine_info as describe_machine
 from gpubench.measure.version import SCHEMA_VERSION
 from gpubench.suite.cases import GROUPS, PROFILE_MODELS, profile_cases
 from gpubench.train.config import GENERATED_DATASETS
-from gpubench.workloads.api import WorkloadError
+from gpubench.workloads.api import WorkloadError, set_probe_timeout
 from gpubench.workloads.datasets import default_data_dir
 from gpubench.workloads.profiles import profile
 from gpubench.workloads.registry import builtin_names, checked, resolve
@@ -46,6 +46,7 @@ class Options:
         names = tuple(m.strip() for m in config.getoption("--gpubench-models").split(",")
                       if m.strip())
         self.models = names or PROFILE_MODELS[self.profile]
+        set_probe_timeout(config.getoption("--gpubench-timeout") or DEFAULT_TIMEOUT_S)
         for spec in self.models:  # a bad spec fails here, before any case runs
             try:
                 checked(spec, self.profile)

@@ -19,7 +19,6 @@ said in one line (``common_shift``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import warnings
@@ -446,7 +445,7 @@ def write_github_json(results: pd.DataFrame, folder: str | Path) -> list[Path]:
     payload = github_benchmark_json(results)
     written = []
     for tool, name in GITHUB_FILES.items():
-        atomic.write_text(Path(folder) / name, json.dumps(payload[tool], indent=1))
+        atomic.write_json(Path(folder) / name, payload[tool], indent=1)
         written.append(Path(folder) / name)
     return written
 

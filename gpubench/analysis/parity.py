@@ -14,7 +14,6 @@ learned: its final loss at most ``LEARNED`` of its initial loss.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -230,7 +229,7 @@ def write_parity(reports: dict | list[dict], out: Path, chart: bool = True) -> l
     for r in reports:
         r["chart"] = f"parity-{r['model']}.png" if many else "parity.png"
     written = [out / "parity.json", out / "parity.md"]
-    atomic.write_text(written[0], json.dumps(reports if many else reports[0], indent=1))
+    atomic.write_json(written[0], reports if many else reports[0], indent=1)
     atomic.write_text(written[1], "\n".join(parity_markdown(r) for r in reports))
     for r in reports if chart else ():
         fig = plot_parity(r)

@@ -61,17 +61,21 @@ def model_specs(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(dict.fromkeys(specs))
 
 
-def check_specs(specs: tuple[str, ...], profile: str) -> tuple[str, ...]:
-    """Resolve and validate every spec before anything runs: a bad one is a one-line error. The
-    profiles' own built-in models need neither (nor torch's import, 3 s here: the cases'
-    process resolves them)."""
+def check_specs(specs: tuple[str, ...], profile: str,
+                timeout_s: float | None = None) -> tuple[str, ...]:
+    """Resolve and validate every spec before anything runs, within ``timeout_s`` (a command's
+    ``--timeout``): a bad one is a one-line error. The profiles' own built-in models need
+    neither (nor torch's import, 3 s here: the cases' process resolves them)."""
     from gpubench.workloads.profiles import PROFILE_TABLE
 
     builtin = {m for p in PROFILE_TABLE.values() for m in p.models}
     for spec in specs:
         if spec not in builtin:
+            from gpubench.workloads.api import set_probe_timeout
             from gpubench.workloads.registry import checked
 
+            if timeout_s:
+                set_probe_timeout(timeout_s)
             checked(spec, profile)
     return specs
 
@@ -291,7 +295,8 @@ def _run_input_problem(args: argparse.Namespace, device: str, profile: str,
     if device == "cuda" and default_device() != "cuda":
         return ("--device cuda, but no CUDA device is available here "
                 "(torch.cuda.is_available() is False); nothing was run")
-    check_specs(model_specs(args), profile)  # a bad workload spec: one line, nothing run
+    # a bad workload spec: one line, nothing run
+    check_specs(model_specs(args), profile, getattr(args, "timeout", None))
     group_list(args.groups)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     data_option = "--data-dir" if args.data_dir else "the data folder"
@@ -441,7 +446,7 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     if not getattr(args, "no_hygiene", False):
         state["stage"] = "measuring no_grad and del"
         reports = hygiene_reports(models, profile, device)
-        atomic.write_text(out / "memory.json", json.dumps(reports, indent=1))
+        atomic.write_json(out / "memory.json", reports, indent=1)
     state["stage"] = "writing the summary and charts"
     parity = None
     if getattr(args, "parity", False):  # opt-in: N training steps per technique and model
@@ -478,6 +483,9 @@ def _run_cost_line(df, wall_s: float) -> str:
 
     timed = sum(timed_seconds(df))
     minutes, seconds = divmod(round(wall_s), 60)  # 779.6 s is 13:00, not 12:60
+    if timed > wall_s:  # a resumed run: its kept cases' rounds were timed in an earlier one
+        return (f"this session took {minutes}:{seconds:02d}; the results' timed rounds total "
+                f"{timed:.0f} s, partly measured before --resume (where it went: summary.md)")
     return (f"the run took {minutes}:{seconds:02d}, of which timed rounds "
             f"{timed:.0f} s ({timed / wall_s:.0%}; where the rest went: summary.md)")
 
@@ -614,6 +622,7 @@ def cmd_case(args: argparse.Namespace) -> int:
         os.environ["GPUBENCH_DATA_DIR"] = args.data_dir  # inherited by worker processes
     check_specs((args.model,), profile)
     cfg = config_from_args(args, profile=profile, device=device)
+    args.subject = cfg.id  # what a failure's one line names
     out = check_output("-o/--out", args.out, is_file=True)  # before the case runs
     bench = StandaloneBenchmark(f"case[{cfg.id}]", f"{cfg.name}-{profile}-{device}")
     bench.extra_info["group"] = "case"
@@ -681,13 +690,27 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from gpubench.analysis.compare import compare_main
+    from gpubench.analysis.compare import compare_main, split_files
 
+    bases, new = split_files(args)
+    same = [b for b in bases if _same_file(b, new)]
+    if same:
+        print(f"gpubench compare: warning: BASE and NEW are the same file ({new}): every case "
+              "is compared with itself, which shows no change whatever the code does",
+              file=sys.stderr)
     if args.markdown:
         check_output("--markdown", args.markdown, is_file=True)
     if args.github_json:
         check_output("--github-json", args.github_json)
     return compare_main(args)
+
+
+def _same_file(a, b) -> bool:
+    """Whether two result paths (a results folder stands for its benchmark.json) are one file."""
+    try:
+        return os.path.samefile(*result_files([a, b]))
+    except OSError:
+        return False
 
 
 def _add_run_selection(p: argparse.ArgumentParser) -> None:
@@ -871,18 +894,48 @@ def one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"gpubench: {category.__name__}: {text} ({Path(filename).name}:{lineno})\n"
 
 
+def _call_command(args: argparse.Namespace) -> int:
+    """``args.func(args)``, ending as ``gpubench.cli.failure`` says whatever happens: bad input
+    one line and 2; Ctrl-C 130; any other error (out of memory, a workload's ``sys.exit``) one
+    line naming the log with its traceback, and 1 (a ``sys.exit(N)``: N, 0 being 1). A
+    command's own ``SystemExit`` with a message passes. ``GPUBENCH_DEBUG=1``: errors raise."""
+    from gpubench.cli import failure
+
+    subject = getattr(args, "model", None) or None
+    if getattr(args, "timeout", None) and args.command != "run":  # run's parent: check_specs
+        from gpubench.workloads.api import set_probe_timeout  # (torch: 3 s)
+
+        set_probe_timeout(args.timeout)  # workload validation and probe builds within it too
+    try:
+        return args.func(args)
+    except ValueError as err:  # bad input: results files, workload specs, configurations
+        if os.environ.get("GPUBENCH_DEBUG"):
+            raise
+        print(f"gpubench: {err}", file=sys.stderr)
+        return failure.EXIT_USAGE
+    except KeyboardInterrupt:
+        if os.environ.get("GPUBENCH_DEBUG"):
+            raise
+        return failure.interrupted(args.command, getattr(args, "subject", subject))
+    except SystemExit as err:
+        if isinstance(err.code, str):
+            raise  # the command's own one-line message
+        if os.environ.get("GPUBENCH_DEBUG"):
+            raise
+        return failure.command_failed(args.command, getattr(args, "subject", subject), err)
+    except Exception as err:  # noqa: BLE001 - one line and the log, never a traceback wall
+        if os.environ.get("GPUBENCH_DEBUG"):
+            raise
+        return failure.command_failed(args.command, getattr(args, "subject", subject), err)
+
+
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
     args = build_parser().parse_args(argv)
     previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:
-        code = args.func(args)
-    except ValueError as err:  # bad input: results files, workload specs, configurations
-        if os.environ.get("GPUBENCH_DEBUG"):
-            raise
-        print(f"gpubench: {err}", file=sys.stderr)
-        code = 2
+        code = _call_command(args)
     finally:
         warnings.formatwarning = previous
     if argv is None:  # the command line, not a caller of main(): a workload's stray thread

@@ -8,7 +8,6 @@ run's results."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -190,5 +189,5 @@ def memory_main(args: argparse.Namespace) -> int:
     print(text)
     if args.out:
         atomic.write_text(Path(args.out) / "memory.md", text)
-        atomic.write_text(Path(args.out) / "memory.json", json.dumps(report, indent=1))
+        atomic.write_json(Path(args.out) / "memory.json", report, indent=1)
     return 0

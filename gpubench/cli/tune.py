@@ -67,8 +67,14 @@ def tune_main(args: argparse.Namespace) -> int:
         print(f"gpubench tune: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"gpubench tune: interrupted; what was measured is in {out}/tune.json: the same "
-              "command with --resume continues it", file=sys.stderr)
+        if (out / "tune.json").is_file():
+            print(f"gpubench tune: interrupted (SIGINT); what was measured is in "
+                  f"{out}/tune.json: the same command with --resume continues it",
+                  file=sys.stderr)
+        else:
+            print("gpubench tune: interrupted (SIGINT) before the first measurement; no "
+                  "tune.json was written: run the same command again (without --resume)",
+                  file=sys.stderr)
         return 130
     w = result.winner
     path = write_tune(result, out)  # now: a parity run may be stopped
@@ -133,4 +139,4 @@ def _keep_parity(out: Path, verdict: dict | None) -> None:
     path = out / "tune.json"
     state = json.loads(path.read_text())
     state.setdefault("result", {})["parity"] = verdict
-    atomic.write_text(path, json.dumps(state, indent=1, default=str))
+    atomic.write_json(path, state, indent=1)

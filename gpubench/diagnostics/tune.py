@@ -485,7 +485,15 @@ class Tuner:
     def _load(self) -> dict | None:
         if not self.path.exists():
             return None
-        state = json.loads(self.path.read_text())
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError) as err:
+            why = err.strerror if isinstance(err, OSError) else "not valid JSON (truncated?)"
+            raise TuneError(f"--resume: cannot read {self.path}: {why}; start a new tune "
+                            "without --resume") from None
+        if not isinstance(state, dict):
+            raise TuneError(f"--resume: {self.path} holds no tune; start a new tune without "
+                            "--resume")
         if state.get("identity") != self._identity():
             raise TuneError(f"--resume: {self.path} is a tune of another search "
                             f"({state.get('identity')}); start a new one in another --out")
@@ -498,7 +506,7 @@ class Tuner:
         state["measured_s"] = self.measured_s
         self.state = state
         self.out.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(self.path, json.dumps(state, indent=1, default=str))
+        atomic.write_json(self.path, state, indent=1)
 
     # -- the search ---------------------------------------------------------------------------
     def _measure(self, base_case, cfg: RunConfig, rounds: int, check: bool = False,
@@ -579,7 +587,8 @@ class Tuner:
                         self._save(rungs=done)
                     c.rung = rung
                     self.progress(f"gpubench tune: rung {rung} [{i + 1}/{len(alive)}] {c.id}: "
-                                  f"{c.speed:.2f}x")
+                                  + (f"{c.speed:.2f}x" if c.ratios else "not measured ("
+                                     + (c.pruned or "out of --time") + ")"))
                 alive = [c for c in alive if c.pruned is None and c.ratios]
                 if len(alive) <= FINALISTS + 1 or self._out_of_time(started):
                     break
@@ -605,8 +614,10 @@ class Tuner:
         result = TuneResult(
             self.spec, self.device, self.profile, self.global_batch, self.budget, base.id,
             {**diagnosis.__dict__, "memory_counts": memory.counted},
-            [{"case_id": c.id, "speed": c.speed, "rounds": len(c.ratios), "rung": c.rung,
-              "pruned": c.pruned, "predicted_bytes": c.predicted_bytes,
+            [{"case_id": c.id, "speed": c.speed if c.ratios else None,
+              "rounds": len(c.ratios), "rung": c.rung,
+              "pruned": c.pruned or (None if c.ratios or c.rung < 0 else "out of --time"),
+              "predicted_bytes": c.predicted_bytes,
               "changed": _changed(c.cfg, base)} for c in cands],
             [{k: v for k, v in c.items() if k != "config"} for c in confirmed],
             {k: v for k, v in winner.items() if k != "config"} | {

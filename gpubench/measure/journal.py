@@ -77,7 +77,14 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        if self.path.is_dir() or self.path.is_symlink() and not self.path.exists():
+            raise JournalError(f"the run lock {self.path} is a folder or a dangling link, not "
+                               "a file; remove it (gpubench creates it) or write elsewhere")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as err:
+            raise JournalError(f"cannot open the run lock {self.path}: "
+                               f"{err.strerror or err}; write elsewhere") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -265,7 +272,7 @@ class Journal:
             meta = getattr(fixture, "stats", None)
             if meta is None or getattr(fixture, "has_error", False) or not _has_rounds(meta):
                 return
-            record = json.loads(json.dumps(meta.as_dict(include_data=True), default=str))
+            record = json.loads(atomic.json_text(meta.as_dict(include_data=True)))
             # F first, then the journal: a record is never in the journal without being in F
             # (a kill between the two leaves F one case ahead; --resume reruns that case).
             if not self._write_json(item, {**self.contents.passed, item.nodeid: record}):
@@ -308,7 +315,7 @@ class Journal:
     # -- writing ---------------------------------------------------------------------------
 
     def _append(self, entry: dict, item) -> None:
-        line = json.dumps(entry, default=str) + "\n"
+        line = atomic.json_text(entry) + "\n"
         try:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line)

@@ -4,7 +4,6 @@ JSON, so results from ``torchrun ... -m gpubench dist`` load, chart and compare 
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 import time
 from pathlib import Path
@@ -70,4 +69,4 @@ def write_benchmark_json(path: str | Path, benchmarks: list[StandaloneBenchmark]
         "datetime": datetime.datetime.now(datetime.UTC).isoformat(),
         "version": pytest_benchmark.__version__,
     }
-    atomic.write_text(path, json.dumps(data, indent=1))
+    atomic.write_json(path, data, indent=1)

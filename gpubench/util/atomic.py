@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import math
 import os
 import re
 import shutil
@@ -126,6 +128,30 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
 def write_text(dest: str | os.PathLike, text: str) -> None:
     with atomic_path(dest) as tmp:
         tmp.write_text(text)
+
+
+def strict_json(value):
+    """``value`` with every float that is not finite (NaN, Infinity) replaced by None, so that
+    it serializes as JSON every strict parser reads (Python's ``json`` writes bare ``NaN``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def json_text(value, **kwargs) -> str:
+    """``json.dumps`` of ``strict_json(value)``, refusing non-finite floats (``allow_nan`` off;
+    ``default=str`` unless given)."""
+    kwargs.setdefault("default", str)
+    return json.dumps(strict_json(value), allow_nan=False, **kwargs)
+
+
+def write_json(dest: str | os.PathLike, value, **kwargs) -> None:
+    """``write_text(dest, json_text(value, ...))``: strict JSON, written atomically."""
+    write_text(dest, json_text(value, **kwargs))
 
 
 def move_into_place(src: str | os.PathLike, dest: str | os.PathLike) -> None:

@@ -38,6 +38,21 @@ VALIDATE_TIMEOUT_S = 300.0
 (a ``make_batch`` or ``build_model`` that blocks), like ``--timeout``'s default."""
 
 
+_probe_timeout_s = VALIDATE_TIMEOUT_S
+
+
+def set_probe_timeout(seconds: float | None) -> None:
+    """Bound this process's workload validation and probe builds by ``seconds`` (a command's
+    ``--timeout``: everything a case does stays within it); None restores the default."""
+    global _probe_timeout_s
+    _probe_timeout_s = VALIDATE_TIMEOUT_S if not seconds else float(seconds)
+
+
+def probe_timeout_s() -> float:
+    """Seconds a workload's validation or probe build may take (``set_probe_timeout``)."""
+    return _probe_timeout_s
+
+
 class WorkloadError(ValueError):
     """A workload spec that cannot be resolved, or a workload that breaks the contract."""
 
@@ -51,6 +66,9 @@ def _user_call(workload: Workload, what: str, fn: Callable[..., Any], *args: Any
         return fn(*args)
     except WorkloadError:
         raise
+    except SystemExit as err:  # a silent exit 0 would pass for success
+        raise WorkloadError(f"workload {workload.spec or workload.name}: {what} called "
+                            f"sys.exit({err.code!r}); it must return, not exit") from None
     except Exception as err:  # noqa: BLE001 - the user's code: report it on one line
         if is_time_limit(err):
             raise
@@ -160,9 +178,10 @@ class Workload:
         raises is a one-line ``WorkloadError``; one that blocks, after ``VALIDATE_TIMEOUT_S``."""
         from gpubench.util.watchdog import time_limit
 
-        with time_limit(VALIDATE_TIMEOUT_S, f"workload {self.spec or self.name}: its probe "
+        limit = probe_timeout_s()
+        with time_limit(limit, f"workload {self.spec or self.name}: its probe "
                         f"build (build_model, make_batch) did not finish within "
-                        f"{VALIDATE_TIMEOUT_S:g} s (hung?)", error=WorkloadError):
+                        f"{limit:g} s (hung?)", error=WorkloadError):
             inputs, targets = self.sample_batch(2)
             torch.manual_seed(0)
             model = _user_call(self, "build_model()", self.build_model)
@@ -432,18 +451,23 @@ def parse_overrides(spec: str, text: str) -> dict[str, Any]:
 
 
 
-def validate(workload: Workload, timeout_s: float | None = VALIDATE_TIMEOUT_S) -> None:
-    """One real forward and backward at batch 2 on the CPU: the loss must be a finite scalar
-    tensor that depends on the parameters; otherwise a one-line ``WorkloadError``, also when
-    ``build_model``, ``make_batch`` or the forward raises, or when it all takes more than
-    ``timeout_s`` (something blocks)."""
+def validate(workload: Workload, timeout_s: float | None = None) -> None:
+    """One real forward and backward at the smallest batch on the CPU, and ``make_batch`` at
+    the largest (``micro_batch``): each batch must be an ``(inputs, targets)`` pair of
+    ``n`` samples, the loss a finite scalar tensor that depends on the parameters; otherwise a
+    one-line ``WorkloadError``, also when ``build_model``, ``make_batch`` or the forward raises,
+    or when it all takes more than ``timeout_s`` (default ``probe_timeout_s()``: something
+    blocks)."""
     from gpubench.util.watchdog import time_limit
 
     name = workload.spec or workload.name
+    timeout_s = probe_timeout_s() if timeout_s is None else timeout_s
     with time_limit(timeout_s, f"workload {name}: checking it (build_model, make_batch, one "
                     f"forward) did not finish within {timeout_s or 0:g} s (hung?)",
                     error=WorkloadError):
         loss = _validation_loss(workload, name)
+        if workload.micro_batch > max(2, workload.min_batch):
+            _checked_batch(workload, name, workload.micro_batch)
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         what = type(loss).__name__ if not isinstance(loss, torch.Tensor) else \
             f"a tensor of shape {list(loss.shape)}"
@@ -457,10 +481,29 @@ def validate(workload: Workload, timeout_s: float | None = VALIDATE_TIMEOUT_S) -
                             "depend on any parameter (no gradient)")
 
 
+def _checked_batch(workload: Workload, name: str, n: int) -> tuple[Any, Any]:
+    """``make_batch(n, generator)``, checked against the contract: a pair ``(inputs,
+    targets)`` whose tensors hold ``n`` samples (the first dimension of at least one)."""
+    batch = workload.sample_batch(n)
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        got = (f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list))
+               else f"a tensor of shape {list(batch.shape)}" if isinstance(batch, torch.Tensor)
+               else type(batch).__name__)
+        raise WorkloadError(f"workload {name}: make_batch({n}, generator) must return a pair "
+                            f"(inputs, targets); got {got}")
+    tensors = [t for t in tree_flatten(list(batch))[0] if isinstance(t, torch.Tensor)]
+    firsts = sorted({t.shape[0] for t in tensors if t.dim() > 0})
+    if tensors and firsts and n not in firsts:
+        raise WorkloadError(f"workload {name}: make_batch({n}, generator) must return {n} "
+                            f"samples; its tensors' first dimensions are "
+                            f"{', '.join(map(str, firsts))} (does it ignore n?)")
+    return batch[0], batch[1]
+
+
 def _validation_loss(workload: Workload, name: str) -> Any:
     torch.manual_seed(0)
     module = build_train_module(workload)
-    inputs, targets = workload.sample_batch(max(2, workload.min_batch))
+    inputs, targets = _checked_batch(workload, name, max(2, workload.min_batch))
     try:
         return module(inputs, targets)
     except Exception as err:  # noqa: BLE001

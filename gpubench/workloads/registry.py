@@ -28,6 +28,9 @@ def _call_factory(factory: Callable[..., Any], spec: str, profile: str) -> Workl
         workload = factory(profile=profile) if "profile" in params else factory()
     except WorkloadError:
         raise
+    except SystemExit as err:  # a silent exit 0 would pass for success
+        raise WorkloadError(f"workload {spec!r}: the factory called sys.exit({err.code!r}); "
+                            "it must return a gpubench.Workload, not exit") from None
     except Exception as err:  # noqa: BLE001 - the user's factory: report it on one line
         raise WorkloadError(f"workload {spec!r}: the factory raised "
                             f"{type(err).__name__}: {err}") from None
@@ -53,6 +56,10 @@ def _load_attr(spec: str) -> Callable[..., Any]:
             sys.modules[name] = module
             try:
                 module_spec.loader.exec_module(module)
+            except SystemExit as err:
+                del sys.modules[name]
+                raise WorkloadError(f"workload {spec!r}: importing {target} called "
+                                    f"sys.exit({err.code!r})") from None
             except Exception as err:  # noqa: BLE001
                 del sys.modules[name]
                 raise WorkloadError(f"workload {spec!r}: importing {target} raised "
