@@ -230,3 +230,36 @@ def test_a_resumed_run_prints_no_share_over_100_percent():
     frame = pd.DataFrame({"rounds_s": [[5.0, 2.0]], "paired_baseline_rounds_s": [[1.0]]})
     line = cli._run_cost_line(frame, 6.0)
     assert "%" not in line and "before --resume" in line, line
+
+
+# -- a real Ctrl-C: the terminal's SIGINT to the command's whole process group -------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["case", "parity"])
+def test_a_terminal_ctrl_c_mid_command_is_one_line_and_130(command, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    spec = f"{FAULTS}:slow_step"
+    argv = {"case": ["case", "--model", spec, *SMOKE, "--rounds", "1000", "-o",
+                     str(tmp_path / "c.json")],
+            "parity": ["parity", "--model", spec, *SMOKE, "--techniques", "fp32",
+                       "--steps", "1000", "--no-chart", "--out", str(tmp_path / "p")]}[command]
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, failure.LOG_DIR_ENV: str(tmp_path / "logs")})
+    try:
+        first = proc.stdout.readline()  # "gpubench <command>: ... " once it runs
+        assert first.startswith(f"gpubench {command}:"), first
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "interrupted (SIGINT)" in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "c.json").exists()

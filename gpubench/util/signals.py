@@ -93,11 +93,15 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, poll_s: float
 
 def guarded_call(parent_pid: int, use_pdeathsig: bool, target: str, *args,
                  env: dict[str, str] | None = None) -> None:
-    """Spawned-process entry point: ``die_with_parent(parent_pid)`` (SIGKILL), then set ``env``
+    """Spawned-process entry point: SIGINT ignored (the parent answers a Ctrl-C and stops it),
+    ``die_with_parent(parent_pid)`` (SIGKILL), then set ``env``
     in ``os.environ``, then import ``target`` ("module:function") and call it with ``args``.
     Passing this function as a ``multiprocessing`` target keeps heavy imports after the
     parent-death watch is armed, and after ``env`` is in place: settings read when torch is
     imported or CUDA starts (``PYTORCH_CUDA_ALLOC_CONF``) see it."""
+    # A terminal's Ctrl-C reaches every process of its group: the parent, which stops its
+    # workers and says so in one line, answers it; a worker's own traceback would be noise.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid, signal.SIGKILL, use_pdeathsig=use_pdeathsig)
     os.environ.update(env or {})
     module, _, name = target.partition(":")

@@ -81,3 +81,21 @@ def interrupted(profile="smoke"):
             return self.fc(x)
 
     return _workload("stops", build_model=Stops)
+
+
+def slow_step(profile="smoke"):
+    """Each training step (a batch larger than validation's) takes 0.2 s: time to press
+    Ctrl-C mid-case."""
+    import time
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            if x.shape[0] > 2:
+                time.sleep(0.2)
+            return self.fc(x)
+
+    return _workload("slowstep", build_model=Slow)
