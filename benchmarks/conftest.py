@@ -68,6 +68,9 @@ class Options:
                            if min_time is None else min_time)
         w = config.getoption("--gpubench-warmup")
         self.warmup = warmup if w is None else w
+        target = config.getoption("--gpubench-target-width")
+        self.target_width = ((0.0 if fixed_rounds else budget.target_width)
+                             if target is None else target)
         max_time = config.getoption("--gpubench-max-time")
         self.max_time_s = budget.max_time_s if max_time is None else max_time
         block = config.getoption("--gpubench-energy-block")
@@ -94,6 +97,7 @@ class Options:
         return {"profile": self.profile, "device": self.device, "models": list(self.models),
                 "groups": list(self.groups), "rounds": self.rounds, "warmup": self.warmup,
                 "max_time_s": self.max_time_s, "min_time_s": self.min_time_s,
+                "target_width": self.target_width,
                 "energy_block_s": self.energy_block_s,
                 "paired": self.paired, "slow": self.slow, "threads": self.threads,
                 "node": platform.node(), "torch": torch.__version__,

@@ -23,6 +23,6 @@ def test_step(benchmark, bench_case, options):
                  timeout_s=case_timeout(cfg, options.timeout_s), max_time_s=options.max_time_s,
                  baseline=options.paired_baseline(cfg), trace_dir=options.trace_dir,
                  ranks=options.ranks, min_time_s=options.min_time_s,
-                 energy_block_s=options.energy_block_s)
+                 energy_block_s=options.energy_block_s, target_width=options.target_width)
     except Unsupported as why:
         pytest.skip(str(why))

@@ -145,6 +145,7 @@ def test_the_reference_gradient_holds_one_micro_batch_graph_at_a_time(monkeypatc
 
     monkeypatch.setattr(checks, "_micro_objective", micro)
     monkeypatch.setattr(checks.torch.autograd, "grad", grad)
+    checks.REFERENCE_GRADIENTS.clear()  # computed here, not taken from an earlier test's
     case = _case()  # accum_steps=4
     checks._Reference(case, case.fixed_batches())
     case.close()

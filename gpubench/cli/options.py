@@ -111,8 +111,15 @@ SESSION_OPTIONS = (
                   default=""),
     SessionOption("rounds", "timed rounds per case (default, or 0: per profile)",
                   type=non_negative_int, default=0),
-    SessionOption("warmup", "untimed warm-up rounds per case (default: per profile)",
+    SessionOption("warmup", "most untimed warm-up rounds per case: warm-up stops once two "
+                  "steps in a row agree within 10%% (default: per profile)",
                   type=non_negative_int),
+    SessionOption("target_width", "stop a case's timed rounds once the 95%% interval of its "
+                  "paired speedup (unpaired: of its median step time) is this tight, as a "
+                  "relative half-width (0.02: +-2%%), after at least 6 rounds, or at its time "
+                  "cap (--max-time) or 4 times {rounds} rounds, whichever comes first "
+                  "(default: per profile, cpu 0.02; 0: a fixed count of rounds, as when "
+                  "{rounds} is given)", type=non_negative),
     SessionOption("max_time", "seconds of timed rounds per case; slower cases run fewer "
                   "rounds, at least 6 (default: per profile; 0: always the full rounds)",
                   type=non_negative),

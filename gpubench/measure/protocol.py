@@ -68,7 +68,8 @@ def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None,
     for a slow one (never below ``MIN_ROUNDS``) so that they take about ``max_time_s``, like
     pytest-benchmark's --benchmark-max-time. More rounds of a fast step cost little and
     tighten its paired interval: the median of 40 per-round ratios moves about half as much
-    from run to run as that of 12."""
+    from run to run as that of 12. With a target width (``StoppingRule``) this is the most
+    rounds a case runs."""
     if step_time_s <= 0:
         return rounds
     if min_time_s:
@@ -76,6 +77,160 @@ def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None,
     if max_time_s:
         rounds = max(min(rounds, MIN_ROUNDS), min(rounds, int(max_time_s / step_time_s)))
     return rounds
+
+
+BLOCK_STEPS = 4
+"""Steps of one side in a block of paired rounds, the first of which is not timed. Alternating
+single steps of two models in one process slows both (each step starts on caches, allocator
+free lists and page mappings the other side's step left): the baseline paired that way ran
+5-14% slower than the baseline case itself, and the speedups moved by up to 11%. In blocks,
+the first step after a switch absorbs that; the others run as in a process of its own."""
+
+
+def block_order(blocks: int) -> list[str]:
+    """The sides of ``blocks`` consecutive blocks in ABBA order ("base", "case", "case",
+    "base", ...): each side goes first as often as second, so a trend over the rounds (a
+    clock ramping, a neighbour starting) weighs on both alike."""
+    pattern = ("base", "case", "case", "base")
+    return [pattern[i % 4] for i in range(blocks)]
+
+
+def relative_half_width(low: float, high: float, estimate: float) -> float:
+    """Half the interval's width over the estimate (0.015: +-1.5%); inf where undefined."""
+    if not (estimate and math.isfinite(low) and math.isfinite(high)):
+        return math.inf
+    return (high - low) / 2 / abs(estimate)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoppingRule:
+    """When a case's timed rounds stop: once the paired speedup's 95% interval has a relative
+    half-width of at most ``target_width`` (0: never early), else at ``max_rounds`` or when the
+    case's timed rounds have taken ``max_time_s`` (its time cap), whichever comes first; never
+    before ``min_rounds``."""
+
+    target_width: float
+    min_rounds: int
+    max_rounds: int
+    max_time_s: float | None = None
+
+    @classmethod
+    def for_case(cls, rounds: int, step_time_s: float, max_time_s: float | None,
+                 min_time_s: float | None, target_width: float) -> StoppingRule:
+        """The rule of a case whose warm step took ``step_time_s``: without a target width,
+        exactly ``budget_rounds`` rounds (as many as asked, fitted to the times); with one, at
+        least ``MIN_ROUNDS`` (or ``rounds`` if fewer), at most ``EXTEND_FACTOR`` times
+        ``rounds`` within ``max_time_s``, stopping at the width."""
+        if not target_width:
+            n = budget_rounds(rounds, step_time_s, max_time_s, min_time_s)
+            return cls(0.0, n, n, None)
+        most = max(rounds, EXTEND_FACTOR * rounds)
+        return cls(target_width, min(rounds, MIN_ROUNDS), most, max_time_s or None)
+
+    def stop_reason(self, rounds: int, width: float, timed_s: float) -> str | None:
+        """Why the rounds stop after ``rounds`` rounds whose interval has half-width ``width``
+        and which took ``timed_s`` seconds: "width", "rounds", "time", or None to go on."""
+        if rounds < self.min_rounds:
+            return None
+        if self.target_width and width <= self.target_width:
+            return "width"
+        if rounds >= self.max_rounds:
+            return "rounds"
+        if self.max_time_s and timed_s >= self.max_time_s:
+            return "time"
+        return None
+
+
+@dataclasses.dataclass
+class PairedRounds:
+    """The outcome of ``run_rounds``: each side's timed seconds (``base_s[i]`` paired with
+    ``case_s[i]``; no baseline: empty), why the rounds stopped and the interval's half-width
+    then."""
+
+    case_s: list[float]
+    base_s: list[float]
+    stop_reason: str
+    width: float
+    discarded: int = 0
+    """Untimed first steps of blocks (both sides)."""
+
+
+def achieved_width(case_s: list[float], base_s: list[float] | None) -> float:
+    """Relative half-width of the 95% interval the rounds give: of the paired speedup
+    (``gpubench.util.stats.compare_paired``) with a baseline, of the median step time
+    without."""
+    from gpubench.util.stats import compare_paired, median_ci
+
+    if len(case_s) < 2:
+        return math.inf
+    if base_s:
+        est = compare_paired(base_s, case_s, n_resamples=WIDTH_RESAMPLES)
+        return relative_half_width(est.low, est.high, est.ratio)
+    low, high = median_ci(case_s, n_resamples=WIDTH_RESAMPLES)
+    return relative_half_width(low, high, statistics.median(case_s))
+
+
+WIDTH_RESAMPLES = 500
+"""Bootstrap resamples of the width checks between blocks (a few ms each); the record's
+interval is computed once at the end with the full count."""
+
+
+def run_rounds(case_step, rule: StoppingRule, base_step=None,
+               block_steps: int = BLOCK_STEPS, untimed=None) -> PairedRounds:
+    """Timed rounds of ``case_step`` (a function of no arguments returning its seconds) until
+    ``rule`` stops them. With ``base_step`` (the baseline's), in blocks of ``block_steps``
+    steps per side in ABBA order (``block_order``), the first step of each block untimed
+    (``BLOCK_STEPS``): the k-th timed step of a case block is paired with the k-th of the
+    baseline block beside it. ``untimed`` wraps a function whose time the telemetry must not
+    count as the case's (``Sampler.untimed``). The rule is asked after every pair of blocks
+    (a whole ABBA half), and without a baseline after every ``block_steps`` rounds."""
+    untimed = untimed or (lambda fn: fn)
+    case_s: list[float] = []
+    base_s: list[float] = []
+    discarded = 0
+    if base_step is None:
+        while True:
+            want = min(max(1, block_steps), max(1, rule.max_rounds - len(case_s)))
+            case_s.extend(case_step() for _ in range(want))
+            reason = _stop(rule, case_s, None)
+            if reason:
+                return PairedRounds(case_s, [], reason, achieved_width(case_s, None))
+    per_block = max(1, block_steps - 1)
+    base_discard = untimed(base_step)
+    case_discard = untimed(case_step)
+    base_timed = untimed(base_step)
+    blocks = 0
+    while True:
+        # a block of each side, in ABBA order, then the rule
+        want = min(per_block, max(1, rule.max_rounds - len(case_s)))
+        for side in block_order(blocks + 2)[blocks:]:
+            if side == "base":
+                base_discard()
+                base_s.extend(base_timed() for _ in range(want))
+            else:
+                case_discard()
+                case_s.extend(case_step() for _ in range(want))
+            discarded += 1
+        blocks += 2
+        reason = _stop(rule, case_s, base_s)
+        if reason:
+            return PairedRounds(case_s, base_s, reason, achieved_width(case_s, base_s),
+                                discarded)
+
+
+def _stop(rule: StoppingRule, case_s: list[float], base_s: list[float] | None) -> str | None:
+    """``rule``'s reason after these rounds; the width is computed only where it can stop."""
+    n = len(case_s)
+    if n < rule.min_rounds:
+        return None
+    if n >= rule.max_rounds or (rule.max_time_s and sum(case_s) >= rule.max_time_s):
+        width = math.inf  # cap reached: "width" still wins if the interval is tight
+        if rule.target_width:
+            width = achieved_width(case_s, base_s)
+        return rule.stop_reason(n, width, sum(case_s))
+    if not rule.target_width:
+        return None
+    return rule.stop_reason(n, achieved_width(case_s, base_s), sum(case_s))
 
 
 def counted_step(case) -> tuple:
@@ -455,7 +610,7 @@ class PairedBaseline:
     def matches(self, cfg: RunConfig) -> bool:
         return cfg.baseline == self.cfg
 
-    def step(self) -> None:
+    def step(self) -> float:
         """One baseline step in the worker (pytest-benchmark calls this untimed before each
         timed round)."""
         if self.group is None:
@@ -472,7 +627,9 @@ class PairedBaseline:
                                          timeout_s=self.timeout_s)
             for _ in range(self.warmup_rounds):
                 self.group.call("step")
-        self.times.append(self.group.call("step")[0])
+        seconds = self.group.call("step")[0]
+        self.times.append(seconds)
+        return seconds
 
     def local(self) -> LocalBaseline:
         """A partner in this process (``LocalBaseline``), built and warmed up (one step; the
@@ -510,8 +667,10 @@ class LocalBaseline:
             self.close()
             raise
 
-    def step(self) -> None:
-        self.times.append(self.partner.call("step")[0])
+    def step(self) -> float:
+        seconds = self.partner.call("step")[0]
+        self.times.append(seconds)
+        return seconds
 
     def close(self) -> None:
         if self.partner is not None:
@@ -607,20 +766,80 @@ def energy_block_rounds(step_time_s: float, block_s: float) -> int:
     return max(3, min(ENERGY_BLOCK_MAX_ROUNDS, math.ceil(block_s / max(step_time_s, 1e-6))))
 
 
+STEADY_TOLERANCE = 0.1
+"""Two consecutive warm-up steps within this fraction of each other: the step is steady."""
+
+
+def is_steady(times: list[float], tolerance: float = STEADY_TOLERANCE) -> bool:
+    """Whether the last two step times agree within ``tolerance`` of the faster one."""
+    if len(times) < 2:
+        return False
+    a, b = times[-2], times[-1]
+    return abs(a - b) <= tolerance * min(a, b)
+
+
+def warm_up(step, most: int, tolerance: float = STEADY_TOLERANCE) -> list[float]:
+    """Run ``step`` (returning its seconds) until it is steady (``is_steady``: the first
+    steps of a case fault in memory, fill caches and autotune) or ``most`` times (at least
+    one); the times."""
+    times: list[float] = []
+    while len(times) < max(1, most):
+        times.append(step())
+        if is_steady(times, tolerance):
+            break
+    return times
+
+
+def _timed_call(group) -> float:
+    """Seconds of one ``step`` command timed from here, as pytest-benchmark times a round (a
+    multi-process step ends when its slowest rank has finished)."""
+    start = time.perf_counter()
+    group.call("step")
+    return time.perf_counter() - start
+
+
+def record_rounds(benchmark, times: list[float]) -> None:
+    """Hand the timed rounds to ``benchmark`` (pytest-benchmark's fixture, or one with a
+    ``record_rounds`` method such as ``StandaloneBenchmark``) as its rounds of one iteration
+    each, as ``pedantic`` would have timed them: the rounds' count is the stopping rule's, which
+    ``pedantic``'s fixed count cannot follow."""
+    inner = benchmark
+    while hasattr(inner, "_benchmark"):  # a wrapper (the progress line)
+        inner = inner._benchmark
+    own = getattr(inner, "record_rounds", None)
+    if own is not None:
+        own(times)
+        return
+    from pytest_benchmark.fixture import FixtureAlreadyUsed
+
+    if inner._mode:
+        raise FixtureAlreadyUsed(f"Fixture can only be used once. Previously it was used in "
+                                 f"{inner._mode} mode.")
+    inner._mode = "benchmark.pedantic(...)"
+    stats = inner._make_stats(1)
+    for t in times:
+        stats.update(t)
+
+
 def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
             max_time_s: float | None = None, baseline: PairedBaseline | None = None,
             phases: Phases | None = None, min_time_s: float | None = None,
-            energy_block_s: float = 0.0) -> dict:
+            energy_block_s: float = 0.0, target_width: float = 0.0) -> dict:
     """Drive the protocol through ``group.call`` (any launcher) and return the combined figures.
 
-    The warm-up rounds (at least one) run before the measured window, so peaks, loader waits and
-    per-rank times cover the timed rounds only; ``rounds`` grows for fast steps and shrinks for
-    slow ones (``budget_rounds``, from the last warm-up round's time).
-    With ``baseline`` (a ``PairedBaseline``), every timed round is preceded by an untimed
-    baseline step: in this process for an in-process case, whose peaks then come from its
-    warm-up rounds, measured before the partner is built; in the baseline worker for
-    multi-process cases. The paired times are recorded as
-    ``paired_baseline_rounds_s``, round i paired with the case's round i. ``phases`` (a
+    The warm-up rounds run before the measured window until the step is steady (``warm_up``,
+    at most ``warmup_rounds``), so peaks, loader waits and per-rank times cover the timed
+    rounds only. The timed rounds stop by ``StoppingRule``: at ``target_width`` (the paired
+    speedup's relative half-width; 0: a fixed count), at the time cap ``max_time_s`` or at the
+    most rounds, never below the minimum (``rounds`` grows for fast steps and shrinks for
+    slow ones without a target, ``budget_rounds``, from the last warm-up round's time).
+    With ``baseline`` (a ``PairedBaseline``), the rounds run in blocks of each side in ABBA
+    order, each block's first step untimed (``run_rounds``): in this process for an
+    in-process case, whose peaks then come from its warm-up rounds, measured before the
+    partner is built; in the baseline worker for multi-process cases. The paired times are
+    recorded as ``paired_baseline_rounds_s``, round i paired with the case's round i; the
+    record says why the rounds stopped (``rounds_stop``: "width", "time" or "rounds") and the
+    width the rule saw (``rounds_width``). ``phases`` (a
     ``Phases``) is charged with each part's wall time.
 
     Energy: where the devices have an energy counter (NVML on CUDA) and the case is paired,
@@ -639,13 +858,11 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     if local:
         # The case's memory window: its warm-up rounds, the case alone in this process.
         group.call("reset_peak")
-    # Warm-up rounds (at least one: the check's steps ran on other code paths' state), the
-    # last of which sizes the timed rounds.
-    for _ in range(max(1, warmup_rounds)):
-        start = time.perf_counter()
-        group.call("step")
-    warm_step_s = time.perf_counter() - start
-    rounds = budget_rounds(rounds, warm_step_s, max_time_s, min_time_s)
+    # Warm-up rounds until the step is steady (``warm_up``; the check's steps ran on other
+    # code paths' state), the last of which sizes the timed rounds.
+    warm = warm_up(lambda: _timed_call(group), warmup_rounds)
+    warm_step_s = warm[-1]
+    rule = StoppingRule.for_case(rounds, warm_step_s, max_time_s, min_time_s, target_width)
     partner, memory = baseline, None
     if local:
         memory = group.call("read_peak")
@@ -656,35 +873,42 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     if isinstance(partner, LocalBaseline):
         # Memory was measured in the case's own window: the timed one only restarts the
         # times, and with no memory handed back there is nothing for a warm-up round to
-        # re-fault (the partner's first paired step is its second: its grads and optimizer
-        # state exist).
+        # re-fault (each block's first step, untimed, is the switch's own warm-up).
         group.call("reset_window")
         window_warmup = 0
     else:
         group.call("reset_peak")  # the timed window, which is also the memory window
         window_warmup = WINDOW_WARMUP_ROUNDS
+    disabled = getattr(benchmark, "disabled", False)
+    outcome = None
     try:
-        steps = 2 * (rounds + window_warmup)  # the partner's steps too
+        # the partner's steps and each block's untimed first step too
+        steps = 2 * (rule.max_rounds + window_warmup) * BLOCK_STEPS // max(1, BLOCK_STEPS - 1)
+        steps += 2 * BLOCK_STEPS
         if partner is not None and energy_block_s:
             steps += 2 * ENERGY_BLOCK_MAX_ROUNDS
         bounded = (group.timed_rounds(steps) if isinstance(group, InProcess)
                    else contextlib.nullcontext())
-        with Sampler.for_case(cfg, group, partner, rounds, window_warmup) as telemetry, \
-                bounded:
-            if partner is None:
-                benchmark.pedantic(group.call, args=("step",), rounds=rounds,
-                                   warmup_rounds=window_warmup, iterations=1)
+        with Sampler.for_case(cfg, group, partner, rule.max_rounds) as telemetry, bounded:
+            for _ in range(window_warmup):
+                telemetry.untimed(lambda: group.call("step"))()
+            if disabled:  # --benchmark-disable: one step, checked, not timed
+                group.call("step")
             else:
-                partner.times = []
-                benchmark.pedantic(group.call, args=("step",),
-                                   setup=telemetry.untimed(partner.step), rounds=rounds,
-                                   warmup_rounds=window_warmup, iterations=1)
-                partner.times = partner.times[-rounds:]  # a warm-up round's pair left out
-                if energy_block_s and telemetry.has_energy_counter:
-                    phases.lap("rounds")
-                    _energy_blocks(telemetry, cfg, group, partner, warm_step_s,
-                                   energy_block_s)
-                    phases.lap("energy")
+                if partner is not None:
+                    partner.times = []
+                outcome = run_rounds(lambda: _timed_call(group), rule,
+                                     None if partner is None else partner.step,
+                                     untimed=telemetry.untimed)
+                telemetry.steps = len(outcome.case_s)
+                record_rounds(benchmark, outcome.case_s)
+                if partner is not None:
+                    partner.times = list(outcome.base_s)
+                    if energy_block_s and telemetry.has_energy_counter:
+                        phases.lap("rounds")
+                        _energy_blocks(telemetry, cfg, group, partner, warm_step_s,
+                                       energy_block_s)
+                        phases.lap("energy")
         phases.lap("rounds")
         timing = group.call("read_peak")
     finally:
@@ -696,6 +920,13 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
                   for t, m in zip(timing, memory, strict=True)]
     info = combine(prepared, checks, counts, timing)
     info.update(telemetry.summary())
+    info["warmup_steps"] = len(warm)
+    if outcome is not None:
+        info.update(rounds_stop=outcome.stop_reason, rounds_width=outcome.width,
+                    rounds_target_width=rule.target_width, rounds_min=rule.min_rounds,
+                    rounds_max=rule.max_rounds, rounds_max_time_s=rule.max_time_s,
+                    paired_block_steps=BLOCK_STEPS if partner is not None else None,
+                    paired_order="ABBA" if partner is not None else None)
     if partner is not None:
         info["paired_baseline_rounds_s"] = list(partner.times)
         info["paired_baseline_case_id"] = partner.cfg.id

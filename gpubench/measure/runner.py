@@ -26,6 +26,7 @@ from gpubench.measure.protocol import (
     Phases,
     budget_rounds,
     measure,
+    relative_half_width,
 )
 from gpubench.measure.trace import trace_case
 from gpubench.train.build import Unsupported, check_world_size, unsupported_reason
@@ -118,7 +119,8 @@ def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S,
 def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
              timeout_s: float = DEFAULT_TIMEOUT_S, max_time_s: float | None = None,
              group=None, baseline=None, trace_dir=None, ranks: RankPool | None = None,
-             min_time_s: float | None = None, energy_block_s: float = 0.0) -> dict:
+             min_time_s: float | None = None, energy_block_s: float = 0.0,
+             target_width: float = 0.0) -> dict:
     """Check, count, time and measure ``cfg``; fill and return ``benchmark.extra_info``.
 
     ``rounds`` shrinks for slow steps so the timed rounds take about ``max_time_s`` (never below
@@ -130,14 +132,15 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
     (``gpubench.measure.trace``: a trace per case and rank in that folder, ``top_ops`` in the
     record). ``ranks`` (a ``RankPool``) lends a multi-process case rank processes kept from the
     previous case. ``energy_block_s``: seconds of each side's energy block of a paired case
-    (``measure``)."""
+    (``measure``). ``target_width``: the timed rounds stop once the paired speedup's interval
+    is this tight (relative half-width; 0: a fixed count; ``StoppingRule``)."""
     reason = unsupported_reason(cfg, check_devices=group is None)
     if reason:
         raise Unsupported(reason)
     phases = Phases()
     if group is not None:
         measured = measure(benchmark, cfg, group, rounds, warmup_rounds, max_time_s, baseline,
-                           phases, min_time_s, energy_block_s)
+                           phases, min_time_s, energy_block_s, target_width)
         measured["peak_flops_per_device"] = _shared_peak(cfg)
         if trace_dir:
             measured.update(trace_case(group, cfg, trace_dir))
@@ -146,7 +149,7 @@ def run_case(benchmark, cfg: RunConfig, *, rounds: int, warmup_rounds: int,
         with launcher(cfg, timeout_s, ranks) as own:
             phases.lap("build")
             measured = measure(benchmark, cfg, own, rounds, warmup_rounds, max_time_s,
-                               baseline, phases, min_time_s, energy_block_s)
+                               baseline, phases, min_time_s, energy_block_s, target_width)
             if trace_dir:
                 measured.update(trace_case(own, cfg, trace_dir))
                 phases.lap("trace")
@@ -275,6 +278,8 @@ def paired_speedup(cfg: RunConfig, rounds_s: list[float],
         "speedup_paired_p": est.p_value,
         "speedup_paired_test": est.test,
         "baseline_step_time_s": statistics.median(baseline_rounds_s),
+        # the interval's half-width over the speedup (0.02: +-2%), what the stopping rule reads
+        "speedup_paired_width": relative_half_width(est.low, est.high, est.ratio),
     }
 
 

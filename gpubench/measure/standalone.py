@@ -17,8 +17,9 @@ from gpubench.util import atomic
 
 
 class StandaloneBenchmark:
-    """The part of pytest-benchmark's fixture that ``run_case`` uses: ``pedantic``, ``stats``
-    and ``extra_info``; rounds are timed with ``time.perf_counter`` like pytest-benchmark."""
+    """The part of pytest-benchmark's fixture that ``run_case`` uses: ``pedantic`` (or
+    ``record_rounds``), ``stats`` and ``extra_info``; rounds are timed with
+    ``time.perf_counter`` like pytest-benchmark."""
 
     def __init__(self, name: str, group: str | None = None):
         self.name, self.group = name, group
@@ -41,6 +42,13 @@ class StandaloneBenchmark:
             stats.update(time.perf_counter() - start)
         self.stats = SimpleNamespace(stats=stats)
         return result
+
+    def record_rounds(self, times) -> None:
+        """Rounds timed by the caller (``gpubench.measure.protocol.record_rounds``)."""
+        stats = Stats()
+        for t in times:
+            stats.update(t)
+        self.stats = SimpleNamespace(stats=stats)
 
     def as_json(self) -> dict:
         stats = self.stats.stats

@@ -103,6 +103,107 @@ def reference_loss(case: Case, fixed: list) -> float | None:
                                     case.strategy.reference_chunks()).item()
 
 
+def _fp32_gradient(case: Case, fixed: list, ref_params: list
+                   ) -> tuple[float, list[torch.Tensor]]:
+    """(loss, gradient): the plain FP32 loss of the reference model on ``fixed`` and its
+    gradient (the mean over micro-batches as the step takes it), averaged over the ranks where
+    the strategy averages gradients (the loss is this rank's, as ``reference_loss``'s)."""
+    # One micro-batch's graph at a time, its gradient summed (the mean over micro-batches
+    # as the step takes it): all k graphs at once would hold k micro-batches of FP32
+    # activations (about 90 GB for ResNet-50 accum4 at gpu-small's batch).
+    chunks = case.strategy.reference_chunks()
+    grads = [torch.zeros_like(p, dtype=torch.float32) for p in ref_params]
+    loss = torch.zeros((), dtype=torch.float64)
+    for inputs, targets in fixed:
+        term = _micro_objective(case.reference_model, inputs, targets, chunks) / len(fixed)
+        loss += term.detach().double().cpu()
+        for total, g in zip(grads, torch.autograd.grad(term, ref_params, allow_unused=True),
+                            strict=True):
+            if g is not None:
+                total += g.detach().float()
+    if case.strategy.averages_gradients and torch.distributed.is_initialized():
+        flat = torch.cat([g.flatten() for g in grads])
+        torch.distributed.all_reduce(flat)
+        flat /= torch.distributed.get_world_size()
+        grads = [g.view_as(p) for g, p in zip(
+            flat.split([g.numel() for g in grads]), ref_params, strict=True)]
+    return loss.item(), grads
+
+
+def _digest(tensors) -> str:
+    """A hash of the values, shapes and dtypes of the tensors in ``tensors`` (any nesting)."""
+    import hashlib
+
+    from torch.utils._pytree import tree_leaves
+
+    h = hashlib.blake2b(digest_size=16)
+    for t in tree_leaves(tensors):
+        if isinstance(t, torch.Tensor):
+            t = t.detach().contiguous().cpu()
+            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(t).encode())
+    return h.hexdigest()
+
+
+class ReferenceCache:
+    """The FP32 reference gradient and loss of the training check, computed once per model,
+    weights, batches and layout in a process and reused by every case that shares them (a run's
+    cases of a model differ in precision, optimizer, memory and loader knobs, not in the FP32
+    gradient of the same samples at the same weights).
+
+    The key holds everything the reference depends on: the reference model's type and each
+    parameter's shape, strides (channels_last), dtype, device and a fingerprint of its values
+    (float64 sum and sum of squares), the micro-batches' contents (a hash), how each
+    micro-batch is chunked and the precision's loss (``reference_chunks``). Multi-process cases
+    are not cached (their gradients are all-reduced: every rank must compute). The last
+    ``size`` entries are kept."""
+
+    def __init__(self, size: int = 2):
+        from collections import OrderedDict
+
+        self.size = size
+        self.entries: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(case: Case, fixed: list, ref_params: list) -> tuple:
+        with torch.no_grad():
+            moments = torch.stack([torch.stack([p.detach().double().sum(),
+                                                p.detach().double().square().sum()])
+                                   for p in ref_params]).cpu() if ref_params else None
+        layout = tuple((tuple(p.shape), tuple(p.stride()), str(p.dtype), str(p.device))
+                       for p in ref_params)
+        return (type(case.reference_model).__qualname__, layout,
+                None if moments is None else moments.numpy().tobytes(),
+                case.strategy.reference_chunks(), _digest(fixed))
+
+    def get(self, case: Case, fixed: list, ref_params: list
+            ) -> tuple[float, list[torch.Tensor]]:
+        """(loss, gradient) of the reference on ``fixed`` (``_fp32_gradient``), cached."""
+        if torch.distributed.is_initialized():
+            return _fp32_gradient(case, fixed, ref_params)
+        key = self.key(case, fixed, ref_params)
+        if key in self.entries:
+            self.hits += 1
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        self.misses += 1
+        found = _fp32_gradient(case, fixed, ref_params)
+        self.entries[key] = found
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return found
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+REFERENCE_GRADIENTS = ReferenceCache()
+"""This process's cache of FP32 reference gradients (``ReferenceCache``)."""
+
+
 class _Reference:
     """The plain FP32 gradient of the same samples at the initial weights, and the update the
     same optimizer (default implementation, same hyper-parameters) makes from it, for every
@@ -116,23 +217,7 @@ class _Reference:
     def __init__(self, case: Case, fixed: list):
         trained = [p for g in case.optimizer.param_groups for p in g["params"]]
         self.params, ref_params = case.strategy.pair_parameters(case.reference_model, trained)
-        # One micro-batch's graph at a time, its gradient summed (the mean over micro-batches
-        # as the step takes it): all k graphs at once would hold k micro-batches of FP32
-        # activations (about 90 GB for ResNet-50 accum4 at gpu-small's batch).
-        chunks = case.strategy.reference_chunks()
-        self.grads = [torch.zeros_like(p, dtype=torch.float32) for p in ref_params]
-        for inputs, targets in fixed:
-            term = _micro_objective(case.reference_model, inputs, targets, chunks) / len(fixed)
-            grads = torch.autograd.grad(term, ref_params, allow_unused=True)
-            for total, g in zip(self.grads, grads, strict=True):
-                if g is not None:
-                    total += g.detach().float()
-        if case.strategy.averages_gradients and torch.distributed.is_initialized():
-            flat = torch.cat([g.flatten() for g in self.grads])
-            torch.distributed.all_reduce(flat)
-            flat /= torch.distributed.get_world_size()
-            self.grads = list(flat.split([g.numel() for g in self.grads]))
-            self.grads = [g.view_as(p) for g, p in zip(self.grads, ref_params, strict=True)]
+        self.loss, self.grads = REFERENCE_GRADIENTS.get(case, fixed, ref_params)
         self.before = [p.detach().float().clone() for p in ref_params]
         from gpubench.train.build import build_optimizer
 
@@ -195,8 +280,11 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
     fixed = case.fixed_batches()
     computes_loss = case.strategy.computes_loss
     with ieee_fp32():  # the reference is IEEE FP32 even inside a tf32 case's math mode
-        reference = reference_loss(case, fixed) if computes_loss else None
         grad_ref = _Reference(case, fixed) if case.reference_model is not None else None
+        # the loss of the gradient's own forward (``_fp32_gradient``): no second forward
+        reference = (None if not computes_loss else
+                     grad_ref.loss if grad_ref is not None and grad_ref.params else
+                     reference_loss(case, fixed))
     hooks = [] if grad_ref is None else [
         case.optimizer.register_step_pre_hook(grad_ref.before_step),
         case.optimizer.register_step_post_hook(grad_ref.after_step),

@@ -100,6 +100,18 @@ def bootstrap_ratio_ci(a: ArrayLike, b: ArrayLike, *, confidence: float = CONFID
     return ratio, ratio
 
 
+def median_ci(a: ArrayLike, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
+              seed: int = 0) -> tuple[float, float]:
+    """Bootstrap interval of the median of one sample (fewer than two values: the point)."""
+    a = _array(a)
+    if not a.size:
+        return math.nan, math.nan
+    if a.size == 1:
+        return float(a[0]), float(a[0])
+    return _interval((a,), lambda x, axis=-1: np.median(x, axis=axis), paired=False,
+                     confidence=confidence, n_resamples=n_resamples, seed=seed)
+
+
 def per_round_ratios(a: ArrayLike, b: ArrayLike) -> np.ndarray:
     """a[i] / b[i] for rounds measured in alternation (the two must be equally long)."""
     a, b = _array(a), _array(b)

@@ -19,7 +19,8 @@ class Profile:
     rounds: int
     """Timed rounds per case (one optimizer step per round)."""
     warmup: int
-    """Untimed warm-up rounds per case."""
+    """Most untimed warm-up rounds per case: warm-up stops once two steps in a row agree
+    within 10% (``gpubench.measure.protocol.warm_up``)."""
     max_time_s: float
     """Seconds of timed rounds per case; slower cases run fewer rounds (at least 6)."""
     min_time_s: float
@@ -32,6 +33,10 @@ class Profile:
     overrides it; at least what the loader cases read)."""
     parity_steps: int
     """Optimizer steps per technique of convergence parity (``--steps`` overrides it)."""
+    target_width: float
+    """The paired speedup's 95% interval, as a relative half-width, at which a case's timed
+    rounds stop (``StoppingRule``; 0: a fixed count, ``rounds``); ``max_time_s`` and 4 times
+    ``rounds`` cap them, 6 is the least."""
     energy_block_s: float
     """Seconds of a paired case's energy block, and as long of its baseline's, after its
     timed rounds, where the devices count energy (NVML on CUDA; nothing runs on the CPU):
@@ -42,16 +47,16 @@ class Profile:
 PROFILE_TABLE: dict[str, Profile] = {p.name: p for p in (
     Profile("smoke", "tests and CI: tiny shapes, every code path of the step", ("resnet18", "bert"),
             rounds=3, warmup=1, max_time_s=2.0, min_time_s=0.0, dataset_size=64,
-            parity_steps=120, energy_block_s=0.5),
+            parity_steps=120, target_width=0.0, energy_block_s=0.5),
     Profile("cpu", "a 2-core laptop's scale", ("resnet18", "bert", "gpt2"),
-            rounds=12, warmup=1, max_time_s=3.0, min_time_s=0.6, dataset_size=512,
-            parity_steps=300, energy_block_s=2.0),
+            rounds=12, warmup=4, max_time_s=3.0, min_time_s=0.6, dataset_size=512,
+            parity_steps=300, target_width=0.02, energy_block_s=2.0),
     Profile("gpu-small", "one GPU, real shapes, the questions users ask first",
-            ("resnet50", "bert", "gpt2"), rounds=30, warmup=5, max_time_s=5.0, min_time_s=0.0,
-            dataset_size=4096, parity_steps=300, energy_block_s=2.0),
+            ("resnet50", "bert", "gpt2"), rounds=30, warmup=10, max_time_s=5.0, min_time_s=0.0,
+            dataset_size=4096, parity_steps=300, target_width=0.01, energy_block_s=2.0),
     Profile("gpu-full", "gpu-small's models and every case", ("resnet50", "bert", "gpt2"),
-            rounds=30, warmup=5, max_time_s=10.0, min_time_s=0.0, dataset_size=8192,
-            parity_steps=300, energy_block_s=3.0),
+            rounds=30, warmup=10, max_time_s=10.0, min_time_s=0.0, dataset_size=8192,
+            parity_steps=300, target_width=0.01, energy_block_s=3.0),
 )}
 """Every profile, by name."""
 
