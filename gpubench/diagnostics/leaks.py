@@ -1,10 +1,14 @@
 """Leak detection: memory growth per step over many steps, and the classic leaky training loops
 next to their fixed forms, so the detector can be seen to flag the one and pass the other.
 
-Memory is read after every step: ``torch.cuda.memory_allocated`` on CUDA, the process resident
-size (``VmRSS``) on the CPU. The growth per step is the least-squares slope over the steps after
-a warm-up; a loop leaks when the slope exceeds a threshold (default 256 KiB per step on CUDA,
-1 MiB on the CPU, where the resident size also moves with the allocator).
+Memory is read after every step: ``torch.cuda.memory_allocated`` on CUDA, the process's
+anonymous resident memory (``RssAnon``: its heap and other private allocations, where a leak's
+tensors live) on the CPU. File-backed resident pages (the libraries' code, mapped data files)
+are left out: the kernel drops them when memory is needed elsewhere and reads them back as the
+code runs again, so they move with the machine's memory pressure, not with the loop. The growth
+per step is the least-squares slope over the steps after a warm-up; a loop leaks when the slope
+exceeds a threshold (default 256 KiB per step on CUDA, 1 MiB on the CPU, where the resident
+size also moves with the allocator).
 
 On a big model a leaky loop runs out of memory before the steps are done: a loop that ran at
 least one step and then ran out of memory (``gpubench.diagnostics.frontier.is_out_of_memory``, or,
@@ -42,7 +46,10 @@ def memory_in_use(device: torch.device) -> int:
         torch.cuda.synchronize(device)
         return torch.cuda.memory_allocated(device)
     if cpu_peak_supported():
-        return status_bytes("VmRSS")
+        try:
+            return status_bytes("RssAnon")  # Linux 4.5 on
+        except RuntimeError:
+            return status_bytes("VmRSS")
     raise RuntimeError("leak detection on the CPU needs Linux /proc/self/status")
 
 
