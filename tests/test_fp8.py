@@ -93,17 +93,31 @@ def test_fp8_runs_on_one_device_and_needs_torchao(monkeypatch):
 @pytest.mark.parametrize("emulated, fp8_median, expected", [
     (True, 0.5, "not testable here"), (False, 0.7, "holds"), (False, 1.1, "does not hold")])
 def test_the_fp8_claim_against_bf16(emulated, fp8_median, expected):
+    # On CUDA both sides compiled (as torchao measures it); the eager pair is not the claim's.
     fp8 = {"fp8_layers": "auto", "fp8_emulated": emulated, "fp8_converted": ["a", "b"],
-           "device": "cuda", "group": "precision"}
+           "device": "cuda", "group": "compile", "compile": True}
     rows = [_row("bert-fp32", 1.0, device="cuda", fp8_layers="auto"),
-            _row("bert-bf16", 1.0, precision="bf16", device="cuda", fp8_layers="auto"),
-            _row("bert-fp8", fp8_median, precision="fp8", **fp8),
-            _row("bert-fp8-rowwise", fp8_median, precision="fp8-rowwise", **fp8)]
+            _row("bert-bf16", 0.5, precision="bf16", device="cuda", fp8_layers="auto"),
+            _row("bert-fp8", 1.5, precision="fp8", **{**fp8, "compile": False}),
+            _row("bert-bf16-compile", 1.0, precision="bf16", device="cuda", fp8_layers="auto",
+                 compile=True),
+            _row("bert-fp8-compile", fp8_median, precision="fp8", **fp8),
+            _row("bert-fp8-rowwise-compile", fp8_median, precision="fp8-rowwise", **fp8)]
     verdicts = {v.claim: v for v in advise(pd.DataFrame(rows)) if v.claim.startswith(FP8)}
     assert set(verdicts) == {f"{FP8} (fp8)", f"{FP8} (fp8-rowwise)"}
     for v in verdicts.values():
         assert v.verdict == expected, v
         assert "2 linears converted (auto filter)" in v.why
+
+
+def test_on_cuda_fp8_is_compiled_beside_compiled_bf16():
+    from gpubench.suite.cases import profile_cases
+
+    ids = {c.id for c in profile_cases("gpu-small", "cuda", ("bert",), ("compile",))}
+    assert {"bert-bf16-compile", "bert-fp8-compile", "bert-fp8-rowwise-compile"} <= ids, ids
+    claim = CLAIMS["fp8"]
+    cuda = RunConfig(model="bert", profile="gpu-small", device="cuda")
+    assert claim.config("new", cuda).compile and claim.config("base", cuda).compile
 
 
 def test_the_summary_states_an_fp8_mfu_against_both_peaks():
