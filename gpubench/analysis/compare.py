@@ -462,16 +462,24 @@ COMPARE_COLUMNS = {
 
 
 def compare_markdown(table: pd.DataFrame) -> str:
-    shown = table.reindex(columns=[*KEY, *COMPARE_COLUMNS]).copy()
+    columns = dict(COMPARE_COLUMNS)
+    if "confirmed" in table and table["confirmed"].notna().any():
+        columns["confirm_change"] = "time re-measured"
+        columns["confirmed"] = "confirmed"
+    shown = table.reindex(columns=[*KEY, *columns]).copy()
     shown = shown.loc[:, ~shown.columns.duplicated()]
     if shown[["profile", "device"]].drop_duplicates().shape[0] > 1:
         shown["case_id"] = [f"{c} ({p}, {d})" for c, p, d in
                             zip(shown["case_id"], shown["profile"], shown["device"], strict=True)]
-    for col in ("time_change", "throughput_change", "memory_change"):
-        shown[col] = shown[col].map(lambda v: "-" if pd.isna(v) else f"{100 * v:+.1f}%")
+    for col in ("time_change", "throughput_change", "memory_change", "confirm_change"):
+        if col in shown:
+            shown[col] = shown[col].map(lambda v: "-" if pd.isna(v) else f"{100 * v:+.1f}%")
+    if "confirmed" in shown:
+        shown["confirmed"] = shown["confirmed"].map(
+            lambda v: "-" if v is None or pd.isna(v) else "yes" if v else "no")
     shown["p_value"] = shown["p_value"].map(lambda v: "-" if pd.isna(v) else f"{v:.3f}")
     shown["basis"] = shown["basis"].map(lambda v: BASIS_SHORT.get(v, "-"))
-    return figures_table(shown.astype(object).fillna("-"), COMPARE_COLUMNS)
+    return figures_table(shown.astype(object).fillna("-"), columns)
 
 
 def split_files(args: argparse.Namespace) -> tuple[list[str], str]:
@@ -486,9 +494,48 @@ def split_files(args: argparse.Namespace) -> tuple[list[str], str]:
     return list(args.files[:-1]), args.files[-1]
 
 
-def compare_main(args: argparse.Namespace) -> int:
+def confirm_regressions(base: pd.DataFrame, table: pd.DataFrame, again: pd.DataFrame,
+                        th: Thresholds = Thresholds()) -> pd.DataFrame:
+    """``table`` with each regression decided again on ``again``, a re-measurement of the
+    flagged cases on the new code: a case stays a regression only when ``again`` regresses
+    too, on the same basis and against the same limit (``time_limit``: the between-run spread
+    of the first comparison, which the few re-measured cases cannot estimate). Its status
+    becomes *unchanged* (note: not confirmed) otherwise; a case ``again`` lacks stays a
+    regression (note: not re-measured). Adds ``confirm_change`` and ``confirmed``."""
+    b_cases, a_cases = _cases(base), _cases(again)
+    table = table.copy()
+    table["confirm_change"] = math.nan
+    table["confirmed"] = pd.Series([None] * len(table), index=table.index, dtype=object)
+    table["note"] = table["note"].astype(object)
+    for i, row in table[table["status"] == Kind.REGRESSION].iterrows():
+        key = tuple(row[k] for k in KEY)
+        a, b = a_cases.get(key), b_cases.get(key)
+        on = row["basis"]
+        if a is None or b is None or a.get(on) is None or b.get(on) is None:
+            table.loc[i, ["confirmed", "note"]] = [False, "not re-measured: kept"]
+            continue
+        time_kind = Kind.UNCHANGED
+        if row["time_verdict"] == Kind.REGRESSION:
+            time_kind, change, _ = time_verdict(b[on], a[on], th, row["time_limit"])
+            table.loc[i, "confirm_change"] = change
+        mem_kind = Kind.UNCHANGED
+        if row["memory_verdict"] == Kind.REGRESSION and b["kinds"] == a["kinds"]:
+            mem_kind, _ = memory_verdict(b["memory"], a["memory"], th)
+        held = Kind.REGRESSION in (time_kind, mem_kind)
+        table.loc[i, "confirmed"] = held
+        if not held:
+            table.loc[i, ["status", "note"]] = [Kind.UNCHANGED, "regression not confirmed "
+                                                "by a re-measurement"]
+        else:
+            table.loc[i, "note"] = "confirmed by a re-measurement"
+    return table
+
+
+def compare_main(args: argparse.Namespace, remeasure=None) -> int:
     """Print the table; exit 1 on a significant regression (0 with --report-only) and 2 when
-    NEW holds no case comparable with BASE."""
+    NEW holds no case comparable with BASE. With ``--confirm``, ``remeasure(new_file, rows)``
+    (the command line's: ``gpubench run`` of those cases alone) re-measures the regressions
+    on the new code, and only those that regress again count (``confirm_regressions``)."""
     th = Thresholds(time=args.time_threshold, memory=args.memory_threshold, alpha=args.alpha,
                     noise_sigmas=args.noise_sigmas)
     bases, new_file = split_files(args)
@@ -507,6 +554,18 @@ def compare_main(args: argparse.Namespace) -> int:
     table = compare_runs(base, new, th, basis="normalized" if args.normalized else args.basis)
     if args.new_only:
         table = table[table["status"] != "removed"]
+    flagged = table[table["status"] == Kind.REGRESSION]
+    if getattr(args, "confirm", False) and len(flagged) and remeasure is not None:
+        print(f"gpubench compare: re-measuring {len(flagged)} flagged case(s) on the new code "
+              "to confirm them", file=sys.stderr, flush=True)
+        again_file = remeasure(new_file, flagged)
+        if again_file is None:
+            print("warning: the re-measurement measured none of the flagged cases; they are "
+                  "decided as measured", file=sys.stderr)
+        else:
+            again = load_results([again_file], labels=["again"])
+            table = confirm_regressions(base, table, again, th)
+            print(f"gpubench compare: re-measured in {again_file}", file=sys.stderr)
     shift = common_shift(table, th)
     if shift:
         print(f"warning: {shift}", file=sys.stderr)

@@ -52,3 +52,60 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    help="write NEW's figures for github-action-benchmark into DIR: "
                    "smaller_is_better.json (time, memory) and bigger_is_better.json "
                    "(throughput, MFU)")
+    p.add_argument("--confirm", action="store_true",
+                   help="re-measure the cases found to regress on the new code (gpubench run "
+                   "of those cases alone, in this checkout) and keep a regression only if it "
+                   "regresses again, against the same limit")
+    p.add_argument("--confirm-args", default="", metavar="ARGS",
+                   help="extra gpubench run options for the re-measurement, as one string "
+                   "(e.g. \"--rounds 10\"; default: the profile's own)")
+
+
+def remeasure_cases(args: argparse.Namespace):
+    """The re-measurement ``compare --confirm`` runs: a function of (NEW file, the flagged
+    rows) that runs ``gpubench run`` on those cases alone (same profile, device and workload
+    per model; ``-k`` by their test names) into a temporary folder beside NEW, and returns its
+    result file, or None when it measured none of them."""
+
+    def remeasure(new_file, rows):
+        import json
+        import shlex
+        import subprocess
+        import sys
+        import tempfile
+        from pathlib import Path
+
+        extra = shlex.split(args.confirm_args or "")
+        out = Path(tempfile.mkdtemp(prefix="confirm-", dir=Path(new_file).parent))
+        records = json.loads(Path(new_file).read_text())["benchmarks"]
+        names = {(b["extra_info"].get("model"), b["extra_info"].get("case_id")):
+                 (b.get("name"), b["extra_info"].get("workload")) for b in records
+                 if isinstance(b.get("extra_info"), dict)}
+        files = []
+        for (profile, device), group in rows.groupby(["profile", "device"]):
+            tests, workloads = [], []
+            for _, r in group.iterrows():
+                name, workload = names.get((r["model"], r["case_id"]),
+                                           (f"test_step[{r['case_id']}]", r["model"]))
+                tests.append(name[name.index("["):] if "[" in name else name)
+                workloads.append(workload or r["model"])
+            dest = out / f"{profile}-{device}"
+            cmd = [sys.executable, "-m", "gpubench", "run", "--profile", profile, "--device",
+                   device, "--models", ",".join(dict.fromkeys(workloads)), "-k",
+                   " or ".join(tests), "--no-charts", "--no-hygiene", "--out", str(dest),
+                   *extra]
+            print(f"gpubench compare: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
+            if (dest / "benchmark.json").is_file():
+                files.append(dest / "benchmark.json")
+        if not files:
+            return None  # nothing re-measured: decided as they were
+        if len(files) == 1:
+            return files[0]
+        merged = json.loads(files[0].read_text())
+        for f in files[1:]:
+            merged["benchmarks"] += json.loads(f.read_text())["benchmarks"]
+        (out / "benchmark.json").write_text(json.dumps(merged))
+        return out / "benchmark.json"
+
+    return remeasure

@@ -702,7 +702,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_output("--markdown", args.markdown, is_file=True)
     if args.github_json:
         check_output("--github-json", args.github_json)
-    return compare_main(args)
+    from gpubench.cli.compare import remeasure_cases
+
+    return compare_main(args, remeasure=remeasure_cases(args))
 
 
 def _same_file(a, b) -> bool:
