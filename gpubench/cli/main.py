@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpubench.cli.bisect import add_bisect_parser
 from gpubench.cli.history import add_history_option, add_history_parser
 from gpubench.cli.options import (
     SESSION_OPTIONS,
@@ -868,7 +869,7 @@ def _add_dist_parser(sub) -> None:
 COMMANDS = (_add_run_parser, _add_list_parser, _add_summary_parser, _add_report_parser,
             _add_compare_parser, _add_advise_parser, _add_case_parser, _add_memory_parser,
             _add_parity_parser, _add_tune_parser, _add_export_parser, add_history_parser,
-            _add_dist_parser, add_submit_parser)
+            add_bisect_parser, _add_dist_parser, add_submit_parser)
 """The subcommands, in ``gpubench --help``'s order: each adds its parser to the subparsers
 action and sets its ``func``. A new command is a function here and an entry in this tuple."""
 
