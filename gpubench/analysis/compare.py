@@ -531,6 +531,72 @@ def confirm_regressions(base: pd.DataFrame, table: pd.DataFrame, again: pd.DataF
     return table
 
 
+def machine_of(path: str | Path) -> dict:
+    """The machine fingerprint of a result file (``history.machine_fingerprint``)."""
+    from gpubench.analysis.history import machine_fingerprint
+
+    return machine_fingerprint(read_benchmark_json(path).get("machine_info") or {})
+
+
+def across_machines(base: pd.DataFrame, new: pd.DataFrame, prices=(None, None)) -> pd.DataFrame:
+    """Two machines' runs, case by case: each machine's speedup over its own FP32 baseline
+    (``results.with_baseline_ratios``), each one's samples/s and the new machine's throughput
+    over the base's; with ``prices`` (a ``cost.Price`` per side, or None), each side's cost
+    per million samples (and tokens). No regression is called: the machines differ."""
+    from gpubench.analysis.cost import with_cost
+    from gpubench.analysis.results import with_baseline_ratios
+
+    sides = []
+    for df, price in zip((base, new), prices, strict=True):
+        steps = with_baseline_ratios(_steps(df).dropna(subset=["step_time_s"]))
+        if price is not None:
+            steps = with_cost(steps, price)
+        cols = ["speedup", "samples_per_s", "cost_per_m_samples", "cost_per_m_tokens"]
+        steps = steps.reindex(columns=[*KEY, *cols])
+        sides.append(steps.groupby(list(KEY), sort=False)[cols].median())
+    table = sides[0].merge(sides[1], left_index=True, right_index=True, how="inner",
+                           suffixes=("_base", "_new"))
+    table["throughput_ratio"] = table["samples_per_s_new"] / table["samples_per_s_base"]
+    return table.reset_index()
+
+
+def across_markdown(table: pd.DataFrame, names: tuple[str, str], prices=(None, None)) -> str:
+    from gpubench.analysis.cost import cost_headers
+    from gpubench.util.tables import markdown_table
+
+    a, b = names
+    rows = []
+    for _, r in table.iterrows():
+        row = {"case": r["case_id"], "speedup vs own FP32 on A": f"{r['speedup_base']:.2f}x",
+               "speedup vs own FP32 on B": f"{r['speedup_new']:.2f}x",
+               "samples/s on A": f"{r['samples_per_s_base']:.1f}",
+               "samples/s on B": f"{r['samples_per_s_new']:.1f}",
+               "throughput B / A": f"{r['throughput_ratio']:.2f}x"}
+        for side, price, label in (("base", prices[0], "A"), ("new", prices[1], "B")):
+            if price is not None:
+                samples, tokens = cost_headers(price)
+                row[f"{samples} on {label}"] = f"{r[f'cost_per_m_samples_{side}']:.4g}"
+                tok = r[f"cost_per_m_tokens_{side}"]
+                row[f"{tokens} on {label}"] = "-" if pd.isna(tok) else f"{tok:.4g}"
+        rows.append(row)
+    return f"A (base): {a}\nB (new): {b}\n\n" + markdown_table(rows)
+
+
+def _prices(args: argparse.Namespace, sides: int):
+    """One ``cost.Price`` per side from ``--price-per-hour`` (one for all, or one per file)."""
+    from gpubench.analysis.cost import Price
+
+    given = [Price.parse(p) for p in (getattr(args, "price_per_hour", None) or [])]
+    if not given:
+        return [None] * sides
+    if len(given) == 1:
+        return given * sides
+    if len(given) != sides:
+        raise ValueError(f"--price-per-hour given {len(given)} times: give it once (every "
+                         f"machine) or once per file ({sides})")
+    return given
+
+
 def compare_main(args: argparse.Namespace, remeasure=None) -> int:
     """Print the table; exit 1 on a significant regression (0 with --report-only) and 2 when
     NEW holds no case comparable with BASE. With ``--confirm``, ``remeasure(new_file, rows)``
@@ -551,6 +617,25 @@ def compare_main(args: argparse.Namespace, remeasure=None) -> int:
         for msg in environment_warnings(base_file, new_file):
             print(f"warning: the runs come from different environments: {prefix}{msg}",
                   file=sys.stderr)
+    prices = _prices(args, len(bases) + 1)
+    machines = [machine_of(f) for f in [*bases, new_file]]
+    if len({m["id"] for m in machines}) > 1:
+        # Two machines: per case, each one's speedup over its own FP32 and the throughput
+        # across them; a difference of machines is not a regression.
+        across = across_machines(base, new, (prices[0], prices[-1]))
+        names = (machines[0]["name"], machines[-1]["name"])
+        print("gpubench compare: the runs come from different machines; comparing each "
+              "case across them, no regression is called", file=sys.stderr)
+        text = across_markdown(across, names, (prices[0], prices[-1]))
+        print(text)
+        if args.markdown:
+            atomic.write_text(args.markdown, text + "\n")
+        if across.empty:
+            print(f"gpubench compare: {new_file} holds no case comparable with the base",
+                  file=sys.stderr)
+            return 2
+        print(f"\ncompared {len(across)} case(s) across two machines")
+        return 0
     table = compare_runs(base, new, th, basis="normalized" if args.normalized else args.basis)
     if args.new_only:
         table = table[table["status"] != "removed"]
@@ -570,6 +655,10 @@ def compare_main(args: argparse.Namespace, remeasure=None) -> int:
     if shift:
         print(f"warning: {shift}", file=sys.stderr)
     text = compare_markdown(table)
+    if prices[-1] is not None:
+        from gpubench.analysis.cost import cost_markdown
+
+        text += "\n\n" + cost_markdown(new, prices[-1])
     print(text)
     limits = noise_line(table)
     if limits:

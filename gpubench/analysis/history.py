@@ -47,10 +47,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpubench.analysis.cost import tokens_per_sample
 from gpubench.analysis.results import ResultsError, load_results, training_memory
 from gpubench.util import atomic
 from gpubench.util.stats import bootstrap_ratio_ci
-from gpubench.util.verdicts import MEMORY_THRESHOLD, TIME_THRESHOLD
+from gpubench.util.verdicts import COMPARE_BASES, MEMORY_THRESHOLD, TIME_THRESHOLD
 
 HISTORY_FORMAT = 1
 """The version of a run's index file (``"gpubench_history"`` in it)."""
@@ -131,16 +132,6 @@ def _commit(data: dict, commit: dict | None) -> dict:
             "branch": info.get("branch"), "dirty": bool(info.get("dirty"))}
 
 
-def _seq_len(shape) -> float:
-    """Tokens per sample of a language model's input ``[batch, sequence]``, else NaN."""
-    if isinstance(shape, list | tuple) and len(shape) == 2:
-        try:
-            return float(shape[1])
-        except (TypeError, ValueError):
-            return math.nan
-    return math.nan
-
-
 def case_figures(df: pd.DataFrame) -> pd.DataFrame:
     """``CASE_COLUMNS`` per measured step case of a results frame (``load_results``)."""
     steps = df[(df["kind"] == "step") & df["case_id"].notna() & df["step_time_s"].notna()]
@@ -164,20 +155,14 @@ def case_figures(df: pd.DataFrame) -> pd.DataFrame:
         "step_time_s": steps["step_time_s"].astype(float),
         "samples_per_s": pd.to_numeric(steps["samples_per_s"], errors="coerce"),
         "global_batch": pd.to_numeric(steps["global_batch"], errors="coerce"),
-        "seq_len": [_seq_len(s) if m in LANGUAGE_MODELS or (isinstance(w, str)
-                                                            and w in LANGUAGE_MODELS)
-                    else math.nan for s, m, w in zip(steps["input_shape"], steps["model"],
-                                                     steps["workload"], strict=True)],
+        "seq_len": [tokens_per_sample(m, s) for s, m in zip(steps["input_shape"],
+                                                            steps["model"], strict=True)],
         "time_rounds": pd.to_numeric(steps["time_rounds"], errors="coerce"),
         "paired": paired,
         "memory": train.fillna(pd.to_numeric(steps["peak_memory_bytes"], errors="coerce")),
         "memory_kind": np.where(train.notna(), "training", "peak"),
     })
     return out.reset_index(drop=True)
-
-
-LANGUAGE_MODELS = frozenset({"bert", "gpt2", "llama", "t5", "lstm"})
-"""Models whose samples are token sequences: their cost is also per token."""
 
 
 def run_index(result_file: str | Path, *, commit: dict | None = None) -> dict:
@@ -356,10 +341,8 @@ def history_series(history: History, basis: str = "auto") -> pd.DataFrame:
     """One row per case, metric and run: ``SERIES_KEY`` columns, ``order``, ``value`` (the
     figure followed: time on ``basis``, memory in bytes), ``on`` (what the value is: paired,
     raw, vs median, memory), ``step_time_s``, and the run's columns."""
-    from gpubench.analysis.compare import BASES
-
-    if basis not in BASES:
-        raise ValueError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+    if basis not in COMPARE_BASES:
+        raise ValueError(f"basis must be one of {', '.join(COMPARE_BASES)}, got {basis!r}")
     t = history.cases.copy()
     if t.empty:
         return t.assign(metric=[], value=[], on=[])

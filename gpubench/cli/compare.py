@@ -13,6 +13,10 @@ from gpubench.util.verdicts import (
     TIME_THRESHOLD,
 )
 
+PRICE_HELP = ("price per hour of the whole machine (2.5 or 2.5/machine) or of each GPU a case "
+              "uses (2.5/gpu): adds the cost per million samples (and tokens, for language "
+              "models)")
+
 _alpha = bounded(float, low=0, high=1, open_low=True, open_high=True)
 _threshold = non_negative
 
@@ -52,6 +56,8 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    help="write NEW's figures for github-action-benchmark into DIR: "
                    "smaller_is_better.json (time, memory) and bigger_is_better.json "
                    "(throughput, MFU)")
+    p.add_argument("--price-per-hour", action="append", metavar="PRICE",
+                   help=PRICE_HELP + "; once for every file, or once per file in order")
     p.add_argument("--confirm", action="store_true",
                    help="re-measure the cases found to regress on the new code (gpubench run "
                    "of those cases alone, in this checkout) and keep a regression only if it "

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from gpubench.cli.bisect import add_bisect_parser
+from gpubench.cli.compare import PRICE_HELP
 from gpubench.cli.history import add_history_option, add_history_parser
 from gpubench.cli.options import (
     SESSION_OPTIONS,
@@ -521,6 +522,10 @@ def cmd_summary(args: argparse.Namespace) -> int:
         summary_frame(df).to_csv(sys.stdout, index=False)
     else:
         print(summary_markdown(df) + failures_markdown(failures_beside(files)))
+        if args.price_per_hour:
+            from gpubench.analysis.cost import Price, cost_markdown
+
+            print("\n### Cost\n\n" + cost_markdown(df, Price.parse(args.price_per_hour)))
     return 0
 
 
@@ -762,6 +767,7 @@ def _add_summary_parser(sub) -> None:
     summ = sub.add_parser("summary", help="print the summary table of result files")
     summ.add_argument("files", nargs="+", help="benchmark JSON files, or results folders")
     summ.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    summ.add_argument("--price-per-hour", metavar="PRICE", help=PRICE_HELP)
     summ.set_defaults(func=cmd_summary)
 
 
