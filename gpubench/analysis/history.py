@@ -27,7 +27,8 @@ sides differ by at least the minimum magnitude (compare's thresholds: 7% time, 2
 and the new level held for at least ``PERSISTENCE`` runs (one slow run is not a change).
 Segments are then split again the same way. The latest runs, fewer than ``PERSISTENCE``, are
 reported as a *pending* change when they all lie beyond every earlier run of their level and
-their median beyond the minimum magnitude (p: the chance of that for exchangeable runs):
+their median beyond the minimum magnitude, with p (the chance of that for exchangeable runs)
+below ``PENDING_ALPHA``:
 ``gpubench compare --confirm`` decides those. Each change point has its last good and first
 bad commit, the ratio of the medians after/before with a bootstrap interval
 (``stats.bootstrap_ratio_ci``), and p.
@@ -65,6 +66,10 @@ CHANGE_ALPHA = 0.01
 PERSISTENCE = 2
 """Runs the new level must hold for a change point to count (a later change may follow)."""
 
+PENDING_ALPHA = 0.1
+"""The chance below which the latest runs lying beyond all earlier ones is flagged as pending
+(with one latest run: a level of 20 runs or more)."""
+
 PERMUTATIONS = 999
 """Shuffles of a series' ranks per permutation test (p resolves to 0.001)."""
 
@@ -79,6 +84,9 @@ CASE_COLUMNS = ("model", "profile", "device", "case_id", "workload", "is_baselin
 """The figures a run's index keeps per case (``paired``: median per-round ratio over the
 paired baseline rounds; ``memory``: training memory, else the peak; ``seq_len``: tokens per
 sample of a language model's input)."""
+
+TREND_RUNS = 5
+"""Runs at each end of a series whose medians make its trend."""
 
 SERIES_KEY = ("model", "profile", "device", "case_id", "metric", "machine_id")
 
@@ -490,8 +498,9 @@ def _pending(level: np.ndarray, min_magnitude: float, persistence: int
             continue
         ratio = float(np.median(after) / np.median(before))
         beyond = after.min() > before.max() if ratio > 1 else after.max() < before.min()
-        if beyond and abs(ratio - 1) >= min_magnitude:
-            return t, min(1.0, 2 / math.comb(level.size, t))
+        p = min(1.0, 2 / math.comb(level.size, t))
+        if beyond and abs(ratio - 1) >= min_magnitude and p < PENDING_ALPHA:
+            return t, p
     return None
 
 
@@ -537,16 +546,15 @@ def machine_changes(history: History) -> list[str]:
 
 
 def latest_table(series: pd.DataFrame, changes: pd.DataFrame) -> pd.DataFrame:
-    """Per case, metric and machine: runs, the latest value, the median of the series' first
-    level and the trend (latest level over first level), and how many change points."""
+    """Per case, metric and machine: runs, the latest value, the trend (the median of the
+    last ``TREND_RUNS`` runs over that of the first ones, fewer in a short series) and how
+    many change points."""
     rows = []
-    counts = changes.groupby(list(SERIES_KEY)).size().to_dict() if len(changes) else {}
+    held = changes[changes["persistent"]] if len(changes) else changes
+    counts = held.groupby(list(SERIES_KEY)).size().to_dict() if len(held) else {}
     for key, s in series.groupby(list(SERIES_KEY), sort=False):
-        cps = changes[(changes[list(SERIES_KEY)] == pd.Series(key, index=list(SERIES_KEY)))
-                      .all(axis=1)] if len(changes) else changes
-        bounds = [0, *[int(a) for a in cps["at"]], len(s)] if len(cps) else [0, len(s)]
-        first = s["value"].iloc[bounds[0]:bounds[1]].median()
-        last = s["value"].iloc[bounds[-2]:bounds[-1]].median()
+        k = max(1, min(TREND_RUNS, len(s) // 3))
+        first, last = s["value"].iloc[:k].median(), s["value"].iloc[-k:].median()
         rows.append({**dict(zip(SERIES_KEY, key, strict=True)), "on": s["on"].iloc[0],
                      "machine_name": s["machine_name"].iloc[-1], "runs": len(s),
                      "latest": float(s["value"].iloc[-1]),

@@ -76,12 +76,12 @@ def latest_markdown(latest: pd.DataFrame, cost: pd.DataFrame | None = None) -> s
                "samples/s": f"{r['latest_samples_per_s']:.1f}",
                "followed as": ON_WORDS.get(r["on"], r["on"]),
                "latest": _value(r["latest"], r["on"]),
-               "trend (latest level vs first)": f"{r['trend']:+.1%}",
+               "trend (last 5 runs vs first 5)": f"{r['trend']:+.1%}",
                "change points": r["changes"]}
         rows.append(row)
     return markdown_table(rows, columns=None if rows else [
         "case", "machine", "runs", "latest commit", "step time (ms)", "samples/s",
-        "followed as", "latest", "trend (latest level vs first)", "change points"])
+        "followed as", "latest", "trend (last 5 runs vs first 5)", "change points"])
 
 
 def history_markdown(history: History, changes: pd.DataFrame, latest: pd.DataFrame,
