@@ -31,7 +31,8 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from gpubench.analysis.recommend import Recommendation, recommend
+from gpubench.analysis.decision import Decision, decide
+from gpubench.analysis.recommend import Recommendation
 from gpubench.analysis.results import with_baseline_ratios
 from gpubench.analysis.speed import (
     SpeedComparison,
@@ -1161,10 +1162,12 @@ def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,
                     recommendations: list[Recommendation] | None = None,
                     memory_reports: list[dict] | None = None,
                     parity_reports: list[dict] | None = None,
-                    failures: list[dict] | None = None) -> str:
-    """The verdicts table and the recommendation; ``failures`` (``gpubench.measure.journal``): a
-    claim whose case failed says *case failed* with the case's one-line reason, and the
-    failed cases are listed below."""
+                    failures: list[dict] | None = None,
+                    tunes: list[dict] | None = None) -> str:
+    """The verdicts table and the recommended configuration (the decision of
+    ``gpubench.analysis.decision``, with ``tunes``: what the answer says); ``failures``
+    (``gpubench.measure.journal``): a claim whose case failed says *case failed* with the
+    case's one-line reason, and the failed cases are listed below."""
     from gpubench.analysis.failures import failures_markdown
     from gpubench.util.tables import markdown_table
 
@@ -1175,21 +1178,38 @@ def advice_markdown(df: pd.DataFrame, budget_bytes: float | None = None,
             for v in verdicts]
     lines = [markdown_table(rows, columns=("model", "claim", "measured", "verdict", "why",
                                            "chart"))]
-    recs = recommend(df, budget_bytes) if recommendations is None else recommendations
-    if recs:
+    decisions = decide(df, tunes, budget_bytes, recommendations)
+    if decisions:
         budget = "" if budget_bytes is None else f" within {budget_bytes / 2**20:,.0f} MiB"
-        lines += ["", f"Recommended configuration{budget}: the fastest that measurably beats "
-                  "FP32 and trains correctly (the baseline when none does):", ""]
-        for r in recs:
-            basis = ("confirmed in alternating rounds" if r.confirmed
-                     else "from rounds paired with the baseline's")
-            note = f"; {r.note}" if r.note else ""
-            lines.append(f"- {r.model}: `{r.case_id}`, {r.speedup:.2f}x the FP32 baseline "
-                         f"(95% CI {r.low:.2f}-{r.high:.2f}, {basis}), training memory "
-                         f"{r.peak_memory_bytes / 2**20:,.1f} MiB{note}")
+        lines += ["", f"Recommended configuration{budget} (the answer's): the fastest that "
+                  "measurably beats FP32 and trains correctly (the baseline when none does):",
+                  ""]
+        for d in decisions:
+            lines.append(f"- {d.model}: " + _decision_line(d))
     return "\n".join(lines) + "\n" + failures_markdown(failures or [])
 
 
+
+
+def _decision_line(d: Decision) -> str:
+    """One model's recommended configuration, in a line (``decision.decide``)."""
+    if d.source == "tune":
+        w = d.tune["winner"]
+        line = (f"`{d.case_id}`, the FP32 baseline (`gpubench tune` on this machine: "
+                f"{w.get('why', 'nothing beat it')})" if d.is_baseline else
+                f"`{d.case_id}`, {d.speedup:.2f}x the FP32 baseline (95% CI {d.low:.2f}-"
+                f"{d.high:.2f}, found and confirmed by `gpubench tune` on this machine)")
+        return line + (f". {d.differs}" if d.differs else "")
+    r = d.recommendation
+    if r.is_baseline:
+        line = f"`{r.case_id}`, the FP32 baseline: {r.reason}"
+    else:
+        basis = ("confirmed in alternating rounds" if r.confirmed
+                 else "from rounds paired with the baseline's")
+        line = (f"`{r.case_id}`, {r.speedup:.2f}x the FP32 baseline (95% CI {r.low:.2f}-"
+                f"{r.high:.2f}, {basis}), training memory "
+                f"{r.peak_memory_bytes / 2**20:,.1f} MiB")
+    return line + (f"; {r.note}" if r.note else "")
 
 
 def _with_failures(v: Verdict, failures: list[dict]) -> Verdict:

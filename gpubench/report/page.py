@@ -27,13 +27,17 @@ from gpubench.util.tables import markdown_table
 from gpubench.util.verdicts import Kind
 
 READING_GUIDE = """\
-- **Speedup** is the ratio of throughputs: the case's samples/s divided by the samples/s of the
-  FP32 baseline of the same model, profile and device (above 1 is faster). For a case with the
-  baseline's global batch this equals baseline median step time ÷ case median step time; it
-  stays fair for cases that process more samples per step (accumulation at constant
-  micro-batch, DDP). Each round of a case is paired with a baseline round taken a moment
-  before it; the speedup is the median of the per-round ratios and the whisker its 95% bootstrap
-  interval (rounds without pairs: an interval from the separately measured rounds).
+- **Speedup** (one definition, used by every table, chart and sentence of this report: the
+  answer, the advice, the summary, the charts): the case's samples/s divided by the samples/s
+  of the FP32 baseline of the same model, profile and device *measured alongside it*, shown in
+  the summary as *fp32 samples/s alongside* (above 1 is faster). Each round of a case is paired
+  with a baseline round taken beside it; the speedup is the median of the per-round ratios and
+  its 95% interval a bootstrap over the rounds, so the baseline's samples/s alongside is the
+  case's samples/s over that speedup (cases without paired rounds: the baseline case's
+  samples/s, marked *separate runs*). Throughput counts the effective (global) batch, so cases
+  that process more samples per step (accumulation, DDP) compare fairly; they are marked
+  [batch xN]. The baseline reads 1.00x; its interval column gives its paired ratio against its
+  own copy, the run's noise floor.
 - **Training memory** is what the techniques change: on CUDA the allocator's peak; on the CPU
   the exact sum of parameters, gradients, optimizer state and the activations autograd saves
   for one micro-batch, per device or rank. The summary's *peak mem* column is, on CUDA, the
@@ -259,7 +263,7 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
                                 "measurements",
                                 advice_markdown(df, memory_reports=memory_reports,
                                                 parity_reports=parity_reports,
-                                                failures=failures)))
+                                                failures=failures, tunes=tunes)))
     if parity_reports:  # gpubench run --parity, or a gpubench parity folder's parity.json
         from gpubench.analysis.parity import parity_markdown
 
