@@ -29,6 +29,10 @@ REQUIRED_FIELDS = (
 )
 """Fields every gpubench record carries in ``extra_info``; older or foreign files may lack some."""
 
+NULLABLE_REQUIRED = ("tflops", "mfu")
+"""Required fields that are null where the FLOP count left out heavy work (``uncounted_ops``):
+no FLOP rate is better than a silently low one."""
+
 STAT_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds")
 
 INT64_MAX = 2**63 - 1
@@ -43,7 +47,8 @@ EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
 }
 """Known ``extra_info`` fields: (type, constraint), from the techniques' declarations and the
 documented record schema (``gpubench.analysis.schema.METRICS``). Any may be null except the
-REQUIRED_FIELDS and ``kind``; unknown fields pass through (integers must fit in 64 bits)."""
+REQUIRED_FIELDS (but ``NULLABLE_REQUIRED``) and ``kind``; unknown fields pass through (integers
+must fit in 64 bits)."""
 
 STATS_SCHEMA: dict[str, tuple[str, str]] = {
     **{f: ("float", ">0") for f in ("min", "max", "mean", "median", "q1", "q3")},
@@ -201,7 +206,8 @@ def _validate_bench(bench, where: str) -> None:
         extra = bench["extra_info"]
         if not isinstance(extra, dict):
             raise _Bad(f"{where}.extra_info", f"expected an object, got {_describe(extra)}")
-        _validate_mapping(extra, EXTRA_SCHEMA, f"{where}.extra_info", (*REQUIRED_FIELDS, "kind"))
+        _validate_mapping(extra, EXTRA_SCHEMA, f"{where}.extra_info",
+                          (*(f for f in REQUIRED_FIELDS if f not in NULLABLE_REQUIRED), "kind"))
         if "kind" in extra and extra["kind"] not in KINDS:
             raise _Bad(f"{where}.extra_info.kind",
                        f"expected one of {', '.join(KINDS)}, got {_describe(extra['kind'])}")
