@@ -118,9 +118,9 @@ def test_accumulation_and_no_sync_claims():
         _row("bert-fp32-accum4-mb2", 1.6, accum_steps=4, micro_batch=2, group="accumulation",
              activation_bytes=125),
         _row("bert-fp32-accum2-ddp2", 2.0, parallel="ddp", world_size=2, accum_steps=2,
-             global_batch=64),
+             global_batch=32, micro_batch=8),
         _row("bert-fp32-accum2-ddp2-nosync", 1.5, parallel="ddp", world_size=2, accum_steps=2,
-             global_batch=64, ddp_no_sync=True),
+             global_batch=32, micro_batch=8, ddp_no_sync=True),
     ]
     verdicts = dict(_verdicts(rows))
     assert verdicts["gradient accumulation keeps the effective batch at lower memory"] == "holds"

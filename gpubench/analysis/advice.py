@@ -116,6 +116,10 @@ class _Cases:
             sub) else None
         self.defaults = dict(BASELINE_FIELDS)
         base = self.first(self.flag("is_baseline"))
+        if base is not None and pd.notna(base.get("micro_batch")):
+            # The baseline's micro-batch, too: a case at another batch is another
+            # configuration (found only when asked for by its micro_batch).
+            self.defaults["micro_batch"] = int(base["micro_batch"])
         if base is not None and isinstance(base["dataset"], str):
             # Results measured before batches were device-resident by default: their baseline
             # (and every technique case) read "synthetic" samples through the loader.

@@ -49,7 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpubench.measure.machine import describe_fingerprint, fingerprint
+from gpubench.measure.machine import fingerprint
+from gpubench.measure.provenance import describe_fingerprint
 from gpubench.measure.memory import SavedActivations, state_breakdown
 from gpubench.suite.cases import baseline, native_cpu_precisions
 from gpubench.train.build import LEARNING_RATES, build, unsupported_reason

@@ -455,21 +455,26 @@ def plot_scaling(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def plot_loader(df: pd.DataFrame) -> plt.Figure:
-    """Loader stall fraction and throughput across num_workers x pin_memory."""
-    df = _measured(df)
-    if "loader_stall_fraction" not in df:
-        raise CannotPlot("results carry no loader stall measurements")
-    # On-disk data warm, without caching, feeding the baseline's step: the num_workers x
-    # pin_memory grid, each point the model's baseline in every other field (the cold cases,
-    # read from the disk, are the storage verdict's; the recipe group's stacks, with their
-    # precision and optimizer, are the recipe verdict's).
+def loader_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """The loader chart's points: on-disk data read warm, without caching, feeding the
+    baseline's step (the num_workers x pin_memory grid), each point its run's baseline in every
+    other configuration field (``results.same_configuration``). The cold cases, read from the
+    disk, are the storage verdict's; the recipe group's stacks, with their precision and
+    optimizer, the recipe verdict's."""
     baselines = df[df["is_baseline"] == True].drop_duplicates(["run", "model"])  # noqa: E712
     on_grid = pd.Series(False, index=df.index)
     for _, b in baselines.iterrows():
         on_grid |= (df["run"] == b["run"]) & same_configuration(
             df, b, vary=("dataset", "dataset_size", "num_workers", "pin_memory"))
-    grid = df[on_grid & df["dataset"].isin(["images-jpeg", "tokens-mmap"])]
+    return df[on_grid & df["dataset"].isin(["images-jpeg", "tokens-mmap"])]
+
+
+def plot_loader(df: pd.DataFrame) -> plt.Figure:
+    """Loader stall fraction and throughput across num_workers x pin_memory."""
+    df = _measured(df)
+    if "loader_stall_fraction" not in df:
+        raise CannotPlot("results carry no loader stall measurements")
+    grid = loader_grid(df)
     if grid["num_workers"].nunique() < 2:
         raise CannotPlot("no data-loader cases varying num_workers on on-disk data")
     resident = df[df["is_baseline"] == True]  # noqa: E712  (its batches are on the device)
