@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from gpubench.measure.machine import fingerprint
-from gpubench.measure.provenance import describe_fingerprint
 from gpubench.measure.memory import SavedActivations, state_breakdown
+from gpubench.measure.provenance import describe_fingerprint
 from gpubench.suite.cases import baseline, native_cpu_precisions
 from gpubench.train.build import LEARNING_RATES, build, unsupported_reason
 from gpubench.train.checks import TrainingCheckError, check_case
