@@ -135,3 +135,56 @@ def test_a_new_run_sets_an_earlier_tune_aside(tmp_path):
     assert cli._set_aside_previous(out) == 2
     assert sorted(p.name for p in out.iterdir()) == ["previous", "tuned-notes"]
     assert (out / "previous" / "tune-bert" / "tune.json").exists()
+
+
+# -- what was not measured is visible ---------------------------------------------------------
+
+def test_a_skipped_case_is_journaled_with_its_reason(tmp_path):
+    from types import SimpleNamespace
+
+    from gpubench.measure.journal import Journal, skipped_beside
+
+    json_path = tmp_path / "benchmark.json"
+    journal = Journal(None, json_path, {"profile": "smoke"},
+                      case_info=lambda item: {"case_id": item.name.split("[")[1][:-1],
+                                              "model": "bert"})
+    journal.start()
+    try:
+        item = SimpleNamespace(nodeid="b.py::test_step[bert-fp8]", name="test_step[bert-fp8]")
+        report = SimpleNamespace(when="setup", passed=False, failed=False, skipped=True,
+                                 longrepr=("b.py", 3, "Skipped: fp8 needs CUDA"))
+        journal.record_report(item, report)
+    finally:
+        journal.close()
+    (entry,) = skipped_beside([json_path])
+    assert entry["case_id"] == "bert-fp8" and entry["reason"] == "fp8 needs CUDA"
+    assert entry["model"] == "bert"
+
+
+@pytest.mark.slow
+def test_the_report_lists_skipped_and_failed_cases_and_links_only_what_it_holds(tmp_path):
+    from gpubench.report.page import write_report
+
+    out = tmp_path / "out"
+    out.mkdir()
+    results = out / "benchmark.json"
+    results.write_text(RUN.read_text())
+    lines = [{"type": "run", "key": {}}]
+    for case, reason in (("bert-fp8", "fp8 needs CUDA"), ("gpt2-fp8", "fp8 needs CUDA"),
+                         ("bert-fp32-ddp8", "needs 8 devices, this machine has 1")):
+        lines.append({"type": "case", "outcome": "skipped", "nodeid": f"t::{case}",
+                      "case_id": case, "reason": reason})
+    lines.append({"type": "case", "outcome": "failed", "nodeid": "t::bert-fp16",
+                  "case_id": "bert-fp16", "model": "bert", "reason": "RuntimeError: boom",
+                  "log": "logs/bert-fp16.log"})
+    (out / "cases.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_report([results], out)
+    md = (out / "report.md").read_text()
+    skipped = md.split("## Skipped cases")[1].split("\n## ")[0]
+    assert "| fp8 needs CUDA | 2 | `bert-fp8`, `gpt2-fp8` |" in skipped
+    assert "| needs 8 devices, this machine has 1 | 1 | `bert-fp32-ddp8` |" in skipped
+    assert "| bert-fp16 | bert | RuntimeError: boom | logs/bert-fp16.log |" in md
+    # The run holds no parity.md: the advice names it without a link to nowhere.
+    assert "(parity.md)" not in md and "`parity.md`" in md
+    for link in re.findall(r"\]\(([\w.-]+)\)", md):
+        assert (out / link).exists(), link

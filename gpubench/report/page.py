@@ -236,8 +236,8 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
                     memory_reports: list[dict] | None = None,
                     parity_reports: list[dict] | None = None,
                     failures: list[dict] | None = None,
-                    tunes: list[dict] | None = None, base: Path | None = None
-                    ) -> list[Section]:
+                    tunes: list[dict] | None = None, base: Path | None = None,
+                    not_run: list[dict] | None = None) -> list[Section]:
     """The report's sections, the answer first (one run: the tuner's winner or the
     recommendation, ``gpubench.analysis.answer``)."""
     sections = []
@@ -253,6 +253,10 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
 
         sections.append(Section("failed", "Failed cases",
                                 failures_markdown(failures).split("\n", 3)[-1]))
+    if not_run:  # gpubench.measure.journal: what the run skipped is visible too
+        from gpubench.analysis.failures import skipped_markdown
+
+        sections.append(Section("skipped", "Skipped cases", skipped_markdown(not_run)))
     sections.append(Section("reading-guide", "How to read this report", READING_GUIDE + "\n"))
     for name in charts:
         sections.append(Section(name, CHART_TITLES.get(name, name), f"![{name}]({name}.png)\n"))
@@ -336,16 +340,31 @@ def _write_report_into(out: Path, final: Path, files: list, df) -> list[Path]:
         if found:
             pngs[found[0].stem] = base64.b64encode(found[0].read_bytes()).decode()
     from gpubench.analysis.answer import tune_reports_beside
-    from gpubench.measure.journal import failures_beside
+    from gpubench.measure.journal import failures_beside, skipped_beside
 
     sections = report_sections(df, drawn, skipped, memory_reports_beside(files), parity,
-                               failures_beside(files), tune_reports_beside(files), final)
+                               failures_beside(files), tune_reports_beside(files), final,
+                               skipped_beside(files))
+    # No link to a file the report's folder does not hold (a parity.md of no parity run, a
+    # chart that was not drawn): its name stays, as text.
+    held = {p.name for p in written} | {p.name for p in final.iterdir() if p.is_file()}
+    sections = [Section(s.anchor, s.title, _held_links(s.body, held)) for s in sections]
     markdown = f"# {title}\n\n" + "\n".join(f"## {s.title}\n\n{s.body}" for s in sections)
     atomic.write_text(out / "report.md", markdown)
     written.append(out / "report.md")
     atomic.write_text(out / "report.html", render_html(title, sections, pngs))
     written.append(out / "report.html")
     return written
+
+
+_LOCAL_LINK = re.compile(r"\[([^\]]+)\]\(([\w.-]+\.(?:md|json|png|svg|html))\)")
+
+
+def _held_links(body: str, held: set[str]) -> str:
+    """``body`` with each Markdown link to a file in the report's folder that is not among
+    ``held`` turned into its text."""
+    return _LOCAL_LINK.sub(lambda m: m.group(0) if m.group(2) in held else f"`{m.group(1)}`",
+                           body)
 
 
 def render_html(title: str, sections: list[Section], pngs: dict[str, str]) -> str:
