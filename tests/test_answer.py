@@ -126,7 +126,7 @@ def test_a_tune_beside_the_results_answers_for_its_model(frame, tmp_path):
         assert "Measured in this run on AMD EPYC" in text.splitlines()[0]
         assert ("A tune of bert from elsewhere is beside these results "
                 "(`tune-bert/tune.json`") in text
-        assert "`bert-bf16-sgd_fused` (1.31x there) is not this run's answer" in text
+        assert "`bert-bf16-sgd_fused` (1.31x there) is not this run's answer (" in text
         advice = advice_markdown(frame, 2000, tunes=elsewhere)
         assert "- bert: `bert-fp32-sgd_fused`, " in advice and "bf16" not in advice.split(
             "Recommended configuration")[1]
@@ -136,7 +136,7 @@ def test_a_tune_beside_the_results_answers_for_its_model(frame, tmp_path):
     # Another profile's tune, or one at another global batch, does not answer for this one.
     text = answer_markdown(frame, [{**tunes[0], "global_batch": 64}])
     assert "train with **`bert-bf16" not in text
-    assert "not this run's answer: tuned at global batch 64, this run's is 8" in text
+    assert "not this run's answer (tuned at global batch 64, this run's is 8)" in text
     tunes[0]["profile"] = "gpu-small"
     text = answer_markdown(frame, tunes)
     assert "train with **`bert-bf16" not in text and "tuned in profile gpu-small" in text

@@ -78,8 +78,8 @@ def _elsewhere(d: Decision, base: Path | None) -> list[str]:
                   and w.get("case_id") != t.get("baseline") else "")
         lines += [f"A tune of {d.model} from elsewhere is beside these results "
                   f"(`{relative(t['path'], base)}`, measured on {t['where']}): its winner "
-                  f"`{w.get('case_id', '?')}`{figure} is not this run's answer: "
-                  f"{t['not_used']}.", ""]
+                  f"`{w.get('case_id', '?')}`{figure} is not this run's answer "
+                  f"({t['not_used']}).", ""]
     return lines
 
 

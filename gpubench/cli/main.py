@@ -520,10 +520,12 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
         print("gpubench: confirming the recommendation in alternating rounds ...", flush=True)
         recs = [confirm(r, df) for r in recommend(df, budget)]
+    from gpubench.analysis.answer import tune_reports_beside
     from gpubench.measure.journal import failures_beside
 
     text = advice_markdown(df, budget, recs, memory_reports(args, files),
-                           parity_reports(args, files), failures_beside(files))
+                           parity_reports(args, files), failures_beside(files),
+                           tune_reports_beside(files))
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
     print(text)
     print(f"gpubench: verdicts written to {out / 'advice.md'}")

@@ -146,9 +146,23 @@ def runs_markdown(df: pd.DataFrame) -> str:
             else _first(g["machine_cpu"]),
             "torch": _first(g["torch_version"]),
             "date": _first(g["datetime"])[:19].replace("T", " "),
+            "commit": _commit(g),
             "cases": str(int(steps["step_time_s"].notna().sum())),
         })
-    return markdown_table(rows, [*["left"] * 6, "right"])
+        fp = next((f for f in g.get("fingerprint", pd.Series(dtype=object))
+                   if isinstance(f, dict)), None)
+        if fp is not None and fp.get("device") == "cuda":
+            rows[-1]["hardware"] += (f" x{fp.get('device_count')}, driver "
+                                     f"{fp.get('driver') or '?'}")
+    return markdown_table(rows, [*["left"] * 7, "right"])
+
+
+def _commit(g: pd.DataFrame) -> str:
+    """The gpubench commit a run's records were measured with ("-": not recorded)."""
+    fp = next((f for f in g.get("fingerprint", pd.Series(dtype=object)) if isinstance(f, dict)),
+              None)
+    commit = (fp or {}).get("commit")
+    return "-" if not commit else str(commit)[:9] + ("+dirty" if "+dirty" in commit else "")
 
 
 def baseline_notes(df: pd.DataFrame) -> str:
