@@ -92,7 +92,7 @@ def claims_page() -> str:
     lines = ["# Claims", "",
              "Every claim the advice judges (`gpubench/suite/claims.py`), with the articles that "
              "make it, the size claimed for each part (speed ratios: above 1 is faster; memory "
-             "as a ratio to the baseline's) and its judge (`gpubench/analysis/advice.py`). How "
+             "as a ratio to the baseline's) and its judge (`gpubench/analysis/advice/`). How "
              "a part is judged against its range: [the advice and its verdicts](../advice.md).",
              "", "The source articles:", ""]
     lines += [f"- **{key}**: {title}" for key, title in SOURCES.items()]

@@ -118,9 +118,9 @@ def test_accumulation_and_no_sync_claims():
         _row("bert-fp32-accum4-mb2", 1.6, accum_steps=4, micro_batch=2, group="accumulation",
              activation_bytes=125),
         _row("bert-fp32-accum2-ddp2", 2.0, parallel="ddp", world_size=2, accum_steps=2,
-             global_batch=64),
+             global_batch=32, micro_batch=8),
         _row("bert-fp32-accum2-ddp2-nosync", 1.5, parallel="ddp", world_size=2, accum_steps=2,
-             global_batch=64, ddp_no_sync=True),
+             global_batch=32, micro_batch=8, ddp_no_sync=True),
     ]
     verdicts = dict(_verdicts(rows))
     assert verdicts["gradient accumulation keeps the effective batch at lower memory"] == "holds"
@@ -197,13 +197,15 @@ def test_a_claim_is_not_decided_by_one_part_while_another_is_inconclusive():
         == "smaller than claimed"
 
 
-def test_the_baseline_row_shows_its_measured_ratio_beside_its_interval():
-    """The fp32 row printed 1.00x beside its interval 0.98-0.99 (its rounds against its own
-    copy): it shows the measured ratio, the run's noise floor."""
+def test_the_baseline_row_reads_one_with_its_noise_floor_beside_it():
+    """The fp32 row read 0.98x in the summary, 1.00x in the answer: it reads 1.00x, as
+    everywhere, and its interval column names its paired ratio against its own copy (the
+    run's noise floor)."""
     from gpubench.report.summary import summary_frame
 
     base = _row("bert-fp32", 0.01, mfu=0.1, speedup_paired=0.985, speedup_paired_low=0.98,
                 speedup_paired_high=0.99)
     frame = summary_frame(pd.DataFrame([base]))
     row = frame.iloc[0]
-    assert row["speedup"] == 0.985 and row["speedup_ci"] == "0.98-0.99"
+    assert row["speedup"] == 1.0 and row["speedup_ci"] == "baseline (noise 0.98-0.99)"
+    assert row["baseline_samples_per_s"] == row["samples_per_s"]

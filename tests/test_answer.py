@@ -82,7 +82,14 @@ def test_with_only_the_baseline_the_answer_says_nothing_beat_it():
     assert "the FP32 baseline: no configuration" in answer_markdown(df)
 
 
+FINGERPRINT = {"cpu": "AMD EPYC", "cpu_count": 2, "device": "cpu", "device_name": "AMD EPYC",
+               "device_count": 1, "driver": None, "node": "vm",
+               "libraries": {"torch": "2.14.1", "transformers": "5.24.0"},
+               "commit": "c0b9e2eefb95", "date": "2026-12-03T10:01:23+00:00"}
+
+
 def test_a_tune_beside_the_results_answers_for_its_model(frame, tmp_path):
+    frame = frame.assign(fingerprint=[FINGERPRINT] * len(frame))
     results = tmp_path / "benchmark.json"
     results.write_text("{}")
     folder = tmp_path / "tune-bert"
@@ -90,19 +97,49 @@ def test_a_tune_beside_the_results_answers_for_its_model(frame, tmp_path):
     winner = {"case_id": "bert-bf16-sgd_fused", "speedup": 1.31, "low": 1.2, "high": 1.4}
     (folder / "tune.json").write_text(json.dumps({"result": {
         "name": "bert", "model": "bert", "profile": "cpu", "device": "cpu", "global_batch": 8,
-        "baseline": "bert-fp32", "winner": winner, "candidates": [{"rounds": 2}] * 5}}))
+        "baseline": "bert-fp32", "winner": winner, "candidates": [{"rounds": 2}] * 5,
+        "fingerprint": {**FINGERPRINT, "date": "2026-12-01T08:00:00+00:00"}}}))
     (tmp_path / "tune-other").mkdir()
     (tmp_path / "tune-other" / "tune.json").write_text("{not json")  # passed over
     tunes = tune_reports_beside([results])
     assert [t["winner"]["case_id"] for t in tunes] == ["bert-bf16-sgd_fused"]
     text = answer_markdown(frame, tunes, budget_bytes=2000, base=tmp_path)
     assert "train with **`bert-bf16-sgd_fused`**: 1.31x" in text
+    assert "Measured by the tune on AMD EPYC (2 CPUs), torch 2.14.1" in text
+    assert "2026-12-01" in text  # when
     assert "[tune-bert/tune.md](tune-bert/tune.md)" in text
+    # The run's own recommendation differs: the page says so, and why, in one line.
+    assert "This run's own cases alone point to `bert-fp32-sgd_fused`" in text
+    # The advice's recommended configuration is the same decision.
+    from gpubench.analysis.advice import advice_markdown
+
+    advice = advice_markdown(frame, 2000, tunes=tunes)
+    assert "- bert: `bert-bf16-sgd_fused`, 1.31x" in advice
+    # A tune from another machine, or with other library versions, or one that records no
+    # machine at all, is named as such and does not answer.
+    for other in ({**FINGERPRINT, "cpu": "Intel Xeon", "device_name": "Intel Xeon"},
+                  {**FINGERPRINT, "libraries": {"torch": "2.9.0", "transformers": "5.24.0"}},
+                  None):
+        elsewhere = [{**tunes[0], "fingerprint": other}]
+        text = answer_markdown(frame, elsewhere, budget_bytes=2000, base=tmp_path)
+        assert text.startswith("**bert**: train with **`bert-fp32-sgd_fused`**")
+        assert "Measured in this run on AMD EPYC" in text.splitlines()[0]
+        assert ("A tune of bert from elsewhere is beside these results "
+                "(`tune-bert/tune.json`") in text
+        assert "`bert-bf16-sgd_fused` (1.31x there) is not this run's answer (" in text
+        advice = advice_markdown(frame, 2000, tunes=elsewhere)
+        assert "- bert: `bert-fp32-sgd_fused`, " in advice and "bf16" not in advice.split(
+            "Recommended configuration")[1]
+    assert "Intel Xeon" in answer_markdown(frame, [{**tunes[0], "fingerprint": {
+        **FINGERPRINT, "cpu": "Intel Xeon", "device_name": "Intel Xeon"}}])
+    assert "records no machine" in answer_markdown(frame, [{**tunes[0], "fingerprint": None}])
     # Another profile's tune, or one at another global batch, does not answer for this one.
-    assert "bert-bf16-sgd_fused" not in answer_markdown(
-        frame, [{**tunes[0], "global_batch": 64}])
+    text = answer_markdown(frame, [{**tunes[0], "global_batch": 64}])
+    assert "train with **`bert-bf16" not in text
+    assert "not this run's answer (tuned at global batch 64, this run's is 8)" in text
     tunes[0]["profile"] = "gpu-small"
-    assert "bert-bf16-sgd_fused" not in answer_markdown(frame, tunes)
+    text = answer_markdown(frame, tunes)
+    assert "train with **`bert-bf16" not in text and "tuned in profile gpu-small" in text
 
 
 def test_the_batch_mark_and_the_summary_column():

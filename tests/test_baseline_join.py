@@ -136,23 +136,6 @@ def test_dist_rejects_bad_counts_in_argparse(capsys):
     assert exit_.value.code == 2 and "--rounds" in capsys.readouterr().err
 
 
-def test_mfu_is_not_applicable_where_the_count_misses_the_work(tmp_path, capsys):
-    """An LSTM's recurrent kernel has no FLOP formula: its MFU would read 0.0%; the summary
-    says n/a and names the op instead."""
-    from pathlib import Path
-
-    spec = f"{Path(__file__).parent / 'data' / 'lstm_workload.py'}:workload"
-    cfg = RunConfig(model=spec, profile="smoke", device="cpu")
-    bench = StandaloneBenchmark(f"case[{cfg.id}]", f"{cfg.name}-smoke-cpu")
-    run_case(bench, cfg, rounds=3, warmup_rounds=0)
-    missed = bench.extra_info["uncounted_ops"]
-    assert missed and any("rnn" in op or "lstm" in op for op in missed), missed
-    path = _write(tmp_path / "lstm.json", bench.as_json(), cpu_model())
-    assert cli.main(["summary", str(path)]) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines() if "lstm-fp32" in line)
-    assert f"n/a ({', '.join(missed)} not counted)" in line and "0.0%" not in line
-
-
 def test_a_case_paired_with_the_worker_baseline_agrees_with_its_samples_per_s(
         baseline_record, tmp_path):
     """A DDP case's paired baseline ran in a worker process at 13.7 ms a step while the

@@ -125,6 +125,13 @@ def test_a_tune_writes_the_winner_its_ablation_the_diagnosis_and_the_snippet(tmp
     assert result["diagnosis"]["predictions"]["optimizer_impl"].split(":")[0] in (
         "helps", "neutral", "hurts")
     winner = result["winner"]
+    # Where, with what and when: the answer of a run beside it uses it only on this machine.
+    from gpubench.measure.provenance import FINGERPRINT_MACHINE
+
+    fp = result["fingerprint"]
+    assert set(FINGERPRINT_MACHINE) <= set(fp) and fp["device"] == "cpu"
+    assert fp["libraries"]["torch"] == torch.__version__ and fp["date"].startswith("20")
+    assert f"Measured on {fp['device_name']}" in md
     assert "## Left out of the space" not in md  # both searched techniques apply here
     assert set(result["diagnosis"]["predictions"]) == {"optimizer_impl", "micro_batch"}
     parity = md.split("## Convergence parity of the winner")[1]

@@ -29,6 +29,10 @@ REQUIRED_FIELDS = (
 )
 """Fields every gpubench record carries in ``extra_info``; older or foreign files may lack some."""
 
+NULLABLE_REQUIRED = ("tflops", "mfu")
+"""Required fields that are null where the FLOP count left out heavy work (``uncounted_ops``):
+no FLOP rate is better than a silently low one."""
+
 STAT_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds")
 
 INT64_MAX = 2**63 - 1
@@ -43,7 +47,8 @@ EXTRA_SCHEMA: dict[str, tuple[str, str]] = {
 }
 """Known ``extra_info`` fields: (type, constraint), from the techniques' declarations and the
 documented record schema (``gpubench.analysis.schema.METRICS``). Any may be null except the
-REQUIRED_FIELDS and ``kind``; unknown fields pass through (integers must fit in 64 bits)."""
+REQUIRED_FIELDS (but ``NULLABLE_REQUIRED``) and ``kind``; unknown fields pass through (integers
+must fit in 64 bits)."""
 
 STATS_SCHEMA: dict[str, tuple[str, str]] = {
     **{f: ("float", ">0") for f in ("min", "max", "mean", "median", "q1", "q3")},
@@ -201,7 +206,8 @@ def _validate_bench(bench, where: str) -> None:
         extra = bench["extra_info"]
         if not isinstance(extra, dict):
             raise _Bad(f"{where}.extra_info", f"expected an object, got {_describe(extra)}")
-        _validate_mapping(extra, EXTRA_SCHEMA, f"{where}.extra_info", (*REQUIRED_FIELDS, "kind"))
+        _validate_mapping(extra, EXTRA_SCHEMA, f"{where}.extra_info",
+                          (*(f for f in REQUIRED_FIELDS if f not in NULLABLE_REQUIRED), "kind"))
         if "kind" in extra and extra["kind"] not in KINDS:
             raise _Bad(f"{where}.extra_info.kind",
                        f"expected one of {', '.join(KINDS)}, got {_describe(extra['kind'])}")
@@ -324,6 +330,7 @@ def _row(bench: dict, run: str, path: Path, data: dict) -> dict:
         "machine_cpu": gpubench_machine.get("cpu") or (machine.get("cpu") or {}).get("brand_raw"),
         "torch_version": gpubench_machine.get("torch"),
         "matmul_peak_tflops": gpubench_machine.get("matmul_peak_tflops"),
+        "fingerprint": gpubench_machine.get("fingerprint"),
         "pytest_benchmark_version": data.get("version"),
         **{k: (gpubench_machine.get("storage") or {}).get(k) for k in STORAGE_COLUMNS},
     }
@@ -361,7 +368,8 @@ def load_results(paths: str | Path | Iterable[str | Path],
     - pytest-benchmark's statistics in **seconds**: ``time_min``, ``time_max``, ``time_mean``,
       ``time_stddev``, ``time_median``, ``time_iqr``, ``time_q1``, ``time_q3``,
       ``time_rounds`` (a count) and ``rounds_s`` (the list of round times);
-    - the machine: ``machine_node``, ``machine_cpu``, ``torch_version``,
+    - the machine: ``machine_node``, ``machine_cpu``, ``torch_version``, ``fingerprint`` (the
+      machine, library versions, commit and date: ``gpubench.measure.machine.fingerprint``),
       ``matmul_peak_tflops`` (per precision), ``pytest_benchmark_version``, the storage probe
       of the data folder (``STORAGE_COLUMNS``: ``storage_read_mb_s`` ...);
     - every field gpubench knows (``EXTRA_SCHEMA``; a column even when no record has it),
@@ -489,8 +497,11 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["run", "model", "profile", "device"]
     cols = ["step_time_s", "samples_per_s", "global_batch", "peak_memory_bytes",
             "training_memory_bytes"]
-    base = df[df["is_baseline"] == True][keys + cols]  # noqa: E712
-    base = base.drop_duplicates(keys).rename(columns={c: f"base_{c}" for c in cols})
+    # The baseline: a measured step record flagged as one (not a claim pair's side, not a
+    # case that failed before its rounds), the first of a run where it was measured twice.
+    steps = (df["kind"].isna() | (df["kind"] == "step")) if "kind" in df else True
+    base = df[(df["is_baseline"] == True) & steps & df["step_time_s"].notna()]  # noqa: E712
+    base = base[keys + cols].drop_duplicates(keys).rename(columns={c: f"base_{c}" for c in cols})
     base = base.rename(columns={"run": "baseline_run"})
     df = df.merge(base, on=["baseline_run", *keys[1:]], how="left")
     separate = (df["samples_per_s"] / df["base_samples_per_s"]).astype(float)
@@ -520,6 +531,12 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
         df[f"speedup_{side}"] = (df[col].astype(float) if col in df
                                  else pd.Series(float("nan"), index=df.index)
                                  ) * offset.fillna(1.0)
+    # The baseline's throughput beside each case: the samples/s its speedup divides by. For a
+    # paired case, the baseline's during the case's own rounds (the case's samples/s over
+    # the paired speedup); else the baseline case's. So samples/s over this is the speedup.
+    df["baseline_samples_per_s"] = (df["samples_per_s"].astype(float)
+                                    / df["speedup"].astype(float)).where(
+        df["speedup_method"] == "paired", df["base_samples_per_s"].astype(float))
     df["memory_ratio"] = df["training_memory_bytes"] / df["base_training_memory_bytes"]
     df["batch_factor"] = numbers(df["global_batch"]) / numbers(df["base_global_batch"])
     return with_plausibility(with_scaling(df))
@@ -646,3 +663,58 @@ def with_scaling(df: pd.DataFrame) -> pd.DataFrame:
     df["scaling_efficiency"] = paired.where(both_paired, separate).astype(float)
     df.loc[df["parallel"] == "single", "scaling_efficiency"] = 1.0
     return df
+
+
+CONFIG_FIELDS = ("model", "workload", "profile", "device", *(t.field for t in TECHNIQUES))
+"""What makes a case the case it is: the model (and the workload spec it was built from), the
+profile and device, and every technique's field. Two records that agree on all of them measured
+the same configuration; a lookup of a case's partner (its baseline, a cold case's warm twin,
+a loader grid's points) matches on all of them but the fields it varies."""
+
+
+def _missing_value(value) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
+def _comparable(field: str, value):
+    """``value`` of ``field`` as compared by ``same_configuration``: a missing value stands
+    for the technique's default (an older record, or ``prefetch_factor`` of no loader)."""
+    if _missing_value(value):
+        return _FIELD_DEFAULTS.get(field)
+    if isinstance(value, bool) or hasattr(value, "dtype") and value.dtype == bool:
+        return bool(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+_FIELD_DEFAULTS = {t.field: t.default for t in TECHNIQUES}
+
+
+def same_configuration(frame: pd.DataFrame, ref, vary: Iterable[str] = ()) -> pd.Series:
+    """Mask of the rows of ``frame`` whose configuration (``CONFIG_FIELDS``) equals ``ref``'s
+    (a row or a mapping) in every field but those in ``vary``; a field neither side has
+    matches."""
+    vary = set(vary)
+    mask = pd.Series(True, index=frame.index)
+    for field in CONFIG_FIELDS:
+        if field in vary or field not in frame:
+            continue
+        want = _comparable(field, ref.get(field) if hasattr(ref, "get") else None)
+        mask &= pd.Series([bool(_comparable(field, v) == want)
+                           for v in frame[field].astype(object)], index=frame.index)
+    return mask
+
+
+def twin(frame: pd.DataFrame, row, vary: Iterable[str]) -> pd.Series | None:
+    """The measured case of ``frame`` (not ``row`` itself) that is ``row``'s configuration
+    with only the fields in ``vary`` different, or None."""
+    mask = same_configuration(frame, row, vary)
+    if "case_id" in frame:
+        mask &= frame["case_id"] != row.get("case_id")
+    if "step_time_s" in frame:
+        mask &= frame["step_time_s"].notna()
+    hits = frame[mask]
+    return hits.iloc[0] if len(hits) else None

@@ -164,13 +164,15 @@ METRICS: tuple[Metric, ...] = (
            "recompute); ``flops_per_step`` is the hardware figure"),
     Metric(("rank_flops_per_step",), "ints>=0", "FLOPs", "each rank's hardware FLOPs"),
     Metric(("uncounted_ops", "count_reused"), (None, "bool"), "",
-           "heavy ops that ran without a FLOP formula (MFU is then n/a); whether the FLOP and "
+           "heavy ops that ran without a FLOP formula (``tflops``, ``mfu`` and ``hfu`` are then "
+           "null: the count misses work); whether the FLOP and "
            "activation count was taken from the previous case, whose count this case's equals"),
     Metric(("tflops", "hardware_tflops", "peak_tflops"), "float>=0", "TFLOP/s",
            "achieved TFLOP/s of the model and hardware FLOPs; the measured matmul peak of the "
            "device at the step's precision, times the devices the case occupies"),
     Metric(("mfu", "hfu"), "float>=0", "fraction",
-           "model and hardware FLOP utilisation: achieved / ``peak_tflops``"),
+           "model and hardware FLOP utilisation: achieved / ``peak_tflops``; null where "
+           "``uncounted_ops`` names work the count missed"),
     Metric(("fp8_peak_tflops", "mfu_fp8"), "float>=0", "TFLOP/s, fraction",
            "fp8 cases: the measured float8 matmul peak of the devices (``torch._scaled_mm``) "
            "and the model FLOP utilisation against it (``mfu`` is against bf16's); null "

@@ -128,15 +128,19 @@ PREVIOUS_DIR = "previous"
 """Where a new run (not ``--resume``) moves the earlier run's files it finds in ``--out``."""
 
 OUR_DIRS = ("traces", "logs")
+TUNE_DIR_PREFIX = "tune-"
 
 
 def _is_ours(entry: os.DirEntry) -> bool:
     """Whether ``entry`` of a results folder is of the kinds a run writes (results, journal,
-    tables, charts, report; ``traces/``, ``logs/``): what a new run moves aside."""
+    tables, charts, report; ``traces/``, ``logs/``) or a tune beside them (``tune-*/``): what a
+    new run moves aside."""
     if entry.name.startswith("."):
         return False
     if entry.is_dir(follow_symlinks=False):
-        return entry.name in OUR_DIRS
+        # a tune beside the results (``tune-<model>/``) is an earlier output too: a new run
+        # must not present it as its own
+        return entry.name in OUR_DIRS or entry.name.startswith(TUNE_DIR_PREFIX)
     return (entry.is_file(follow_symlinks=False)
             and entry.name.endswith((".json", ".jsonl", ".md", ".html", ".png", ".svg", ".csv")))
 
@@ -440,6 +444,7 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     text = summary_markdown(df) + failures_markdown(failures)
     atomic.write_text(out / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
     from gpubench.analysis.advice import advice_markdown
+    from gpubench.analysis.answer import tune_reports_beside
     from gpubench.cli.memory import hygiene_reports
 
     named = df[df["model"].notna()]  # records of no model (loader workers' overhead)
@@ -461,13 +466,14 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
         state["stage"] = "writing the summary and charts"
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n"
                       + advice_markdown(df, memory_reports=reports, parity_reports=parity,
-                                        failures=failures))
+                                        failures=failures,
+                                        tunes=tune_reports_beside([json_path])))
     if not args.no_charts:
         from gpubench.report.page import write_report
 
         write_report([json_path], out, labels=[profile])
     print("\n" + text)
-    from gpubench.analysis.answer import answer_markdown, tune_reports_beside
+    from gpubench.analysis.answer import answer_markdown
 
     answer = answer_markdown(df, tune_reports_beside([json_path]), base=out)
     if answer:
@@ -582,10 +588,12 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
         print("gpubench: confirming the recommendation in alternating rounds ...", flush=True)
         recs = [confirm(r, df) for r in recommend(df, budget)]
+    from gpubench.analysis.answer import tune_reports_beside
     from gpubench.measure.journal import failures_beside
 
     text = advice_markdown(df, budget, recs, memory_reports(args, files),
-                           parity_reports(args, files), failures_beside(files))
+                           parity_reports(args, files), failures_beside(files),
+                           tune_reports_beside(files))
     atomic.write_text(out / "advice.md", "# gpubench advice\n\n" + text)
     print(text)
     print(f"gpubench: verdicts written to {out / 'advice.md'}")

@@ -49,7 +49,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpubench.measure.machine import fingerprint
 from gpubench.measure.memory import SavedActivations, state_breakdown
+from gpubench.measure.provenance import describe_fingerprint
 from gpubench.suite.cases import baseline, native_cpu_precisions
 from gpubench.train.build import LEARNING_RATES, build, unsupported_reason
 from gpubench.train.checks import TrainingCheckError, check_case
@@ -436,6 +438,10 @@ class TuneResult:
     diagnosis_s: float = 0.0
     """Seconds of the diagnosis (the device's matmul peaks, a counted baseline step): a fixed
     cost of the device and model, whatever the space."""
+    fingerprint: dict | None = None
+    """Where, with what and when the tune measured (``gpubench.measure.machine.fingerprint``):
+    the answer of a run uses the tune only when the run's machine and libraries are the
+    same."""
 
 
 class Tuner:
@@ -623,7 +629,8 @@ class Tuner:
             {k: v for k, v in winner.items() if k != "config"} | {
                 "config": _config_fields(winner["config"])}, ablation,
             self.measured_s, not self._out_of_time(started), self.ablation_s,
-            left_out(base, self.global_batch, self.dims, self.compile), base.name, diagnosis_s)
+            left_out(base, self.global_batch, self.dims, self.compile), base.name, diagnosis_s,
+            fingerprint(self.device))
         self._save(result=result.__dict__)
         return result
 
@@ -843,7 +850,10 @@ def tune_markdown(result: TuneResult) -> str:
             if w["case_id"] != result.baseline else
             f"**the baseline ({result.baseline})**: {w.get('why', '')}")
     lines = [f"# gpubench tune: {result.model} ({result.device}, {result.profile})", "",
-             f"Winner: {head}.", ""]
+             f"Winner: {head}.", "",
+             f"Measured on {describe_fingerprint(result.fingerprint)}. A `gpubench run` report "
+             "beside it answers with this winner only on the same machine with the same "
+             "library versions.", ""]
     if not result.complete:
         lines += ["The search stopped at its time limit (`--time`): later rungs were not "
                   "measured.", ""]
@@ -873,14 +883,17 @@ def tune_markdown(result: TuneResult) -> str:
               "|---|---|---|---|---|---|"]
     for c in result.confirmed:
         if c["check"] == "passed":
-            lines.append(f"| {c['case_id']} | passed | {c['speedup']:.2f}x | {c['low']:.2f}-"
+            mark = " (the winner)" if c["case_id"] == w["case_id"] else ""
+            lines.append(f"| {c['case_id']}{mark} | passed | {c['speedup']:.2f}x | {c['low']:.2f}-"
                          f"{c['high']:.2f} | {_mib(c.get('training_memory_bytes'))} | "
                          f"{_mib(c.get('predicted_bytes'))} |")
         else:
             lines.append(f"| {c['case_id']} | {c['check']} | - | - | - | - |")
     lines += ["", "## Ablation of the winner (each technique set back in turn)", ""]
     if result.ablation:
-        lines += ["| without | case | speedup | 95% CI |", "|---|---|---|---|"]
+        lines += ["Each row is another configuration, the winner with one technique set back, "
+                  "measured in rounds of its own: the winner's figure is the one above.", "",
+                  "| without | case | speedup | 95% CI |", "|---|---|---|---|"]
         for a in result.ablation:
             lines.append(f"| {a['removed']} | {a['case_id']} | " + (
                 f"{a['speedup']:.2f}x | {a['low']:.2f}-{a['high']:.2f} |" if "speedup" in a

@@ -6,7 +6,10 @@ backward and recompute: *hardware* FLOPs; *model* FLOPs leave the recomputation 
 the built-in workloads: the CPU attention kernel
 ``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward, counted as torch counts
 the GPU attention kernels (``sdpa_flop_count``, ``sdpa_backward_flop_count``: the full score
-matrix even for causal attention, and the backward with its recompute of the scores).
+matrix even for causal attention, and the backward with its recompute of the scores), and the
+fused recurrent layers (LSTM, GRU, RNN: ``aten.mkldnn_rnn_layer`` on the CPU, ``aten._cudnn_rnn``
+on CUDA, and their backwards), whose cells are matmuls counted as the unfused cell's
+``aten.addmm``/``aten.mm`` would be.
 ``count_flops_detailed`` also names the heavy ops that ran and were counted as zero, so that a
 count that misses work says so.
 
@@ -47,11 +50,63 @@ def _cpu_attention_backward_flop(grad_out_shape, query_shape, key_shape, value_s
                                                  value_shape)
 
 
+def _tokens(input_shape) -> int:
+    """Time steps x batch of a recurrent layer's input ((T, B, I), (B, T, I), or packed
+    (sum of lengths, I)): the positions each of its weight matrices multiplies."""
+    n = 1
+    for d in input_shape[:-1]:
+        n *= int(d)
+    return n
+
+
+def _matrices(weights) -> int:
+    """Multiply-adds per position of a recurrent layer's weights: the sum of the sizes of its
+    matrices (input-hidden, hidden-hidden, LSTM projection; biases are additions)."""
+    return sum(int(w[0]) * int(w[1]) for w in weights if w is not None and len(w) == 2)
+
+
+def _rnn_layer_flop(input_shape, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+    """``mkldnn_rnn_layer(input, w_ih, w_hh, b_ih, b_hh, ...)``: one direction of one layer of
+    an LSTM or GRU on the CPU. Each time step of each sequence multiplies the input by
+    ``w_ih`` (gates x hidden, input) and the previous hidden state by ``w_hh`` (gates x hidden,
+    hidden): 2 FLOPs per multiply-add, as torch counts ``aten.mm`` (the gates' elementwise
+    work is not counted, as for every other layer)."""
+    return 2 * _tokens(input_shape) * _matrices([w_ih, w_hh])
+
+
+def _rnn_layer_backward_flop(input_shape, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+    """``mkldnn_rnn_layer_backward``: the gradients of the input and hidden state (the
+    forward's matmuls transposed) and of the weights (as many again): twice the forward."""
+    return 2 * _rnn_layer_flop(input_shape, w_ih, w_hh)
+
+
+def _cudnn_rnn_flop(input_shape, weight, *args, out_shape=None, **kwargs) -> int:
+    """``_cudnn_rnn(input, weight, ...)`` (and ``miopen_rnn``): every layer and direction of an
+    RNN, LSTM or GRU at once; ``weight`` holds each one's matrices (and biases). Each matrix
+    multiplies every position once per direction (a deeper layer's input is the layer below's
+    output, at the same positions)."""
+    return 2 * _tokens(input_shape) * _matrices(weight)
+
+
+def _cudnn_rnn_backward_flop(input_shape, weight, *args, out_shape=None, **kwargs) -> int:
+    """``_cudnn_rnn_backward(..., output_mask)``: the data gradients (input, hx, cx: the
+    forward's matmuls transposed) where any is asked for, and the weights' where asked for."""
+    mask = args[-1] if args and isinstance(args[-1], list | tuple) else (True,) * 4
+    forward = _cudnn_rnn_flop(input_shape, weight)
+    return forward * (int(any(mask[:3])) + int(bool(mask[3])))
+
+
 def _extra_formulas() -> dict:
     """Formulas for ops torch's flop registry lacks (those this torch has are left to torch)."""
     wanted = {
         "_scaled_dot_product_flash_attention_for_cpu": _cpu_attention_flop,
         "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_attention_backward_flop,
+        "mkldnn_rnn_layer": _rnn_layer_flop,
+        "mkldnn_rnn_layer_backward": _rnn_layer_backward_flop,
+        "_cudnn_rnn": _cudnn_rnn_flop,
+        "_cudnn_rnn_backward": _cudnn_rnn_backward_flop,
+        "miopen_rnn": _cudnn_rnn_flop,
+        "miopen_rnn_backward": _cudnn_rnn_backward_flop,
     }
     out = {}
     for name, formula in wanted.items():

@@ -8,8 +8,9 @@ given, under ``gpubench run`` and plain ``pytest`` alike) writes, after each tes
 - one line of the **journal**, ``cases.jsonl`` beside F when F is ``benchmark.json``, else
   ``<stem>.cases.jsonl`` (appended, flushed and fsynced): the first line describes the run (its
   key: profile, device, models and options, which ``--resume`` checks), every other line one
-  test: a passed case with its whole pytest-benchmark record, or a failed one with its one-line
-  reason and its traceback's log file (``logs/<case>.log``, ``<stem>.logs/`` beside another F);
+  test: a passed case with its whole pytest-benchmark record, a failed one with its one-line
+  reason and its traceback's log file (``logs/<case>.log``, ``<stem>.logs/`` beside another F),
+  or a skipped one with pytest's reason (the report lists them, grouped by reason);
 - **F itself**, rewritten atomically: valid pytest-benchmark JSON with every record that has
   finished so far. pytest-benchmark's own write at the end is replaced by the same atomic write.
 
@@ -116,6 +117,9 @@ class JournalContents:
     """nodeid -> the pytest-benchmark record, in the order they finished."""
     failed: dict[str, dict] = field(default_factory=dict)
     """nodeid -> the failure line (``case_id``, ``reason``, ``log``, ``phase``)."""
+    skipped: dict[str, dict] = field(default_factory=dict)
+    """nodeid -> the skip line (``case_id``, ``reason``, ``model``, ``group``): what the run did
+    not measure, and why."""
 
     @property
     def records(self) -> list[dict]:
@@ -145,10 +149,13 @@ def read_journal(path: str | os.PathLike) -> JournalContents:
             nodeid = entry["nodeid"]
             contents.passed.pop(nodeid, None)
             contents.failed.pop(nodeid, None)
+            contents.skipped.pop(nodeid, None)
             if entry.get("outcome") == "passed" and isinstance(entry.get("record"), dict):
                 contents.passed[nodeid] = entry["record"]
             elif entry.get("outcome") == "failed":
                 contents.failed[nodeid] = entry
+            elif entry.get("outcome") == "skipped":
+                contents.skipped[nodeid] = entry
     return contents
 
 
@@ -160,6 +167,16 @@ def failures_beside(files: Iterable[str | os.PathLike]) -> list[dict]:
         contents = read_journal(journal_path(file))
         failures += [{**f, "file": str(file)} for f in contents.failed.values()]
     return failures
+
+
+def skipped_beside(files: Iterable[str | os.PathLike]) -> list[dict]:
+    """The skipped tests recorded in the journals beside result files (``case_id``,
+    ``reason``; ``model`` and ``group`` for a case), those that later ran left out."""
+    skipped = []
+    for file in files:
+        contents = read_journal(journal_path(file))
+        skipped += [{**s, "file": str(file)} for s in contents.skipped.values()]
+    return skipped
 
 
 def key_mismatch(old: dict, new: dict) -> str | None:
@@ -281,6 +298,13 @@ class Journal:
             self.contents.failed.pop(item.nodeid, None)
             self._append({"type": "case", "outcome": "passed", "nodeid": item.nodeid,
                           "record": record}, item)
+        elif report.skipped and report.when in ("setup", "call"):
+            info = self.case_info(item) or {}
+            entry = {"type": "case", "outcome": "skipped", "nodeid": item.nodeid,
+                     "reason": one_line(_skip_reason(report)),
+                     **{"case_id": item.name, **info}}
+            self._append(entry, item)
+            self.contents.skipped[item.nodeid] = entry
         elif report.failed and report.when in ("setup", "call"):
             info = self.case_info(item) or {}
             name = info.get("case_id") or item.name
@@ -374,6 +398,14 @@ def _traceback(report, call) -> str:
         except Exception:  # noqa: BLE001 - fall back to pytest's own text
             pass
     return report.longreprtext
+
+
+def _skip_reason(report) -> str:
+    """The reason pytest gives for a skip (``longrepr``: path, line, "Skipped: reason")."""
+    longrepr = getattr(report, "longrepr", None)
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr or "skipped")
 
 
 def _crash_message(report) -> str:

@@ -9,6 +9,7 @@ import platform
 import torch
 
 from gpubench.measure.flops import fp8_peak_flops, matmul_peak_flops
+from gpubench.measure.provenance import source_commit
 from gpubench.train.config import FP8_PRECISIONS, PRECISIONS
 from gpubench.train.precision import unsupported_reason
 
@@ -30,6 +31,60 @@ def cpu_model() -> str:
     except Exception:  # a probe of the machine: fall back, never fail a run
         name = None
     return name or platform.processor() or platform.machine()
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version (NVML), or None without one."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # a probe of the machine: no NVML, no driver, never fail a run
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def library_versions() -> dict[str, str | None]:
+    """The versions of the libraries a measurement depends on (None: not installed)."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "cuda": torch.version.cuda,
+           "cudnn": (str(torch.backends.cudnn.version())
+                     if torch.backends.cudnn.is_available() else None)}
+    for name in ("gpubench", "torchvision", "transformers", "timm", "numpy"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def fingerprint(device: str) -> dict:
+    """Where, with what and when a measurement was taken, cheaply (no measurement): the
+    machine (CPU model and count; the device, its model and count, the NVIDIA driver), the
+    library versions, the gpubench commit and the date (UTC, ISO 8601). The one description
+    of a machine that results, ``tune.json`` and the report carry."""
+    import datetime
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda" and torch.cuda.is_available()
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "device": dev.type,
+        "device_name": torch.cuda.get_device_name(dev) if cuda else cpu_model(),
+        "device_count": torch.cuda.device_count() if cuda else 1,
+        "driver": _driver_version() if cuda else None,
+        "node": platform.node(),
+        "libraries": library_versions(),
+        "commit": source_commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
 
 
 def default_device() -> str:
@@ -72,6 +127,7 @@ def machine_info(device: str, storage_dir: str | os.PathLike | None = None) -> d
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "matmul_peak_tflops": measured_peaks_tflops(device),
+        "fingerprint": fingerprint(device),
     }
     if storage_dir is not None:
         from gpubench.workloads.storage import probe_storage

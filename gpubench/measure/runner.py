@@ -209,12 +209,17 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "hfu": hardware / peak,
         "note": _note(cfg, measured),
     }
+    if measured.get("uncounted_ops"):
+        # The count left out heavy work (an op with no FLOP formula): any FLOP rate from it
+        # would be a silent low number. Null, and ``uncounted_ops`` says why.
+        info.update(tflops=None, hardware_tflops=None, mfu=None, hfu=None)
     if cfg.precision in FP8_PRECISIONS:
         # The field has no agreed ceiling for FP8 MFU: against bf16's (``mfu``, what the rest
         # of the step runs in) and the float8 matmul's (None without FP8 units).
         fp8 = fp8_peak_flops(str(_device(cfg)))
         info["fp8_peak_tflops"] = None if fp8 is None else fp8 * cfg.parallelism.devices / 1e12
-        info["mfu_fp8"] = None if fp8 is None else achieved / (fp8 * cfg.parallelism.devices)
+        info["mfu_fp8"] = (None if fp8 is None or info["mfu"] is None
+                           else achieved / (fp8 * cfg.parallelism.devices))
     if cfg.parallel != "single":
         single = cfg.with_(parallel="single", world_size=1, ddp_no_sync=False, chunks=1,
                            schedule="gpipe", fsdp_mixed_precision=False)

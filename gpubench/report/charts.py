@@ -29,6 +29,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from gpubench.analysis.results import (  # noqa: E402
     BATCH_MARK_NOTE,
     batch_mark,
+    same_configuration,
     training_memory,
     with_baseline_ratios,
 )
@@ -186,7 +187,7 @@ def plot_speedup(df: pd.DataFrame) -> plt.Figure:
         ax.set_title(f"{model}: speedup over the FP32 baseline (higher is faster)", loc="left",
                      fontsize="medium")
         marked = (factor.fillna(1) != 1).any()
-        ax.set_xlabel("speedup = case samples/s ÷ FP32 baseline samples/s  "
+        ax.set_xlabel("speedup = case samples/s ÷ FP32 samples/s alongside it  "
                       "(whiskers: 95% bootstrap interval)"
                       + (f"\n{BATCH_MARK_NOTE}" if marked else ""), fontsize="small")
         ax.grid(axis="x", alpha=0.3)
@@ -454,24 +455,26 @@ def plot_scaling(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def loader_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """The loader chart's points: on-disk data read warm, without caching, feeding the
+    baseline's step (the num_workers x pin_memory grid), each point its run's baseline in every
+    other configuration field (``results.same_configuration``). The cold cases, read from the
+    disk, are the storage verdict's; the recipe group's stacks, with their precision and
+    optimizer, the recipe verdict's."""
+    baselines = df[df["is_baseline"] == True].drop_duplicates(["run", "model"])  # noqa: E712
+    on_grid = pd.Series(False, index=df.index)
+    for _, b in baselines.iterrows():
+        on_grid |= (df["run"] == b["run"]) & same_configuration(
+            df, b, vary=("dataset", "dataset_size", "num_workers", "pin_memory"))
+    return df[on_grid & df["dataset"].isin(["images-jpeg", "tokens-mmap"])]
+
+
 def plot_loader(df: pd.DataFrame) -> plt.Figure:
     """Loader stall fraction and throughput across num_workers x pin_memory."""
     df = _measured(df)
     if "loader_stall_fraction" not in df:
         raise CannotPlot("results carry no loader stall measurements")
-    base = df[df["is_baseline"] == True].groupby("model")["micro_batch"].first()  # noqa: E712
-    # On-disk data at the default batch, warm, without caching, feeding the baseline's step:
-    # the num_workers x pin_memory grid (the cold cases, read from the disk, are the storage
-    # verdict's; the recipe group's stacks are the recipe verdict's).
-    grid = df[(df.get("cached", False) != True)  # noqa: E712
-              & ~df.get("cold", pd.Series(False, index=df.index)).astype(object).eq(True)
-              & df["dataset"].isin(["images-jpeg", "tokens-mmap"])
-              & (df["micro_batch"] == df["model"].map(base))
-              & df["prefetch_factor"].isna() & (df["persistent_workers"] != True)  # noqa: E712
-              & (df["non_blocking"] != True)  # noqa: E712
-              # the baseline's step fed by the loader (not a recipe stack's)
-              & (df["precision"] == "fp32") & (df["parallel"] == "single")
-              & (df["accum_steps"] == 1)]
+    grid = loader_grid(df)
     if grid["num_workers"].nunique() < 2:
         raise CannotPlot("no data-loader cases varying num_workers on on-disk data")
     resident = df[df["is_baseline"] == True]  # noqa: E712  (its batches are on the device)

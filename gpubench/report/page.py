@@ -27,13 +27,17 @@ from gpubench.util.tables import markdown_table
 from gpubench.util.verdicts import Kind
 
 READING_GUIDE = """\
-- **Speedup** is the ratio of throughputs: the case's samples/s divided by the samples/s of the
-  FP32 baseline of the same model, profile and device (above 1 is faster). For a case with the
-  baseline's global batch this equals baseline median step time ÷ case median step time; it
-  stays fair for cases that process more samples per step (accumulation at constant
-  micro-batch, DDP). Each round of a case is paired with a baseline round taken a moment
-  before it; the speedup is the median of the per-round ratios and the whisker its 95% bootstrap
-  interval (rounds without pairs: an interval from the separately measured rounds).
+- **Speedup** (one definition, used by every table, chart and sentence of this report: the
+  answer, the advice, the summary, the charts): the case's samples/s divided by the samples/s
+  of the FP32 baseline of the same model, profile and device *measured alongside it*, shown in
+  the summary as *fp32 samples/s alongside* (above 1 is faster). Each round of a case is paired
+  with a baseline round taken beside it; the speedup is the median of the per-round ratios and
+  its 95% interval a bootstrap over the rounds, so the baseline's samples/s alongside is the
+  case's samples/s over that speedup (cases without paired rounds: the baseline case's
+  samples/s, marked *separate runs*). Throughput counts the effective (global) batch, so cases
+  that process more samples per step (accumulation, DDP) compare fairly; they are marked
+  [batch xN]. The baseline reads 1.00x; its interval column gives its paired ratio against its
+  own copy, the run's noise floor.
 - **Training memory** is what the techniques change: on CUDA the allocator's peak; on the CPU
   the exact sum of parameters, gradients, optimizer state and the activations autograd saves
   for one micro-batch, per device or rank. The summary's *peak mem* column is, on CUDA, the
@@ -142,9 +146,23 @@ def runs_markdown(df: pd.DataFrame) -> str:
             else _first(g["machine_cpu"]),
             "torch": _first(g["torch_version"]),
             "date": _first(g["datetime"])[:19].replace("T", " "),
+            "commit": _commit(g),
             "cases": str(int(steps["step_time_s"].notna().sum())),
         })
-    return markdown_table(rows, [*["left"] * 6, "right"])
+        fp = next((f for f in g.get("fingerprint", pd.Series(dtype=object))
+                   if isinstance(f, dict)), None)
+        if fp is not None and fp.get("device") == "cuda":
+            rows[-1]["hardware"] += (f" x{fp.get('device_count')}, driver "
+                                     f"{fp.get('driver') or '?'}")
+    return markdown_table(rows, [*["left"] * 7, "right"])
+
+
+def _commit(g: pd.DataFrame) -> str:
+    """The gpubench commit a run's records were measured with ("-": not recorded)."""
+    fp = next((f for f in g.get("fingerprint", pd.Series(dtype=object)) if isinstance(f, dict)),
+              None)
+    commit = (fp or {}).get("commit")
+    return "-" if not commit else str(commit)[:9] + ("+dirty" if "+dirty" in commit else "")
 
 
 def baseline_notes(df: pd.DataFrame) -> str:
@@ -232,8 +250,8 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
                     memory_reports: list[dict] | None = None,
                     parity_reports: list[dict] | None = None,
                     failures: list[dict] | None = None,
-                    tunes: list[dict] | None = None, base: Path | None = None
-                    ) -> list[Section]:
+                    tunes: list[dict] | None = None, base: Path | None = None,
+                    not_run: list[dict] | None = None) -> list[Section]:
     """The report's sections, the answer first (one run: the tuner's winner or the
     recommendation, ``gpubench.analysis.answer``)."""
     sections = []
@@ -249,6 +267,10 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
 
         sections.append(Section("failed", "Failed cases",
                                 failures_markdown(failures).split("\n", 3)[-1]))
+    if not_run:  # gpubench.measure.journal: what the run skipped is visible too
+        from gpubench.analysis.failures import skipped_markdown
+
+        sections.append(Section("skipped", "Skipped cases", skipped_markdown(not_run)))
     sections.append(Section("reading-guide", "How to read this report", READING_GUIDE + "\n"))
     for name in charts:
         sections.append(Section(name, CHART_TITLES.get(name, name), f"![{name}]({name}.png)\n"))
@@ -259,7 +281,7 @@ def report_sections(df: pd.DataFrame, charts: Iterable[str], skipped: list[str],
                                 "measurements",
                                 advice_markdown(df, memory_reports=memory_reports,
                                                 parity_reports=parity_reports,
-                                                failures=failures)))
+                                                failures=failures, tunes=tunes)))
     if parity_reports:  # gpubench run --parity, or a gpubench parity folder's parity.json
         from gpubench.analysis.parity import parity_markdown
 
@@ -332,16 +354,31 @@ def _write_report_into(out: Path, final: Path, files: list, df) -> list[Path]:
         if found:
             pngs[found[0].stem] = base64.b64encode(found[0].read_bytes()).decode()
     from gpubench.analysis.answer import tune_reports_beside
-    from gpubench.measure.journal import failures_beside
+    from gpubench.measure.journal import failures_beside, skipped_beside
 
     sections = report_sections(df, drawn, skipped, memory_reports_beside(files), parity,
-                               failures_beside(files), tune_reports_beside(files), final)
+                               failures_beside(files), tune_reports_beside(files), final,
+                               skipped_beside(files))
+    # No link to a file the report's folder does not hold (a parity.md of no parity run, a
+    # chart that was not drawn): its name stays, as text.
+    held = {p.name for p in written} | {p.name for p in final.iterdir() if p.is_file()}
+    sections = [Section(s.anchor, s.title, _held_links(s.body, held)) for s in sections]
     markdown = f"# {title}\n\n" + "\n".join(f"## {s.title}\n\n{s.body}" for s in sections)
     atomic.write_text(out / "report.md", markdown)
     written.append(out / "report.md")
     atomic.write_text(out / "report.html", render_html(title, sections, pngs))
     written.append(out / "report.html")
     return written
+
+
+_LOCAL_LINK = re.compile(r"\[([^\]]+)\]\(([\w.-]+\.(?:md|json|png|svg|html))\)")
+
+
+def _held_links(body: str, held: set[str]) -> str:
+    """``body`` with each Markdown link to a file in the report's folder that is not among
+    ``held`` turned into its text."""
+    return _LOCAL_LINK.sub(lambda m: m.group(0) if m.group(2) in held else f"`{m.group(1)}`",
+                           body)
 
 
 def render_html(title: str, sections: list[Section], pngs: dict[str, str]) -> str:

@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 
-from gpubench.analysis.results import numbers, with_baseline_ratios
+from gpubench.analysis.results import numbers, twin, with_baseline_ratios
 from gpubench.util import tables
 from gpubench.util.tables import figures_table
 
@@ -16,10 +16,11 @@ COLUMNS = {
     "step_time_ms": "median step (ms)",
     "iqr_ms": "IQR (ms)",
     "samples_per_s": "samples/s",
+    "baseline_samples_per_s": "fp32 samples/s alongside",
     "global_batch": "global batch",
     "peak_memory_mib": "peak mem (MiB)",
     "step_memory_mib": "step mem (MiB)",
-    "speedup": "speedup vs fp32",  # throughput ratio
+    "speedup": "speedup vs fp32",  # samples/s over the fp32 samples/s alongside
     "speedup_ci": "95% interval",
     "memory_ratio": "train mem vs fp32",
     "mfu": "MFU",
@@ -31,8 +32,7 @@ COLUMNS = {
 def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
     """The summary columns, sorted by run, model and speedup (fastest first)."""
     df = with_baseline_ratios(df[df["step_time_s"].notna()])
-    paired = df.get("speedup_paired", pd.Series(math.nan, index=df.index)).astype(float)
-    own_ratio = (df["is_baseline"] == True) & (df["speedup_method"] == "paired")  # noqa: E712
+    own_base = (df["is_baseline"] == True).fillna(False).astype(bool).tolist()  # noqa: E712
     out = pd.DataFrame(
         {
             "run": df["run"],
@@ -51,17 +51,18 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
             "step_memory_mib": df.get("step_memory_bytes", pd.Series(math.nan, index=df.index))
             .astype(float)
             / 2**20,
-            # The baseline's row shows its measured ratio against its own copy (the run's
-            # noise floor) beside that ratio's interval, not 1.00x beside an interval that
-            # may exclude 1.
-            "speedup": df["speedup"].where(~(own_ratio & paired.notna()), paired),
+            "baseline_samples_per_s": df["baseline_samples_per_s"],
+            # The baseline reads 1.00x, as everywhere; its interval column gives the range of
+            # its paired ratio against its own copy: the run's noise floor.
+            "speedup": df["speedup"],
             "speedup_ci": [
-                f"{lo:.2f}-{hi:.2f}" if method == "paired" and lo == lo else
+                (f"baseline (noise {lo:.2f}-{hi:.2f})" if is_base else f"{lo:.2f}-{hi:.2f}")
+                if method == "paired" and lo == lo else "baseline" if is_base else
                 (("separate runs" if run == base_run else f"separate runs (baseline: {base_run})")
                  if sp == sp else "-")
-                for lo, hi, method, sp, run, base_run in zip(
+                for lo, hi, method, sp, run, base_run, is_base in zip(
                     df["speedup_low"], df["speedup_high"], df["speedup_method"], df["speedup"],
-                    df["run"], df["baseline_run"], strict=True)],
+                    df["run"], df["baseline_run"], own_base, strict=True)],
             "memory_ratio": df["memory_ratio"],
             "mfu": [_mfu_shown(m, ops, h, f8) for m, ops, h, f8 in zip(
                 df["mfu"], df["uncounted_ops"] if "uncounted_ops" in df else [None] * len(df),
@@ -113,9 +114,9 @@ def _number(value: object) -> float | None:
 
 def storage_markdown(df: pd.DataFrame) -> str:
     """Per run: the storage probe of the data folder (``machine_info.gpubench.storage``) and
-    each cold loader case (``LoaderConfig.cold``) beside its warm twin (same dataset and
-    workers): step time, stall, and the share of the files' pages the eviction left cached.
-    Empty when a run has neither."""
+    each cold loader case (``LoaderConfig.cold``) beside its warm twin (the same configuration
+    in every field but ``cold``: ``results.twin``): step time, stall, and the share of the
+    files' pages the eviction left cached. Empty when a run has neither."""
     parts = []
     for run, g in df.groupby("run", sort=False):
         lines = []
@@ -135,14 +136,7 @@ def storage_markdown(df: pd.DataFrame) -> str:
         cold = g[_set(g, "cold") & g["step_time_s"].notna()]
         rows = []
         for _, c in cold.iterrows():
-            warm = g[(g["model"] == c["model"]).fillna(False)
-                     & (g["dataset"] == c["dataset"]).fillna(False)
-                     & (g["num_workers"] == c["num_workers"]).fillna(False)
-                     & (g["micro_batch"] == c["micro_batch"]).fillna(False)
-                     & ~_set(g, "cold") & ~_set(g, "cached") & ~_set(g, "pin_memory")
-                     & ~_set(g, "persistent_workers") & g["prefetch_factor"].isna()
-                     & g["step_time_s"].notna()]
-            w = warm.iloc[0] if not warm.empty else None
+            w = twin(g, c, vary=("cold",))  # the same configuration read warm
             rows.append({
                 "case_id": c["case_id"],
                 "cold_ms": c["step_time_s"] * 1e3,
@@ -240,10 +234,12 @@ def compile_markdown(df: pd.DataFrame) -> str:
     saves against the paired baseline, the steps after which it pays off, the recompiles."""
     if "compile_time_s" not in df:
         return ""
-    rows = df.dropna(subset=["compile_time_s"])
+    if df["compile_time_s"].dropna().empty:
+        return ""
+    rows = with_baseline_ratios(df[df["step_time_s"].notna()]).dropna(subset=["compile_time_s"])
     if rows.empty:
         return ""
-    saved = (rows["step_time_s"] * rows["speedup_paired"] - rows["step_time_s"]) * 1e3
+    saved = (rows["step_time_s"] * rows["speedup"] - rows["step_time_s"]) * 1e3
     rows = rows.assign(compile_s=rows["compile_time_s"], step_ms=rows["step_time_s"] * 1e3,
                        saved_ms=saved,
                        break_even=rows["break_even_steps"].map(

@@ -1,5 +1,5 @@
-"""A small LSTM classifier: its recurrent kernel (``aten.mkldnn_rnn_layer`` on the CPU) is work
-the FLOP counter has no formula for."""
+"""A small LSTM classifier, a workload of a family gpubench does not ship (its recurrent
+kernel, ``aten.mkldnn_rnn_layer`` on the CPU, is counted by gpubench's own FLOP formula)."""
 
 from __future__ import annotations
 
