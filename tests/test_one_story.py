@@ -17,7 +17,7 @@ from gpubench.analysis.answer import answer_markdown
 from gpubench.analysis.results import load_results, twin, with_baseline_ratios
 from gpubench.report.charts import loader_grid
 from gpubench.report.summary import storage_markdown, summary_frame, summary_markdown
-from tests.records import results_file, step_record
+from records import results_file, step_record  # tests/ on sys.path
 
 RUN = Path(__file__).resolve().parent / "data" / "cpu-run.json"
 
