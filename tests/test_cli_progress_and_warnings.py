@@ -248,6 +248,8 @@ def test_unusable_output_path_is_one_line_before_any_work(command, where, tmp_pa
     monkeypatch.setattr(gpubench.measure.runner, "run_case", no_work)
     monkeypatch.setattr(gpubench.cli.memory, "memory_main", no_work)
     results = _result_file(tmp_path)
+    other = tmp_path / "r2.json"  # compare's NEW: another file (the same one is warned about)
+    other.write_text(results.read_text())
     a_file = tmp_path / "a-file"
     a_file.write_text("keep me")
     folder = a_file if where == "a file" else a_file / "sub"
@@ -258,8 +260,8 @@ def test_unusable_output_path_is_one_line_before_any_work(command, where, tmp_pa
         "report": ["report", str(results), "-o", str(folder)],
         "export": ["export", str(results), "--github-json", str(folder)],
         "advise": ["advise", "--results", str(results), "--out", str(folder)],
-        "compare-md": ["compare", str(results), str(results), "--markdown", str(file_path)],
-        "compare-gh": ["compare", str(results), str(results), "--github-json", str(folder)],
+        "compare-md": ["compare", str(results), str(other), "--markdown", str(file_path)],
+        "compare-gh": ["compare", str(results), str(other), "--github-json", str(folder)],
         "case": ["case", "--model", "bert", "--profile", "smoke", "-o", str(file_path)],
         "memory": ["memory", "--model", "bert", "--profile", "smoke", "--out", str(folder)],
     }[command]

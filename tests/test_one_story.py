@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from records import results_file, step_record  # tests/ on sys.path
 
 from gpubench.analysis.advice import _Cases, advice_markdown
 from gpubench.analysis.answer import answer_markdown
 from gpubench.analysis.results import load_results, twin, with_baseline_ratios
 from gpubench.report.charts import loader_grid
 from gpubench.report.summary import storage_markdown, summary_frame, summary_markdown
-from records import results_file, step_record  # tests/ on sys.path
 
 RUN = Path(__file__).resolve().parent / "data" / "cpu-run.json"
 

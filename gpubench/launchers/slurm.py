@@ -168,7 +168,8 @@ def job_place(env=None) -> JobPlace | None:
                          _int(env, "LOCAL_RANK"),
                          _int(env, "LOCAL_WORLD_SIZE", env.get("WORLD_SIZE")))
         # torchrun's agents: one per node (its GROUP_WORLD_SIZE), their ranks LOCAL_WORLD_SIZE.
-        place.nodes = _int(env, "GROUP_WORLD_SIZE", str(max(1, place.world // place.local_world)))
+        per_node = max(1, place.local_world)  # a bad value is named by the command, not divided by
+        place.nodes = _int(env, "GROUP_WORLD_SIZE", str(max(1, place.world // per_node)))
         if slurm:  # srun torchrun: the job's facts are Slurm's
             place.job_id = env["SLURM_JOB_ID"]
             _slurm_facts(place, env)
