@@ -218,7 +218,7 @@ def test_a_lock_path_that_is_a_folder_is_one_line(tmp_path):
 def test_compare_of_one_file_with_itself_says_so(tmp_path, monkeypatch, capsys):
     import gpubench.analysis.compare
 
-    monkeypatch.setattr(gpubench.analysis.compare, "compare_main", lambda args: 0)
+    monkeypatch.setattr(gpubench.analysis.compare, "compare_main", lambda args, remeasure=None: 0)
     (tmp_path / "r.json").write_text("{}")
     assert cli.main(["compare", str(tmp_path / "r.json"), str(tmp_path / "r.json")]) == 0
     assert "BASE and NEW are the same file" in capsys.readouterr().err
