@@ -43,7 +43,7 @@ from gpubench.measure.memory import (
 )
 from gpubench.measure.telemetry import Sampler
 from gpubench.train.build import build
-from gpubench.train.checks import check_case
+from gpubench.train.checks import REFERENCE_GRADIENTS, check_case
 from gpubench.train.config import RunConfig, count_config
 from gpubench.train.data import LOADER_PROBE_FIELDS, measure_loader
 from gpubench.util.watchdog import time_limit
@@ -346,9 +346,15 @@ class CaseProgram:
         counting = (self.cfg.parallel not in ("dp", "pipeline") and not self.cfg.compile
                     and self.case.counted_forward is self.case.forward
                     and count_key(self.cfg, self.rank) not in _LAST_COUNT)
+        held = REFERENCE_GRADIENTS.nbytes()
         with self.case.precision.math_mode():
             result = check_case(self.case,
                                 around_first_step=self._counting if counting else None)
+        # The reference gradients the check cached for later cases are the suite's state, not
+        # the case's: on the CPU they join the resident base the training peak is taken above.
+        grown = REFERENCE_GRADIENTS.nbytes() - held
+        if grown > 0 and self.base_bytes is not None and self.cfg.device == "cpu":
+            self.base_bytes += grown
         return dataclasses.asdict(result)
 
     @contextlib.contextmanager

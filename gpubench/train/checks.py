@@ -199,6 +199,11 @@ class ReferenceCache:
     def clear(self) -> None:
         self.entries.clear()
 
+    def nbytes(self) -> int:
+        """Bytes the cached gradients hold (a case's memory figures leave them out)."""
+        return sum(t.numel() * t.element_size()
+                   for _, grads in self.entries.values() for t in grads if t is not None)
+
 
 REFERENCE_GRADIENTS = ReferenceCache()
 """This process's cache of FP32 reference gradients (``ReferenceCache``)."""
