@@ -16,8 +16,8 @@ from gpubench.launchers.workers import DEFAULT_TIMEOUT_S
 ROOT = Path(__file__).resolve().parents[1]
 
 GIVEN = {"groups": "memory,layout", "rounds": "7", "warmup": "2", "max_time": "1.5",
-         "min_time": "0.25", "energy_block": "1.5", "timeout": "90", "threads": "2",
-         "data_dir": "/tmp/somewhere"}
+         "min_time": "0.25", "target_width": "0.03", "energy_block": "1.5", "timeout": "90",
+         "threads": "2", "data_dir": "/tmp/somewhere"}
 
 
 def _plugin_parser() -> argparse.ArgumentParser:
