@@ -231,17 +231,31 @@ def test_a_stopped_tune_resumes_from_what_it_measured(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["bert"])
-def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(tmp_path, spec):
-    """36 configurations (``scripts/tune_vs_exhaustive.py`` measures more models the same
-    way): the tuner's winner is the exhaustive sweep's, or within that
-    sweep's interval of it (less than ``MIN_EFFECT``, the smallest speed change the verdicts
-    count, below its lower bound: on this machine the fused optimizer's gain sits at that
-    threshold, so either side of it is a right answer), for at most 40% of the sweep's
-    measured seconds."""
+def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(tmp_path, spec,
+                                                                           monkeypatch):
+    """The configurations of four dimensions that run on this CPU (18 with the baseline;
+    ``scripts/tune_vs_exhaustive.py`` measures more models the same way): the tuner's winner is
+    the exhaustive sweep's, or within that sweep's interval of it (less than ``MIN_EFFECT``,
+    the smallest speed change the verdicts count, below its lower bound: on this machine the
+    fused optimizer's gain sits at that threshold, so either side of it is a right answer),
+    for at most 55% of the sweep's paired rounds (127 of 255 here: rungs of 2, 4 and 8
+    rounds, then the finalists' confirmation at the sweep's 15). The cost is counted in
+    rounds, not seconds: a step of this size is milliseconds, so seconds measure the
+    machine's load."""
+    rounds = []
+    measured = tune.paired_ratios
+
+    def counted(base_case, cfg, n, **kwargs):
+        rounds.append(n)
+        return measured(base_case, cfg, n, **kwargs)
+
+    monkeypatch.setattr(tune, "paired_ratios", counted)
     dims = ("precision", "micro_batch", "optimizer_impl", "checkpointing")
     result = Tuner(spec, "smoke", "cpu", tmp_path, dims=dims, ablate=False,
                    progress=QUIET).run()
+    tuned_rounds, rounds[:] = sum(rounds), []
     sweep = tune.exhaustive(spec, "smoke", "cpu", dims=dims, progress=QUIET)
+    sweep_rounds = sum(rounds)
     best = sweep["winner"]
     if result.winner["case_id"] != best["case_id"]:
         base = {"speedup": 1.0, "low": 1.0, "high": 1.0}
@@ -252,8 +266,7 @@ def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(tmp_pa
         else:  # within the sweep winner's interval, give or take the smallest effect counted
             assert found["speedup"] * (1 + MIN_EFFECT) >= best["low"], (result.winner, found,
                                                                         best)
-    assert result.measured_s <= 0.4 * sweep["measured_s"], (result.measured_s,
-                                                             sweep["measured_s"])
+    assert 0 < tuned_rounds <= 0.55 * sweep_rounds, (tuned_rounds, sweep_rounds)
 
 
 @pytest.mark.parametrize("precision, matmul, cudnn", [

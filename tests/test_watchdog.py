@@ -147,6 +147,18 @@ def blocking_batch():
                     loss_fn=nn.functional.cross_entropy)
 
 
+def blocking_after_check():
+    """make_batch answers the workload check (seed 0), then blocks on the second micro-batch
+    of an accumulated step (its own seed) while the case is built."""
+    def make_batch(n, g):
+        if g.initial_seed() != 0:
+            threading.Event().wait()
+        return _batch(n, g)
+
+    return Workload(name="wdbatch", build_model=_net, make_batch=make_batch, micro_batch=4,
+                    loss_fn=nn.functional.cross_entropy)
+
+
 class Stuck(Dataset):
     def __len__(self):
         return 64
@@ -234,12 +246,15 @@ def test_the_timed_rounds_arm_one_limit_and_a_hung_round_still_fails(monkeypatch
 def test_gpubench_case_reports_the_hang_on_one_line(tmp_path, capsys):
     from gpubench.cli import main as cli
 
-    code = cli.main(["case", "--model", SPEC + "blocking_batch", "--profile", "smoke",
-                     "--timeout", "1", "-o", str(tmp_path / "out.json")])
+    code = cli.main(["case", "--model", SPEC + "blocking_after_check", "--profile", "smoke",
+                     "--accum-steps", "2", "--timeout", "1", "-o", str(tmp_path / "out.json")])
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert err.splitlines() == [
-        "gpubench case: wdbatch-fp32 failed: wdbatch-fp32: building the case (model, data, "
-        "optimizer) did not finish within 1 s (hung?); --timeout sets the limit"]
+        "gpubench case: wdbatch-fp32-accum2 failed: wdbatch-fp32-accum2: building the case "
+        "(model, data, optimizer) did not finish within 1 s (hung?); --timeout sets the limit"]
     assert not (tmp_path / "out.json").exists()
     assert os.getpid()  # this process is fine
+    from gpubench.workloads.api import VALIDATE_TIMEOUT_S, probe_timeout_s
+
+    assert probe_timeout_s() == VALIDATE_TIMEOUT_S  # --timeout bounded that command only

@@ -919,7 +919,8 @@ def _call_command(args: argparse.Namespace) -> int:
     from gpubench.cli import failure
 
     subject = getattr(args, "model", None) or None
-    if getattr(args, "timeout", None) and args.command != "run":  # run's parent: check_specs
+    bounded = bool(getattr(args, "timeout", None)) and args.command != "run"  # run: check_specs
+    if bounded:
         from gpubench.workloads.api import set_probe_timeout  # (torch: 3 s)
 
         set_probe_timeout(args.timeout)  # workload validation and probe builds within it too
@@ -944,6 +945,9 @@ def _call_command(args: argparse.Namespace) -> int:
         if os.environ.get("GPUBENCH_DEBUG"):
             raise
         return failure.command_failed(args.command, getattr(args, "subject", subject), err)
+    finally:
+        if bounded:  # a caller of main() in this process gets the default back
+            set_probe_timeout(None)
 
 
 def main(argv: list[str] | None = None) -> int:

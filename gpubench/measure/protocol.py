@@ -292,6 +292,7 @@ class CaseProgram:
             per_machine = local_world_size or world_size
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
         self.rank = rank
+        import_lazy_modules()
         freeze_long_lived()  # gc.collect() in every reset_peak scans only what cases create
         # The CPU peak's base, before the case's model: the suite's own state first (the
         # workload's probe build and its libraries' imports, the initial weights every case of
@@ -507,6 +508,18 @@ PHASES = {
 """What each command of the protocol is doing, for the timeout's message."""
 
 
+def import_lazy_modules() -> None:
+    """Import what a case imports on first use, before its time limit is armed and before the
+    CPU training peak's base is taken: torch's optimizers import ``torch._dynamo`` when the
+    first one is made (about 2 s and 150 MB resident on a 2-core CPU), and the stopping rule's
+    interval imports scipy between timed rounds (60 MB). A limit that fires inside an import
+    leaves modules half made (every later case of the process would fail on an unrelated
+    ``AttributeError``), and an import inside the memory window would count as the case's."""
+    import torch._dynamo  # noqa: F401
+
+    import gpubench.util.stats  # noqa: F401  (scipy)
+
+
 class InProcess:
     """The launcher of a single-process case: the program runs in this process. Like a rank's,
     each of its commands (the build, data preparation, check, count, every step, the close)
@@ -523,6 +536,8 @@ class InProcess:
         self.cfg, self.timeout_s = cfg, timeout_s
         self._id = cfg.id  # a computed property (~50 us): not in every step's limit
         self._in_rounds = False
+        if timeout_s:
+            import_lazy_modules()
         if program is None:
             self.program = self._bounded("build", CaseProgram, 0, 1, cfg, data_dir=data_dir)
         else:
