@@ -143,3 +143,27 @@ def test_a_cases_cpu_training_peak_is_what_a_hand_written_loop_holds(tmp_path):
     assert info["peak_above_base_bytes"] == pytest.approx(loop, rel=0.10), (
         info["peak_above_base_bytes"], loop, info["resident_base_bytes"])
     assert info["peak_memory_bytes"] - info["resident_base_bytes"] == info["peak_above_base_bytes"]
+
+
+@pytest.mark.skipif(not cpu_peak_supported(), reason="needs Linux /proc/self/status")
+def test_the_cpu_base_follows_the_reference_gradients_the_check_caches_and_lets_go(monkeypatch):
+    """The FP32 reference gradients the check caches are the suite's state: those it adds join
+    the resident base the training peak is taken above, and another model's entry it lets go
+    of (freed while the case runs) leaves it, else that case's peak above base would read
+    low (0 MiB for a small model measured after a large one)."""
+    from gpubench.measure import protocol
+    from gpubench.train import checks
+
+    cache = checks.ReferenceCache(size=1)
+    monkeypatch.setattr(checks, "REFERENCE_GRADIENTS", cache)
+    monkeypatch.setattr(protocol, "REFERENCE_GRADIENTS", cache)
+    cache.entries["another model"] = (0.0, [torch.ones(4 * 2**20)])  # 16 MiB
+    case = protocol.InProcess(RunConfig(model="bert", profile="smoke"))
+    try:
+        before = case.program.base_bytes
+        case.call("check")
+        added = cache.nbytes()
+        assert "another model" not in cache.entries and added > 0
+        assert case.program.base_bytes - before == added - 16 * 2**20
+    finally:
+        case.close()

@@ -352,10 +352,10 @@ class CaseProgram:
             result = check_case(self.case,
                                 around_first_step=self._counting if counting else None)
         # The reference gradients the check cached for later cases are the suite's state, not
-        # the case's: on the CPU they join the resident base the training peak is taken above.
-        grown = REFERENCE_GRADIENTS.nbytes() - held
-        if grown > 0 and self.base_bytes is not None and self.cfg.device == "cpu":
-            self.base_bytes += grown
+        # the case's: on the CPU they join the resident base the training peak is taken above,
+        # and the entries of another model the cache let go of (freed now) leave it.
+        if self.base_bytes is not None and self.cfg.device == "cpu":
+            self.base_bytes += REFERENCE_GRADIENTS.nbytes() - held
         return dataclasses.asdict(result)
 
     @contextlib.contextmanager

@@ -151,7 +151,13 @@ def plot_speedup(df: pd.DataFrame) -> plt.Figure:
     heights = [max(1.6, (0.2 + 0.08 * (len(runs) - 1)) * n + 0.9) for n in n_cases]
     fig, axes = plt.subplots(len(models), 1, figsize=(9, sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
-    xmax = float(np.nanmax(df[["speedup", "speedup_hi"]].to_numpy(float)))
+    # The axis follows the bars, not the widest whisker: one case with a wild interval (a
+    # two-rank case on a busy machine) would otherwise squeeze every bar into a corner. A
+    # whisker past the axis is cut there and its bar's label gives the interval's end.
+    xmax = max(1.2, 1.4 * float(np.nanmax(df["speedup"].to_numpy(float))))
+    xmax = min(xmax, float(np.nanmax(df[["speedup", "speedup_hi"]].to_numpy(float))))
+    xmax = max(xmax, 1.2)
+    limit = xmax * 1.12
     for ax, model in zip(axes[:, 0], models, strict=True):
         sub = df[df["model"] == model]
         order = sub.groupby("case_id")["speedup"].mean().sort_values(ascending=False).index
@@ -172,7 +178,10 @@ def plot_speedup(df: pd.DataFrame) -> plt.Figure:
             if len(runs) == 1:
                 for yy, s, hi in zip(y, r["speedup"], r["speedup_hi"], strict=True):
                     end = hi if np.isfinite(hi) else s
-                    ax.text(end + 0.01 * xmax, yy, f"{s:.2f}x", va="center", fontsize=6.5,
+                    cut = end > limit * 0.9
+                    label = f"{s:.2f}x (interval to {hi:.2f}x)" if cut else f"{s:.2f}x"
+                    ax.text(s + 0.01 * xmax if cut else end + 0.01 * xmax, yy, label,
+                            va="center", fontsize=6.5,
                             bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3,
                                   "alpha": 0.8})
         factor = sub.groupby("case_id")["batch_factor"].first()
@@ -182,7 +191,7 @@ def plot_speedup(df: pd.DataFrame) -> plt.Figure:
             for label, case in zip(ax.get_yticklabels(), order, strict=True):
                 label.set_color(group_color(groups.get(case)))
         ax.set_ylim(len(order) - 0.5, -0.5)
-        ax.set_xlim(0, xmax * 1.12)
+        ax.set_xlim(0, limit)
         ax.axvline(1.0, color=BASELINE_COLOR, ls="--", lw=1)
         ax.set_title(f"{model}: speedup over the FP32 baseline (higher is faster)", loc="left",
                      fontsize="medium")

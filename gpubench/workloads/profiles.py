@@ -49,7 +49,7 @@ PROFILE_TABLE: dict[str, Profile] = {p.name: p for p in (
             rounds=3, warmup=1, max_time_s=2.0, min_time_s=0.0, dataset_size=64,
             parity_steps=120, target_width=0.0, energy_block_s=0.5),
     Profile("cpu", "a 2-core laptop's scale", ("resnet18", "bert", "gpt2"),
-            rounds=12, warmup=4, max_time_s=3.0, min_time_s=0.6, dataset_size=512,
+            rounds=12, warmup=4, max_time_s=1.0, min_time_s=0.6, dataset_size=512,
             parity_steps=300, target_width=0.02, energy_block_s=2.0),
     Profile("gpu-small", "one GPU, real shapes, the questions users ask first",
             ("resnet50", "bert", "gpt2"), rounds=30, warmup=10, max_time_s=5.0, min_time_s=0.0,
