@@ -106,7 +106,7 @@ def test_a_tune_writes_the_winner_its_ablation_the_diagnosis_and_the_snippet(tmp
     proc = subprocess.run(
         [sys.executable, "-m", "gpubench", "tune", "--model", "bert", "--profile", "smoke",
          "--techniques", "optimizer_impl,micro_batch", "--out", str(out), "--parity",
-         "--parity-steps", "8"],
+         "--parity-steps", "8", "--price-per-hour", "3.6"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "gpubench tune: rung 0 [1/" in proc.stdout  # progress while it searches
@@ -133,6 +133,21 @@ def test_a_tune_writes_the_winner_its_ablation_the_diagnosis_and_the_snippet(tmp
     assert fp["libraries"]["torch"] == torch.__version__ and fp["date"].startswith("20")
     assert f"Measured on {fp['device_name']}" in md
     assert "## Left out of the space" not in md  # both searched techniques apply here
+    # The price: each confirmed configuration's throughput (global batch over its median step
+    # in the confirmation rounds) and its cost, bert's per token too, the unit in the header.
+    cost = result["cost"]
+    assert "| cost per 1M samples (at 3.6/machine-hour) | cost per 1M tokens (at " in md
+    assert "the winner costs" in proc.stdout and "per million samples at 3.6" in proc.stdout
+    passed = [c for c in result["confirmed"] if c["check"] == "passed"]
+    assert set(cost["cases"]) == {result["baseline"]} | {c["case_id"] for c in passed}
+    for c in [*passed, {"case_id": result["baseline"],
+                        "step_time_s": result["baseline_step_time_s"]}]:
+        rate = result["global_batch"] / c["step_time_s"]
+        figures = cost["cases"][c["case_id"]]
+        assert figures["samples_per_s"] == pytest.approx(rate)
+        assert figures["cost_per_m_samples"] == pytest.approx(3.6 / 3600 / rate * 1e6)
+        assert figures["cost_per_m_tokens"] == pytest.approx(
+            figures["cost_per_m_samples"] / result["input_shape"][1])
     assert set(result["diagnosis"]["predictions"]) == {"optimizer_impl", "micro_batch"}
     parity = md.split("## Convergence parity of the winner")[1]
     if winner["case_id"] == "bert-fp32":

@@ -586,7 +586,11 @@ def _prices(args: argparse.Namespace, sides: int):
     """One ``cost.Price`` per side from ``--price-per-hour`` (one for all, or one per file)."""
     from gpubench.analysis.cost import Price
 
-    given = [Price.parse(p) for p in (getattr(args, "price_per_hour", None) or [])]
+    try:  # parsed by the command line's argument type; text from a caller parsed here
+        given = [p if isinstance(p, Price) else Price.parse(p)
+                 for p in (getattr(args, "price_per_hour", None) or [])]
+    except ValueError as err:
+        raise ValueError(f"--price-per-hour: {err}") from None
     if not given:
         return [None] * sides
     if len(given) == 1:

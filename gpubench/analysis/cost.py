@@ -6,6 +6,10 @@ A case's cost per million samples is ``price_per_hour / 3600 / samples_per_s * 1
 language model (``LANGUAGE_MODELS``: its input is token ids ``[batch, sequence]``) also per
 million tokens, over ``samples_per_s * sequence length``. Headers spell out the unit with the
 price they assume, and the price is in whatever currency the user gave it.
+
+The same arithmetic serves ``gpubench summary`` and ``compare`` (``with_cost``: a results
+frame's step cases) and ``gpubench tune`` (``tune_cost``: the configurations the tune
+confirmed, at the global batch over their median step time in the confirmation's rounds).
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ class Price:
         except ValueError:
             number = math.nan
         if unit not in ("machine", "gpu") or not math.isfinite(number) or number <= 0:
-            raise ValueError(f"--price-per-hour {text!r}: expected a positive price per hour, "
-                             "for the whole machine (2.5 or 2.5/machine) or per GPU (2.5/gpu)")
+            raise ValueError("expected a positive price per hour, for the whole machine (2.5 "
+                             f"or 2.5/machine) or per GPU (2.5/gpu); got {text!r}")
         return cls(number, unit == "gpu")
 
     def label(self) -> str:
@@ -103,3 +107,32 @@ def cost_markdown(df: pd.DataFrame, price: Price) -> str:
             for _, r in steps.iterrows()]
     return markdown_table(rows, align=["left", "left", "right", "right", "right"],
                           columns=["case", "device", "samples/s", samples, tokens])
+
+
+def tune_cost(result, price: Price) -> dict:
+    """What the configurations a ``gpubench tune`` confirmed cost (``result``: its
+    ``TuneResult`` or the ``result`` of ``tune.json``): per case id (the baseline's included),
+    ``samples_per_s`` (the global batch over the median step time of its confirmation rounds)
+    and its cost per million samples and tokens (None where unknown: not a language model, a
+    figure from a tune that did not record step times). A tune measures one process on one
+    device: a per-GPU price counts one GPU. JSON-ready: ``tune.json`` keeps it as it is."""
+    fields = result if isinstance(result, dict) else vars(result)
+    batch = fields.get("global_batch")
+    tokens = tokens_per_sample(fields.get("name") or fields.get("model"),
+                               fields.get("input_shape"))
+    times = {c["case_id"]: c.get("step_time_s") for c in fields.get("confirmed") or ()
+             if c.get("check") == "passed"}
+    times[fields["baseline"]] = fields.get("baseline_step_time_s")
+    samples_header, tokens_header = cost_headers(price)
+    cases = {}
+    for case_id, step_s in times.items():
+        rate = (batch / step_s if isinstance(step_s, int | float) and step_s > 0
+                and isinstance(batch, int | float) else math.nan)
+        per_samples, per_tokens = cost_per_million(rate, price, 1, tokens)
+        cases[case_id] = {k: (None if not math.isfinite(v) else v) for k, v in (
+            ("samples_per_s", rate), ("cost_per_m_samples", per_samples),
+            ("cost_per_m_tokens", per_tokens))}
+    return {"price": price.label(), "price_per_hour": price.per_hour, "per_gpu": price.per_gpu,
+            "samples_header": samples_header,
+            "tokens_header": tokens_header if math.isfinite(tokens) else None,
+            "cases": cases}

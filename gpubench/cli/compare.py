@@ -17,6 +17,20 @@ PRICE_HELP = ("price per hour of the whole machine (2.5 or 2.5/machine) or of ea
               "uses (2.5/gpu): adds the cost per million samples (and tokens, for language "
               "models)")
 
+
+def price_per_hour(text: str):
+    """The argparse type of ``--price-per-hour`` (summary, compare, tune): a
+    ``gpubench.analysis.cost.Price``; a bad value is argparse's one-line error, exit 2."""
+    from gpubench.analysis.cost import Price
+
+    try:
+        return Price.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+price_per_hour.__name__ = "price per hour"
+
 _alpha = bounded(float, low=0, high=1, open_low=True, open_high=True)
 _threshold = non_negative
 
@@ -56,7 +70,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    help="write NEW's figures for github-action-benchmark into DIR: "
                    "smaller_is_better.json (time, memory) and bigger_is_better.json "
                    "(throughput, MFU)")
-    p.add_argument("--price-per-hour", action="append", metavar="PRICE",
+    p.add_argument("--price-per-hour", action="append", type=price_per_hour, metavar="PRICE",
                    help=PRICE_HELP + "; once for every file, or once per file in order")
     p.add_argument("--confirm", action="store_true",
                    help="re-measure the cases found to regress on the new code (gpubench run "

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from gpubench.cli.bisect import add_bisect_parser
-from gpubench.cli.compare import PRICE_HELP
+from gpubench.cli.compare import PRICE_HELP, price_per_hour
 from gpubench.cli.history import add_history_option, add_history_parser
 from gpubench.cli.options import (
     SESSION_OPTIONS,
@@ -529,9 +529,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
     else:
         print(summary_markdown(df) + failures_markdown(failures_beside(files)))
         if args.price_per_hour:
-            from gpubench.analysis.cost import Price, cost_markdown
+            from gpubench.analysis.cost import cost_markdown
 
-            print("\n### Cost\n\n" + cost_markdown(df, Price.parse(args.price_per_hour)))
+            print("\n### Cost\n\n" + cost_markdown(df, args.price_per_hour))
     return 0
 
 
@@ -775,7 +775,7 @@ def _add_summary_parser(sub) -> None:
     summ = sub.add_parser("summary", help="print the summary table of result files")
     summ.add_argument("files", nargs="+", help="benchmark JSON files, or results folders")
     summ.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
-    summ.add_argument("--price-per-hour", metavar="PRICE", help=PRICE_HELP)
+    summ.add_argument("--price-per-hour", type=price_per_hour, metavar="PRICE", help=PRICE_HELP)
     summ.set_defaults(func=cmd_summary)
 
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpubench.cli.compare import PRICE_HELP, price_per_hour
 from gpubench.cli.options import add_target_arguments, resolve_target
 from gpubench.train.techniques import DEFAULT_SEARCH
 from gpubench.train.techniques import SEARCH_DIMENSIONS as DIMENSIONS
@@ -46,6 +47,10 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="optimizer steps of --parity (default: the profile's parity steps)")
     p.add_argument("--resume", action="store_true",
                    help="continue the tune stopped in --out, reusing what it measured")
+    p.add_argument("--price-per-hour", type=price_per_hour, metavar="PRICE",
+                   help=PRICE_HELP + " of each confirmed configuration and the baseline, to "
+                   "tune.md's finalists and tune.json (the tune uses one device: a per-GPU "
+                   "price counts one GPU)")
 
 
 def tune_main(args: argparse.Namespace) -> int:
@@ -77,7 +82,13 @@ def tune_main(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return 130
     w = result.winner
-    path = write_tune(result, out)  # now: a parity run may be stopped
+    cost = None
+    if args.price_per_hour is not None:
+        from gpubench.analysis.cost import tune_cost
+
+        cost = tune_cost(result, args.price_per_hour)
+        _keep_result(out, "cost", cost)
+    path = write_tune(result, out, cost=cost)  # now: a parity run may be stopped
     if args.parity:
         try:
             parity = _parity(args, tuner, result, profile, device, out)
@@ -85,11 +96,16 @@ def tune_main(args: argparse.Namespace) -> int:
             print(f"gpubench tune: interrupted during --parity; the tune is in {path}",
                   file=sys.stderr)
             return 130
-        path = write_tune(result, out, parity)
+        path = write_tune(result, out, parity, cost=cost)
     print(f"gpubench tune: winner {w['case_id']} "
           + (f"{w['speedup']:.2f}x [{w['low']:.2f}-{w['high']:.2f}]"
              if w["case_id"] != result.baseline else f"(the baseline: {w.get('why', '')})")
           + f"; {result.measured_s:.0f} s measured")
+    if cost is not None:
+        figure = cost["cases"].get(w["case_id"], {}).get("cost_per_m_samples")
+        print("gpubench tune: the winner costs "
+              + ("-" if figure is None else f"{figure:.4g}")
+              + f" per million samples at {cost['price']}")
     print(f"gpubench tune: re-measure it with: {case_command(result)}")
     print(f"gpubench tune: wrote {path} and {out / 'tune.json'}")
     return 0
@@ -118,7 +134,7 @@ def _parity(args, tuner, result, profile: str, device: str, out: Path) -> str:
         return f"Not measured: {line}.\n"
     write_parity(report, out)
     tuned = next((r for r in report["techniques"] if r["technique"] == "tuned"), None)
-    _keep_parity(out, None if tuned is None else {
+    _keep_result(out, "parity", None if tuned is None else {
         "verdict": str(tuned["verdict"]), "reason": tuned["reason"], "gap": tuned["gap"],
         "steps": report["steps"]})
     if tuned is None:
@@ -130,13 +146,14 @@ def _parity(args, tuner, result, profile: str, device: str, out: Path) -> str:
     return parity_markdown(report).split("\n", 2)[-1] + "\n![parity](parity.png)\n"
 
 
-def _keep_parity(out: Path, verdict: dict | None) -> None:
-    """The winner's parity verdict into ``tune.json``'s result (the report's answer shows it)."""
+def _keep_result(out: Path, key: str, value) -> None:
+    """``value`` as ``key`` of ``tune.json``'s result: the winner's parity verdict (the
+    report's answer shows it), the cost of the confirmed configurations at a price."""
     import json
 
     from gpubench.util import atomic
 
     path = out / "tune.json"
     state = json.loads(path.read_text())
-    state.setdefault("result", {})["parity"] = verdict
+    state.setdefault("result", {})[key] = value
     atomic.write_json(path, state, indent=1)

@@ -404,8 +404,12 @@ def _priority(cfg: RunConfig, base: RunConfig, diagnosis: Diagnosis) -> float:
 
 
 def _speed_summary(base_s: list[float], new_s: list[float]) -> dict:
+    """The paired speed ratio with its interval and p, and the median step seconds of each
+    side (``step_time_s``: the candidate's, whose throughput a price turns into a cost)."""
     est = compare_paired(np.asarray(base_s), np.asarray(new_s))
-    return {"speedup": est.ratio, "low": est.low, "high": est.high, "p_value": est.p_value}
+    return {"speedup": est.ratio, "low": est.low, "high": est.high, "p_value": est.p_value,
+            "step_time_s": float(np.median(new_s)),
+            "baseline_step_time_s": float(np.median(base_s))}
 
 
 def _significant(conf: dict) -> bool:
@@ -442,6 +446,12 @@ class TuneResult:
     """Where, with what and when the tune measured (``gpubench.measure.machine.fingerprint``):
     the answer of a run uses the tune only when the run's machine and libraries are the
     same."""
+    input_shape: list[int] | None = None
+    """The shape of the workload's first input at the baseline's micro-batch (a language
+    model's ``[batch, sequence]``: its tokens per sample)."""
+    baseline_step_time_s: float | None = None
+    """The baseline's step seconds in the confirmation rounds (the median of each
+    confirmation's median); None where no finalist was confirmed."""
 
 
 class Tuner:
@@ -616,6 +626,11 @@ class Tuner:
                               f"{best['speedup']:.2f}x [{best['low']:.2f}-"
                               f"{best['high']:.2f}], p={best['p_value']:.2g})"))}
             ablation = self._ablate(base_case, winner) if self.ablate else []
+        base_times = [c["baseline_step_time_s"] for c in confirmed
+                      if isinstance(c.get("baseline_step_time_s"), float)]
+        base_step_s = statistics.median(base_times) if base_times else None
+        if winner["case_id"] == base.id:
+            winner["step_time_s"] = base_step_s
         self.winner_config = winner["config"]
         result = TuneResult(
             self.spec, self.device, self.profile, self.global_batch, self.budget, base.id,
@@ -630,7 +645,8 @@ class Tuner:
                 "config": _config_fields(winner["config"])}, ablation,
             self.measured_s, not self._out_of_time(started), self.ablation_s,
             left_out(base, self.global_batch, self.dims, self.compile), base.name, diagnosis_s,
-            fingerprint(self.device))
+            fingerprint(self.device), base.workload.input_shape(base.resolved_micro_batch),
+            base_step_s)
         self._save(result=result.__dict__)
         return result
 
@@ -839,8 +855,30 @@ def _mib(value) -> str:
     return "-" if value is None or value != value else f"{value / 2**20:,.1f} MiB"
 
 
-def tune_markdown(result: TuneResult) -> str:
-    """``tune.md``: the answer first, then why."""
+def _money(value) -> str:
+    return "-" if value is None or value != value else f"{value:.4g}"
+
+
+def _cost_line(result: TuneResult, cost: dict) -> str:
+    """The winner's cost per million samples (and tokens) beside the baseline's."""
+    cases = cost["cases"]
+    w, b = cases.get(result.winner["case_id"], {}), cases.get(result.baseline, {})
+    tokens = cost.get("tokens_header") is not None
+
+    def one(c: dict) -> str:
+        return (f"{_money(c.get('cost_per_m_samples'))} per million samples"
+                + (f" ({_money(c.get('cost_per_m_tokens'))} per million tokens)" if tokens
+                   else ""))
+
+    if result.winner["case_id"] == result.baseline:
+        return f"At {cost['price']}, the baseline costs {one(b)}."
+    return f"At {cost['price']}, the winner costs {one(w)}; the baseline {one(b)}."
+
+
+def tune_markdown(result: TuneResult, cost: dict | None = None) -> str:
+    """``tune.md``: the answer first, then why. ``cost``: what each confirmed configuration
+    costs at a price per hour (``gpubench.analysis.cost.tune_cost``), as columns of the
+    finalists' table beside the baseline's row."""
     w = result.winner
     n = len(result.candidates)
     pruned = [c for c in result.candidates if c["pruned"]]
@@ -851,6 +889,7 @@ def tune_markdown(result: TuneResult) -> str:
             f"**the baseline ({result.baseline})**: {w.get('why', '')}")
     lines = [f"# gpubench tune: {result.model} ({result.device}, {result.profile})", "",
              f"Winner: {head}.", "",
+             *([_cost_line(result, cost), ""] if cost else []),
              f"Measured on {describe_fingerprint(result.fingerprint)}. A `gpubench run` report "
              "beside it answers with this winner only on the same machine with the same "
              "library versions.", ""]
@@ -878,17 +917,37 @@ def tune_markdown(result: TuneResult) -> str:
             verdict = ("yes" if (word == "helps" and gain) or (word == "hurts" and loss)
                        or (word == "neutral" and not gain and not loss) else "no")
         lines.append(f"| {tech} | {pred} | {measured} | {verdict} |")
-    lines += ["", "## Confirmed finalists", "",
-              "| case | check | speedup | 95% CI | training memory | predicted |",
-              "|---|---|---|---|---|---|"]
+    heads = ["case", "check", "speedup", "95% CI", "training memory", "predicted"]
+    costs = (cost or {}).get("cases", {})
+    if cost:
+        heads += ["samples/s", cost["samples_header"],
+                  *([cost["tokens_header"]] if cost.get("tokens_header") else [])]
+
+    def priced(case_id: str) -> str:
+        if not cost:
+            return ""
+        c = costs.get(case_id, {})
+        rate = c.get("samples_per_s")
+        return (f" {'-' if rate is None else f'{rate:,.1f}'} | "
+                f"{_money(c.get('cost_per_m_samples'))} |"
+                + (f" {_money(c.get('cost_per_m_tokens'))} |" if cost.get("tokens_header")
+                   else ""))
+
+    lines += ["", "## Confirmed finalists", "", "| " + " | ".join(heads) + " |",
+              "|" + "---|" * len(heads)]
+    if cost:
+        mark = " (the winner)" if result.baseline == w["case_id"] else ""
+        lines.append(f"| {result.baseline} (the baseline){mark} | - | 1.00x | - | - | - |"
+                     + priced(result.baseline))
     for c in result.confirmed:
         if c["check"] == "passed":
             mark = " (the winner)" if c["case_id"] == w["case_id"] else ""
             lines.append(f"| {c['case_id']}{mark} | passed | {c['speedup']:.2f}x | {c['low']:.2f}-"
                          f"{c['high']:.2f} | {_mib(c.get('training_memory_bytes'))} | "
-                         f"{_mib(c.get('predicted_bytes'))} |")
+                         f"{_mib(c.get('predicted_bytes'))} |" + priced(c["case_id"]))
         else:
-            lines.append(f"| {c['case_id']} | {c['check']} | - | - | - | - |")
+            lines.append(f"| {c['case_id']} | {c['check']} | - | - | - | - |"
+                         + " - |" * (len(heads) - 6))
     lines += ["", "## Ablation of the winner (each technique set back in turn)", ""]
     if result.ablation:
         lines += ["Each row is another configuration, the winner with one technique set back, "
@@ -913,12 +972,13 @@ def tune_markdown(result: TuneResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_tune(result: TuneResult, out: Path, parity: str = "") -> Path:
+def write_tune(result: TuneResult, out: Path, parity: str = "", cost: dict | None = None
+               ) -> Path:
     """``tune.md`` into ``out``; ``parity``: the Markdown of the winner's convergence parity
-    (``gpubench tune --parity``), appended."""
+    (``gpubench tune --parity``), appended; ``cost``: as ``tune_markdown``'s."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "tune.md"
-    text = tune_markdown(result)
+    text = tune_markdown(result, cost)
     if parity:
         text += "\n## Convergence parity of the winner\n\n" + parity
     atomic.write_text(path, text)
