@@ -22,6 +22,7 @@ from gpubench.analysis.history import (
     save_run,
 )
 from gpubench.cli.main import main
+from gpubench.measure.provenance import library_changes, recorded_machine
 
 REAL = Path(__file__).parent / "data" / "cpu-run.json"
 SLOWED = "bert-fp32-adam"
@@ -207,3 +208,42 @@ def test_empty_or_missing_history_is_one_line(tmp_path, capsys):
     assert "no such history folder" in capsys.readouterr().err
     assert main(["history", str(tmp_path)]) == 2
     assert "holds no run" in capsys.readouterr().err
+
+
+def test_the_machine_is_read_from_the_fingerprint_and_older_files_as_before():
+    """One reading of a result file's machine (``recorded_machine``, beside the fingerprint's
+    other readers): from the recorded fingerprint where there is one; a file written before it
+    (``tests/data/cpu-run.json``) keeps the id its history folder is named by."""
+    info = json.loads(REAL.read_text())["machine_info"]
+    assert "fingerprint" not in info["gpubench"]
+    old = recorded_machine(info)
+    assert old["id"] == "11dd8782b3"  # a history saved before keeps its folder and series
+    assert old["name"] == "AMD EPYC, 2 CPUs, 2 threads, AVX512"
+    assert old["software"]["torch"] == "2.14.1+cu130" and old["software"]["python"] == "3.11.7"
+    # pytest-benchmark's own record (no gpubench block): its CPU brand
+    assert recorded_machine({"cpu": {"brand_raw": "AMD EPYC", "count": 2}})["name"] == (
+        "AMD EPYC, 2 CPUs")
+    g = info["gpubench"]
+    fp = {"cpu": g["cpu"], "cpu_count": g["cpu_count"], "device": "cpu",
+          "device_name": g["device_name"], "device_count": 1, "driver": None, "node": "other",
+          "libraries": {"torch": "2.14.1+cu130", "numpy": "2.4.6"}, "commit": "abc",
+          "date": "2026-12-01T00:00:00+00:00"}
+    same = copy.deepcopy(info)
+    same["gpubench"]["fingerprint"] = fp
+    assert recorded_machine(same)["id"] == old["id"]  # the same machine either way
+    assert recorded_machine(same)["software"] == fp["libraries"]
+    gpu = copy.deepcopy(same)  # the fingerprint decides, not the fields beside it
+    gpu["gpubench"]["fingerprint"] = {**fp, "device": "cuda", "device_name": "NVIDIA H200",
+                                      "device_count": 8, "driver": "570.86"}
+    machine = recorded_machine(gpu)
+    assert machine["id"] != old["id"] and machine["name"] == "8 x NVIDIA H200, driver 570.86"
+    newer = copy.deepcopy(gpu)
+    newer["gpubench"]["fingerprint"]["driver"] = "575.51"
+    assert recorded_machine(newer)["id"] != machine["id"]  # another driver: another series
+
+
+def test_library_changes_name_what_both_runs_record():
+    assert library_changes({"torch": "2.4.0", "cudnn": 92400, "python": "3.11"},
+                           {"torch": "2.5.0", "cudnn": "92400", "numpy": "2.0"}) == (
+        "torch 2.4.0 -> 2.5.0")
+    assert library_changes({"torch": "2.4.0"}, {"torch": "2.4.0"}) == ""

@@ -532,10 +532,10 @@ def confirm_regressions(base: pd.DataFrame, table: pd.DataFrame, again: pd.DataF
 
 
 def machine_of(path: str | Path) -> dict:
-    """The machine fingerprint of a result file (``history.machine_fingerprint``)."""
-    from gpubench.analysis.history import machine_fingerprint
+    """The machine of a result file (``gpubench.measure.provenance.recorded_machine``)."""
+    from gpubench.measure.provenance import recorded_machine
 
-    return machine_fingerprint(read_benchmark_json(path).get("machine_info") or {})
+    return recorded_machine(read_benchmark_json(path).get("machine_info"))
 
 
 def across_machines(base: pd.DataFrame, new: pd.DataFrame, prices=(None, None)) -> pd.DataFrame:

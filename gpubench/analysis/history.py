@@ -3,12 +3,13 @@ change points with the commit that made them.
 
 **The store** (``save_run``) follows pytest-benchmark's ``--benchmark-storage`` layout: a folder
 per machine, one file per run named ``NNNN_<commit>_<datetime>[_uncommitted-changes].json``.
-A run's file is an index: the commit (id, time, branch, dirty), the machine's fingerprint
-(``machine_fingerprint``), the profile, and per case a handful of figures in columns (median
-step time, the median per-round ratio over the paired baseline rounds, throughput, training
-memory). The result file itself, raw rounds and all, is kept gzipped beside it in ``raw/``,
-apart from the index: reading a history reads only the indexes. ``read_history`` also reads
-folders pytest-benchmark wrote itself (``--benchmark-autosave``), whole result files.
+A run's file is an index: the commit (id, time, branch, dirty), the machine
+(``gpubench.measure.provenance.recorded_machine``: its fingerprint), the profile, and per case
+a handful of figures in columns (median step time, the median per-round ratio over the paired
+baseline rounds, throughput, training memory). The result file itself, raw rounds and all,
+is kept gzipped beside it in ``raw/``, apart from the index: reading a history reads only the
+indexes. ``read_history`` also reads folders pytest-benchmark wrote itself
+(``--benchmark-autosave``), whole result files.
 
 **Series** (``history_series``): one per (model, profile, device, case id, metric, machine
 fingerprint), ordered by commit time, then run time. Machines are never mixed: a run on another
@@ -37,7 +38,6 @@ bad commit, the ratio of the medians after/before with a bootstrap interval
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import math
 import re
@@ -50,6 +50,7 @@ import pandas as pd
 
 from gpubench.analysis.cost import tokens_per_sample
 from gpubench.analysis.results import ResultsError, load_results, training_memory
+from gpubench.measure.provenance import library_changes, recorded_machine
 from gpubench.util import atomic
 from gpubench.util.stats import bootstrap_ratio_ci
 from gpubench.util.verdicts import COMPARE_BASES, MEMORY_THRESHOLD, TIME_THRESHOLD
@@ -89,44 +90,6 @@ TREND_RUNS = 5
 """Runs at each end of a series whose medians make its trend."""
 
 SERIES_KEY = ("model", "profile", "device", "case_id", "metric", "machine_id")
-
-
-# -- the machine -------------------------------------------------------------------------------
-
-HARDWARE_KEYS = ("device_name", "device_count", "cpu", "cpu_count", "cpu_capability",
-                 "torch_threads", "driver")
-SOFTWARE_KEYS = ("torch", "cuda", "cudnn", "torchvision", "transformers")
-
-
-def machine_fingerprint(machine_info: dict) -> dict:
-    """What a run's ``machine_info`` says of the machine: ``hardware`` (GPU or CPU model and
-    count, CPU capability, threads, driver where recorded), ``software`` (library versions and
-    Python), an ``id`` hashed from the hardware (a series never crosses it) and a ``name``. A
-    library upgrade is said where it happens in a series, not made a new one: whether it made
-    the case slower is exactly what the series can tell."""
-    machine_info = machine_info if isinstance(machine_info, dict) else {}
-    g = machine_info.get("gpubench") if isinstance(machine_info.get("gpubench"), dict) else {}
-    cpu = machine_info.get("cpu") if isinstance(machine_info.get("cpu"), dict) else {}
-    fingerprint = machine_info.get("fingerprint")
-    if isinstance(fingerprint, dict) and isinstance(fingerprint.get("hardware"), dict):
-        hardware = dict(fingerprint["hardware"])
-    else:
-        hardware = {k: g.get(k) for k in HARDWARE_KEYS}
-        hardware["cpu"] = hardware["cpu"] or cpu.get("brand_raw")
-        hardware["cpu_count"] = hardware["cpu_count"] or cpu.get("count")
-        hardware["device_name"] = hardware["device_name"] or hardware["cpu"]
-    software = {k: g.get(k) for k in SOFTWARE_KEYS}
-    software["python"] = machine_info.get("python_version")
-    digest = hashlib.sha1(json.dumps(hardware, sort_keys=True, default=str).encode())
-    count = hardware.get("device_count") or 1
-    gpu = hardware.get("device_name") and hardware.get("device_name") != hardware.get("cpu")
-    name = (f"{count} x {hardware['device_name']}" if gpu else
-            f"{hardware.get('cpu') or 'unknown CPU'}, {hardware.get('cpu_count') or '?'} CPUs"
-            + (f", {hardware['torch_threads']} threads" if hardware.get("torch_threads")
-               else "")
-            + (f", {hardware['cpu_capability']}" if hardware.get("cpu_capability") else ""))
-    return {"id": digest.hexdigest()[:10], "name": name, "hardware": hardware,
-            "software": software}
 
 
 # -- one run's index ---------------------------------------------------------------------------
@@ -185,7 +148,7 @@ def run_index(result_file: str | Path, *, commit: dict | None = None) -> dict:
         "gpubench_history": HISTORY_FORMAT,
         "commit": _commit(data, commit),
         "datetime": data.get("datetime"),
-        "machine": machine_fingerprint(data.get("machine_info") or {}),
+        "machine": recorded_machine(data.get("machine_info")),
         "profiles": sorted(set(cases["profile"].dropna())),
         "source": Path(result_file).name,
         "cases": {c: [None if isinstance(v, float) and not math.isfinite(v) else v
@@ -228,7 +191,8 @@ def save_run(result_file: str | Path, history: str | Path, *,
 # -- reading a history ---------------------------------------------------------------------------
 
 RUN_COLUMNS = ("run", "commit_id", "commit_time", "branch", "dirty", "run_time", "machine_id",
-               "machine_name", "software")
+               "machine_name", "software", "libraries")
+"""Per run (``libraries``: the machine's library versions as a mapping, ``software`` in words)."""
 
 
 def _index_of(path: Path) -> dict | None:
@@ -285,7 +249,8 @@ def read_history(folder: str | Path, *, since: str | None = None, until: str | N
                      "machine_id": machine.get("id"), "machine_name": machine.get("name"),
                      "software": ", ".join(f"{k} {v}" for k, v in (machine.get("software")
                                                                    or {}).items()
-                                           if v is not None)})
+                                           if v is not None),
+                     "libraries": machine.get("software") or {}})
         figures = index["cases"]
         n = len(figures["case_id"])
         for c in CASE_COLUMNS:
@@ -509,16 +474,15 @@ def detect(series: pd.DataFrame, *, time_magnitude: float = TIME_THRESHOLD,
            persistence: int = PERSISTENCE, permutations: int = PERMUTATIONS) -> pd.DataFrame:
     """Every change point of every series (``history_series``): one row each with the series'
     key, what the values are (``on``), ``last_good``/``first_bad`` commit and run, ``ratio``
-    with ``low``-``high`` and ``p``, ``persistent`` and ``software_change`` (library versions
-    that changed between the two runs, if any)."""
+    with ``low``-``high`` and ``p``, ``persistent`` and ``software_change`` (the libraries
+    both runs record at different versions: "torch 2.4.0 -> 2.5.0", "" when none)."""
     rows = []
     for key, s in series.groupby(list(SERIES_KEY), sort=False):
         magnitude = time_magnitude if key[4] == "time" else memory_magnitude
         for cp in change_points(s["value"].to_numpy(), min_magnitude=magnitude, alpha=alpha,
                                 persistence=persistence, permutations=permutations):
             good, bad = s.iloc[cp.at - 1], s.iloc[cp.at]
-            software = "" if good["software"] == bad["software"] else (
-                f"{good['software']} -> {bad['software']}")
+            software = library_changes(good["libraries"], bad["libraries"])
             rows.append({**dict(zip(SERIES_KEY, key, strict=True)), "on": s["on"].iloc[0],
                          "machine_name": bad["machine_name"], "runs": len(s),
                          "last_good": good["commit_id"], "first_bad": bad["commit_id"],

@@ -1,10 +1,13 @@
 """Where, with what and when a measurement was taken, read without torch: the fields of a
-machine fingerprint (``gpubench.measure.machine.fingerprint`` takes it), how two differ, and
-the words the report and the answer name it with."""
+machine fingerprint (``gpubench.measure.machine.fingerprint`` takes it), how two differ, the
+words the report and the answer name it with, and the machine a result file records
+(``recorded_machine``: what the history's series and compare's across-machines check key on)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 
 
 @functools.cache
@@ -66,3 +69,57 @@ def describe_fingerprint(fp: dict | None) -> str:
              f"commit {str(fp['commit'])[:9]}" if fp.get("commit") else None,
              str(fp["date"])[:10] if fp.get("date") else None]
     return ", ".join(p for p in parts if p)
+
+
+RUN_SETTINGS = ("cpu_capability", "torch_threads")
+"""What a result file's machine record (``gpubench.measure.machine.machine_info``) adds to its
+fingerprint's machine: the CPU kernels torch dispatched to and its threads, under which the
+same machine times another way."""
+
+OLD_SOFTWARE = ("torch", "cuda", "cudnn", "torchvision", "transformers")
+"""The library versions a result file recorded before its fingerprint did (beside Python's)."""
+
+
+def recorded_machine(machine_info: dict | None) -> dict:
+    """The machine a result file was measured on, from its pytest-benchmark ``machine_info``:
+    ``hardware`` (the fingerprint's machine fields, ``FINGERPRINT_MACHINE`` but the device
+    type, and the ``RUN_SETTINGS``), ``software`` (the fingerprint's library versions), an ``id``
+    hashed from the hardware and a ``name``. A file without a fingerprint (written before
+    gpubench recorded one, or by pytest-benchmark alone) is read from the fields it has: its
+    machine record's CPU and device, else pytest-benchmark's CPU brand, and its library
+    versions; the same machine gets the same id either way (the driver, which only a
+    fingerprint records, aside)."""
+    info = machine_info if isinstance(machine_info, dict) else {}
+    record = info.get("gpubench") if isinstance(info.get("gpubench"), dict) else {}
+    cpu = info.get("cpu") if isinstance(info.get("cpu"), dict) else {}
+    fp = record.get("fingerprint")
+    if isinstance(fp, dict):
+        hardware = {k: fp.get(k) for k in FINGERPRINT_MACHINE if k != "device"}
+        software = dict(fp.get("libraries") or {})
+    else:
+        hardware = {k: record.get(k) for k in FINGERPRINT_MACHINE if k != "device"}
+        hardware["cpu"] = hardware["cpu"] or cpu.get("brand_raw")
+        hardware["cpu_count"] = hardware["cpu_count"] or cpu.get("count")
+        hardware["device_name"] = hardware["device_name"] or hardware["cpu"]
+        software = {k: record.get(k) for k in OLD_SOFTWARE}
+        software["python"] = info.get("python_version")
+    hardware.update({k: record.get(k) for k in RUN_SETTINGS})
+    digest = hashlib.sha1(json.dumps(hardware, sort_keys=True, default=str).encode())
+    count = hardware.get("device_count") or 1
+    gpu = hardware.get("device_name") and hardware.get("device_name") != hardware.get("cpu")
+    name = (f"{count} x {hardware['device_name']}"
+            + (f", driver {hardware['driver']}" if hardware.get("driver") else "") if gpu else
+            f"{hardware.get('cpu') or 'unknown CPU'}, {hardware.get('cpu_count') or '?'} CPUs"
+            + (f", {hardware['torch_threads']} threads" if hardware.get("torch_threads")
+               else "")
+            + (f", {hardware['cpu_capability']}" if hardware.get("cpu_capability") else ""))
+    return {"id": digest.hexdigest()[:10], "name": name, "hardware": hardware,
+            "software": software}
+
+
+def library_changes(a: dict | None, b: dict | None) -> str:
+    """The libraries that both ``software`` mappings record, at different versions:
+    "torch 2.4.0 -> 2.5.0, ..." ("" when none changed)."""
+    a, b = a if isinstance(a, dict) else {}, b if isinstance(b, dict) else {}
+    return ", ".join(f"{k} {a[k]} -> {b[k]}" for k in a
+                     if a[k] is not None and b.get(k) is not None and str(a[k]) != str(b[k]))
