@@ -34,7 +34,20 @@ def test_the_readme_is_short_and_opens_with_the_two_commands():
     # .ci/run installs and tests exactly as command 2 says.
     install = test.split(" && ")[2]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert install in ci and "pytest" in ci
+    assert install in ci  # and runs the README's pytest (environment settings before it)
+    assert any(re.fullmatch(r"(\w+=\S+ )*pytest", line) for line in ci)
+    # ... and measures nothing: the gate runs on a dedicated runner (the example workflow)
+    assert not [line for line in ci if line.lstrip().startswith("gpubench ")]
+
+
+def test_the_example_workflow_gates_on_a_confirmed_regression():
+    """Its compare step fails the job (no --report-only) and re-measures a flag first."""
+    for path in (ROOT / "examples" / "github-actions").glob("*.yml"):
+        text = path.read_text()
+        compares = re.findall(r"gpubench compare (?:[^\n]*\\\n)*[^\n]*", text)
+        assert compares, path.name
+        for command in compares:
+            assert "--confirm" in command and "--report-only" not in command, command
 
 
 def test_every_relative_link_of_the_readme_exists():
