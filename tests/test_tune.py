@@ -300,3 +300,27 @@ def test_the_snippets_math_settings_are_the_measured_cases(precision, matmul, cu
     assert Precision(precision, "cuda").math_settings() == {
         "float32_matmul_precision": matmul, "cudnn_allow_tf32": cudnn == "True",
         "cudnn_benchmark": True}
+
+
+def test_the_tuner_pairs_rounds_as_a_run_does(monkeypatch):
+    """A candidate's rounds alternate with the baseline's in ABBA blocks, the first step of each
+    block untimed (``run_rounds``, the run's own pairing), not one step each: a rung of 4
+    rounds is blocks of 3 timed steps, then of 1, each side, every block one step longer."""
+    from itertools import groupby
+
+    from gpubench.measure.protocol import StoppingRule
+    from gpubench.train.config import RunConfig
+
+    base_case = object()
+    calls = []
+    monkeypatch.setattr(tune, "_timed",
+                        lambda case: calls.append("base" if case is base_case else "case") or 0.01)
+    _, base_s, new_s, _ = tune.paired_ratios(base_case, RunConfig(model="bert", profile="smoke"),
+                                             4)
+    assert len(base_s) == len(new_s) == 4
+    blocks = [(side, len(list(run))) for side, run in groupby(calls)]
+    assert blocks == [("base", 4), ("case", 6), ("base", 2)], blocks  # B A | A B: 1+3, 1+3 1+1, 1+1
+    assert tune.confirm_rule(RunConfig(model="bert", profile="smoke")) == StoppingRule(
+        0.0, tune.CONFIRM_ROUNDS, tune.CONFIRM_ROUNDS)  # smoke sets no target: a fixed count
+    rule = tune.confirm_rule(RunConfig(model="bert", profile="cpu"))
+    assert rule.target_width == 0.02 and rule.min_rounds < tune.CONFIRM_ROUNDS < rule.max_rounds

@@ -20,11 +20,14 @@ The search, in the order it runs:
    predicted over the budget is pruned. The winner's real figure is measured and set beside its
    prediction.
 4. **Successive halving** on rounds paired with the baseline's (the baseline's case stays built;
-   each candidate alternates one step with it): every survivor gets ``RUNG_ROUNDS`` rounds, the
+   each candidate's steps alternate with it in ABBA blocks, as a run pairs them,
+   ``gpubench.measure.protocol.run_rounds``): every survivor gets ``RUNG_ROUNDS`` rounds, the
    fastest third (``KEEP``) twice as many more, and so on until ``FINALISTS`` are left.
 5. **Confirmation** of the finalists with the suite's protocol: the training check (a finalist
-   that fails it is dropped and the next one confirmed), then ``CONFIRM_ROUNDS`` fresh paired
-   rounds (not the rounds that selected it, which favour whoever was lucky in them),
+   that fails it is dropped and the next one confirmed), then fresh paired rounds under the
+   run's stopping rule at the profile's target width (``confirm_rule``; ``CONFIRM_ROUNDS``
+   where the profile sets none) (not the rounds that selected it, which favour whoever was
+   lucky in them),
    a speed ratio with its 95% interval (``gpubench.analysis``'s paired statistics) and its
    measured training memory. The winner is the fastest finalist that beats the baseline
    significantly by ``MIN_EFFECT``; the baseline when none does.
@@ -51,6 +54,7 @@ import torch
 
 from gpubench.measure.machine import fingerprint
 from gpubench.measure.memory import SavedActivations, state_breakdown
+from gpubench.measure.protocol import StoppingRule, run_rounds
 from gpubench.measure.provenance import describe_fingerprint
 from gpubench.suite.cases import baseline, native_cpu_precisions
 from gpubench.train.build import LEARNING_RATES, build, unsupported_reason
@@ -281,6 +285,21 @@ def over_budget(entry: dict, budget: float | None) -> str | None:
     return f"over budget: measured peak {_size(peak)} > {_size(budget)}"
 
 
+def confirm_rule(cfg: RunConfig) -> StoppingRule:
+    """The rounds of a confirmation (and of each ablation and exhaustive entry), by the run's
+    stopping rule at ``cfg``'s profile: ``CONFIRM_ROUNDS`` exactly where the profile sets no
+    target width (smoke); else at least ``MIN_ROUNDS``, stopping once the paired interval's
+    half-width reaches the profile's target, at most ``EXTEND_FACTOR`` times
+    ``CONFIRM_ROUNDS`` within the profile's time cap."""
+    from gpubench.workloads.profiles import PROFILE_TABLE
+
+    profile = PROFILE_TABLE[cfg.profile]
+    if not profile.target_width:
+        return StoppingRule(0.0, CONFIRM_ROUNDS, CONFIRM_ROUNDS)
+    return StoppingRule.for_case(CONFIRM_ROUNDS, 0.0, profile.max_time_s, None,
+                                 profile.target_width)
+
+
 def _timed(case) -> float:
     """One synchronized step of ``case`` in its own math mode; its seconds."""
     with case.precision.math_mode():
@@ -289,24 +308,22 @@ def _timed(case) -> float:
         return time.perf_counter() - start
 
 
-def paired_ratios(base_case, cfg: RunConfig, rounds: int, *, check: bool = False
+def paired_ratios(base_case, cfg: RunConfig, rounds: int, *, check: bool = False,
+                  rule: StoppingRule | None = None
                   ) -> tuple[list[float], list[float], list[float], dict]:
-    """Build ``cfg`` (its training check first, with ``check``), warm it up, then ``rounds``
-    rounds alternating one baseline step and one of ``cfg`` (which goes first alternates
-    too). Returns (ratios, baseline seconds, candidate seconds, facts: its training memory)."""
+    """Build ``cfg`` (its training check first, with ``check``), warm it up, then paired rounds
+    with the baseline's case as a run pairs them (``gpubench.measure.protocol.run_rounds``:
+    blocks of each side in ABBA order, each block's first step untimed): exactly ``rounds``,
+    or until ``rule`` stops them (``confirm_rule``: the profile's target width and time cap).
+    Returns (ratios, baseline seconds, candidate seconds, facts: its training memory)."""
     with build(cfg) as case:
         if check:
             check_case(case)
         for _ in range(WARMUP_STEPS):
             case.synced_step()
-        base_s, new_s = [], []
-        for i in range(rounds):
-            if i % 2:
-                new_s.append(_timed(case))
-                base_s.append(_timed(base_case))
-            else:
-                base_s.append(_timed(base_case))
-                new_s.append(_timed(case))
+        measured = run_rounds(lambda: _timed(case), rule or StoppingRule(0.0, rounds, rounds),
+                              base_step=lambda: _timed(base_case))
+        base_s, new_s = measured.base_s, measured.case_s
         facts = {}
         if check:
             if cfg.device == "cuda":
@@ -526,10 +543,10 @@ class Tuner:
 
     # -- the search ---------------------------------------------------------------------------
     def _measure(self, base_case, cfg: RunConfig, rounds: int, check: bool = False,
-                 ablation: bool = False):
+                 ablation: bool = False, rule: StoppingRule | None = None):
         start = time.perf_counter()
         try:
-            return paired_ratios(base_case, cfg, rounds, check=check)
+            return paired_ratios(base_case, cfg, rounds, check=check, rule=rule)
         finally:
             if ablation:
                 self.ablation_s += time.perf_counter() - start
@@ -665,7 +682,8 @@ class Tuner:
             else:
                 try:
                     _, base_s, new_s, facts = self._measure(base_case, c.cfg, CONFIRM_ROUNDS,
-                                                            check=True)
+                                                            check=True,
+                                                            rule=confirm_rule(c.cfg))
                     entry = {"case_id": c.id, "check": "passed", **_speed_summary(base_s, new_s),
                              **facts, "predicted_bytes": c.predicted_bytes}
                     over = over_budget(entry, self.budget)
@@ -699,7 +717,8 @@ class Tuner:
             else:
                 try:
                     _, base_s, new_s, _ = self._measure(base_case, back, CONFIRM_ROUNDS,
-                                                        ablation=True)
+                                                        ablation=True,
+                                                        rule=confirm_rule(back))
                     entry = {"removed": d, "case_id": back.id, **_speed_summary(base_s, new_s)}
                 except (RuntimeError, ValueError) as err:
                     entry = {"removed": d, "case_id": back.id,
@@ -728,7 +747,8 @@ def exhaustive(spec: str, profile: str, device: str, *, global_batch: int | None
             if cfg == base or unsupported_reason(cfg):
                 continue
             try:
-                _, base_s, new_s, _ = paired_ratios(base_case, cfg, CONFIRM_ROUNDS, check=True)
+                _, base_s, new_s, _ = paired_ratios(base_case, cfg, CONFIRM_ROUNDS, check=True,
+                                                    rule=confirm_rule(cfg))
             except (TrainingCheckError, RuntimeError):
                 continue
             entries.append({"case_id": cfg.id, "check": "passed",
