@@ -223,7 +223,7 @@ def test_random_malformed_records_raise_only_results_error(tmp_path, doc):
 
 
 def test_run_cost_splits_the_cases_time_into_timed_rounds_and_each_untimed_part(tmp_path):
-    from gpubench.report.summary import run_cost, run_cost_markdown, summary_markdown
+    from gpubench.report.summary import PHASES, run_cost, run_cost_markdown, summary_markdown
 
     harness = {"build": 0.5, "check": 0.3, "count": 0.1, "warmup": 0.1, "rounds": 0.9}
     rec = _record(harness_s=harness, paired_baseline_rounds_s=[0.1, 0.1, 0.1])
@@ -233,7 +233,7 @@ def test_run_cost_splits_the_cases_time_into_timed_rounds_and_each_untimed_part(
     cost = run_cost(df).set_index("part")["seconds"]
     assert cost["timed rounds of the cases"] == pytest.approx(0.31)  # STATS' rounds
     assert cost["paired baseline rounds"] == pytest.approx(0.3)
-    assert cost["in the timed window, untimed (warm-up pair, baseline worker start)"] == \
+    assert cost[PHASES["untimed_rounds"]] == \
         pytest.approx(0.9 - 0.61)
     assert cost.sum() == pytest.approx(sum(harness.values()))
     text = run_cost_markdown(df)
