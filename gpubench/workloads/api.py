@@ -2,7 +2,7 @@
 
 A ``Workload`` is everything gpubench asks of a model: how to build it, a batch of inputs and
 targets, the loss, and optionally the user's own dataset and a split into stages. No other module
-asks which model family it is measuring. The four built-in models are workloads defined in
+asks which model family it is measuring. The built-in models are workloads defined in
 ``gpubench.workloads.builtin`` with this same public API.
 
 A workload is named by a *spec* everywhere a model is accepted (``--model``, ``--models``,
