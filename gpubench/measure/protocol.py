@@ -295,9 +295,10 @@ class CaseProgram:
         import_lazy_modules()
         freeze_long_lived()  # gc.collect() in every reset_peak scans only what cases create
         # The CPU peak's base, before the case's model: the suite's own state first (the
-        # workload's probe build and its libraries' imports, the initial weights every case of
-        # the model copies), so that the training peak above it is what a user's loop holds.
-        cfg.workload.facts  # noqa: B018 - cached: its probe build happens now
+        # workload's facts, a probe build or a read of the run's facts cache, its libraries'
+        # imports, the initial weights every case of the model copies), so that the training
+        # peak above it is what a user's loop holds.
+        cfg.workload.facts  # noqa: B018 - cached: its probe build (or read) happens now
         prime_initial_module(cfg.workload, cfg.seed)
         self.base_bytes = resident_base(cfg.device)
         self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
