@@ -1,8 +1,16 @@
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _facts_cache(tmp_path_factory):
+    """Workload facts cached in the test session's own folder (and its subprocesses', which
+    inherit the variable), never in the user's ``~/.cache/gpubench``."""
+    os.environ["GPUBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(autouse=True)

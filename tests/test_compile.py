@@ -13,7 +13,7 @@ from test_advice import _row  # the tests folder is on sys.path (pytest's rootdi
 from gpubench.analysis.advice import advise
 from gpubench.measure import protocol
 from gpubench.measure.protocol import CaseProgram
-from gpubench.measure.runner import compile_cost
+from gpubench.measure.runner import compile_cost, compile_seconds
 from gpubench.suite.cases import profile_cases
 from gpubench.suite.claims import CLAIMS
 from gpubench.train.build import unsupported_reason
@@ -39,7 +39,8 @@ def test_compile_cost_and_break_even_against_the_same_configuration_uncompiled()
     info = {"first_step_s": 11.0, "step_time_s": 1.0, "baseline_step_time_s": 1.25,
             "speedup_paired": 1.25}
     fp32 = RunConfig(model="resnet18", compile=True)
-    assert compile_cost(info, fp32) == {"compile_time_s": 10.0, "break_even_steps": 40.0,
+    assert compile_cost(info, fp32) == {"compile_time_s": 10.0, "compile_steps": 1,
+                                        "break_even_steps": 40.0,
                                         "break_even_against": "resnet18-fp32"}
     slower = {**info, "speedup_paired": 0.9}
     assert compile_cost(slower, fp32)["break_even_steps"] is None
@@ -51,6 +52,72 @@ def test_compile_cost_and_break_even_against_the_same_configuration_uncompiled()
     out = compile_cost(info, bf16, uncompiled_step_s=1.1)
     assert out["break_even_steps"] == pytest.approx(100.0)
     assert out["break_even_against"] == "resnet18-bf16"
+
+
+def test_compile_time_counts_the_steps_until_the_step_is_steady():
+    """reduce-overhead: the first step compiles and warms the CUDA graphs up, the second
+    records them (slower than a steady step), the third replays: both count, less a steady
+    step each; the first step always counts, a step within 10% of steady ends the count."""
+    assert compile_seconds([30.0, 5.0, 1.05, 3.0], 1.0) == (pytest.approx(33.0), 2)
+    assert compile_seconds([30.0, 1.02, 1.0], 1.0) == (pytest.approx(29.0), 1)
+    assert compile_seconds([1.05, 1.0], 1.0) == (pytest.approx(0.05), 1)
+    assert compile_seconds([0.9, 1.0], 1.0) == (0.0, 1)  # never negative
+    graphs = RunConfig(model="bert", device="cuda", compile=True,
+                       compile_mode="reduce-overhead")
+    out = compile_cost({"first_step_s": 30.0, "check_step_times_s": [30.0, 5.0, 1.0],
+                        "step_time_s": 1.0}, graphs, uncompiled_step_s=1.5)
+    assert out["compile_time_s"] == pytest.approx(33.0) and out["compile_steps"] == 2
+    assert out["break_even_steps"] == pytest.approx(66.0)
+
+
+def tiny(profile: str = "smoke"):
+    """A two-layer MLP: the smallest model Inductor compiles forward and backward for."""
+    import torch
+    from torch import nn
+
+    from gpubench import Workload
+
+    return Workload(name="tinymlp", build_model=lambda: nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)),
+        make_batch=lambda n, g: (torch.randn(n, 8, generator=g),
+                                 torch.randint(0, 2, (n,), generator=g)),
+        micro_batch=4, loss_fn=nn.functional.cross_entropy)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_each_compiled_case_compiles_into_a_fresh_cache_of_its_own():
+    """The same compiled case twice in one process: the second finds nothing the first
+    compiled (no FX graph or AOTAutograd cache hit; Inductor's default cache would serve it
+    every graph), each compiles in a folder of its own, removed when the case closes, and the
+    environment is as it was after."""
+    import os
+    from pathlib import Path
+
+    from gpubench.train.checks import CHECK_STEPS
+
+    cfg = RunConfig(model=f"{Path(__file__).resolve()}:tiny", profile="smoke", compile=True)
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")
+    seen = []
+    for _ in range(2):
+        program = CaseProgram(0, 1, cfg)
+        try:
+            folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+            check = program.check()
+            assert any(folder.iterdir())  # the compilation wrote here
+        finally:
+            program.close()
+        assert not folder.exists()
+        seen.append((folder, check))
+    assert (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")) \
+        == before
+    assert seen[0][0] != seen[1][0]
+    for _, check in seen:
+        assert check["compile_cache_hits"] == 0, check
+        assert check["compile_cache_misses"] > 0, check
+        assert len(check["step_times_s"]) == CHECK_STEPS
+        assert check["step_times_s"][0] == check["first_step_s"]
 
 
 @pytest.mark.slow

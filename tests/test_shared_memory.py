@@ -76,3 +76,16 @@ def test_enough_or_no_dev_shm_skips_nothing(monkeypatch, free):
 def test_this_machine_reports_its_dev_shm():
     free = loader_data.shared_memory_free_bytes()
     assert free is None or free >= 0
+
+
+def test_a_case_run_with_too_little_dev_shm_skips_before_anything_is_built(monkeypatch):
+    """At run time the free space is read again, case by case (the run before it may have
+    filled /dev/shm): the case is unsupported, which the benchmark turns into a skip with
+    the reason, before its model, loader or workers exist."""
+    from gpubench.measure.runner import run_case
+    from gpubench.train.build import Unsupported
+
+    monkeypatch.setattr(loader_data, "shared_memory_free_bytes", lambda path="": 64 * 2**20)
+    with pytest.raises(Unsupported, match=r"needs about 735 MiB of shared memory .* and "
+                                          r"/dev/shm has 64 MiB free"):
+        run_case(None, _cfg(num_workers=2), rounds=3, warmup_rounds=1)

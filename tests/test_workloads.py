@@ -219,8 +219,27 @@ def test_initial_weights_are_built_once_and_copied_with_the_rng_where_a_build_le
     assert second is not first and next(second.parameters()) is not next(first.parameters())
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "bert", "gpt2"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "bert", "gpt2", "llama"])
 def test_every_builtin_workload_passes_validation(name):
     """The commands skip validating built-in names (a model build each, before any case):
     this is where they are validated."""
     validate(resolve(name, "smoke"))
+
+
+def test_the_builtin_llama_is_fp8s_workload_every_linear_a_multiple_of_16():
+    """Every profile's sizes give linears torchao's filter converts (hidden, 4 x hidden, heads
+    x head size, vocabulary all multiples of 16); at smoke, the probe's linears say so, and on
+    CUDA its compile group holds the FP8 compiled cases beside compiled bf16."""
+    from gpubench.suite.cases import profile_cases
+    from gpubench.workloads.builtin import LLAMA_SIZES
+
+    for size in LLAMA_SIZES.values():
+        assert all(d % 16 == 0 for d in (size.hidden, 4 * size.hidden, size.vocab_size))
+        assert size.hidden % size.heads == 0
+    workload = resolve("llama", "smoke")
+    assert workload.name == "llama" and workload.micro_batch == LLAMA_SIZES["smoke"].micro_batch
+    linears = workload.facts.linears
+    assert len(linears) == 7 * LLAMA_SIZES["smoke"].layers + 1  # q k v o, gate up down; head
+    assert all(o % 16 == 0 and i % 16 == 0 for _, o, i in linears), linears
+    ids = {c.id for c in profile_cases("cpu", "cuda", ("llama",), ("compile",))}
+    assert {"llama-bf16-compile", "llama-fp8-compile", "llama-fp8-rowwise-compile"} <= ids, ids

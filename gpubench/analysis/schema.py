@@ -117,10 +117,20 @@ METRICS: tuple[Metric, ...] = (
     Metric(("first_step_s", "compile_time_s", "break_even_steps", "break_even_against"),
            ("float>=0", "float>=0", "float>=0", "str"), "s, steps",
            "the training check's first step (with torch.compile: its compilation); compile "
-           "cases: that less a steady step, and the steps after which compiling has paid off "
+           "cases: the seconds the check's first steps took beyond a steady step's until the "
+           "step was steady (the compilation, autotuning and reduce-overhead's CUDA-graph "
+           "capture, ``compile_steps`` steps), compiled into a fresh Inductor and Triton "
+           "cache, and the steps after which compiling has paid off "
            "(compile time / seconds saved per step against ``break_even_against``, the same "
            "configuration uncompiled: the paired baseline where it is that; null where it was "
            "not measured or the compiled step saves nothing)"),
+    Metric(("check_step_times_s",), "floats>0", "s",
+           "each training step of the check, the device synchronized after it (the slowest "
+           "rank's): what ``compile_time_s`` is read from"),
+    Metric(("compile_steps", "compile_cache_hits", "compile_cache_misses"), "int>=0", "count",
+           "compile cases: the check's steps counted in ``compile_time_s``; the FX graph and "
+           "AOTAutograd cache hits and misses of its compilation (each case compiles into an "
+           "empty cache of its own: a hit would mean a graph compiled elsewhere)"),
     Metric(("harness_s",), None, "s",
            "wall seconds of each part of the case's measurement (build, prepare, check, count, "
            "warmup, partner, rounds, finish, close)"),

@@ -295,9 +295,10 @@ class CaseProgram:
         import_lazy_modules()
         freeze_long_lived()  # gc.collect() in every reset_peak scans only what cases create
         # The CPU peak's base, before the case's model: the suite's own state first (the
-        # workload's probe build and its libraries' imports, the initial weights every case of
-        # the model copies), so that the training peak above it is what a user's loop holds.
-        cfg.workload.facts  # noqa: B018 - cached: its probe build happens now
+        # workload's facts, a probe build or a read of the run's facts cache, its libraries'
+        # imports, the initial weights every case of the model copies), so that the training
+        # peak above it is what a user's loop holds.
+        cfg.workload.facts  # noqa: B018 - cached: its probe build (or read) happens now
         prime_initial_module(cfg.workload, cfg.seed)
         self.base_bytes = resident_base(cfg.device)
         self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
@@ -356,7 +357,10 @@ class CaseProgram:
         # and the entries of another model the cache let go of (freed now) leave it.
         if self.base_bytes is not None and self.cfg.device == "cpu":
             self.base_bytes += REFERENCE_GRADIENTS.nbytes() - held
-        return dataclasses.asdict(result)
+        out = dataclasses.asdict(result)
+        if self.case.compile_cache is not None:  # what the check's compilation found cached
+            out.update(self.case.compile_cache.counts())
+        return out
 
     @contextlib.contextmanager
     def _counting(self, model=None):
@@ -741,8 +745,14 @@ def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
         "check_losses": check["losses"],
         "check_skipped_steps": check["skipped_steps"],
         "first_step_s": max((c.get("first_step_s") or 0.0) for c in checks) or None,
+        # each check step's seconds, the slowest rank's (compile_time_s reads them)
+        "check_step_times_s": [max(ts) for ts in zip(*(c.get("step_times_s") or []
+                                                         for c in checks), strict=False)],
         "last_loss": last_losses[-1] if last_losses else None,
     }
+    for name in ("compile_cache_hits", "compile_cache_misses"):
+        if any(name in c for c in checks):
+            info[name] = sum(c.get(name, 0) for c in checks)
     # The gradient check of every rank (pipeline: each its own stage): the worst agreement.
     for what in ("grad", "update"):
         rows = [c for c in checks if c.get(f"{what}_cosine") is not None]

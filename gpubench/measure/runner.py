@@ -21,6 +21,7 @@ from gpubench.measure.flops import fp8_peak_flops, step_peak_flops
 from gpubench.measure.machine import device_name
 from gpubench.measure.protocol import (
     MIN_ROUNDS,
+    STEADY_TOLERANCE,
     CaseProgram,
     InProcess,
     Phases,
@@ -233,11 +234,31 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
     return info
 
 
+def compile_seconds(step_times_s: list[float], step_time_s: float,
+                    tolerance: float = STEADY_TOLERANCE) -> tuple[float, int]:
+    """(seconds, steps) compiling took: the leading steps of the check slower than a steady
+    step of ``step_time_s`` by more than ``tolerance`` (``is_steady``'s; the first always
+    counts), each less a steady step. The first step traces and compiles forward and
+    backward (with max-autotune, autotunes); under reduce-overhead the second records the
+    CUDA graphs of both (the first only warms them up) and the third replays them; a guard
+    that fails on the second step's state recompiles there. A step within the tolerance ends
+    the count: what follows is the steady step."""
+    seconds, steps = 0.0, 0
+    for i, t in enumerate(step_times_s):
+        if i and t <= step_time_s * (1 + tolerance):
+            break
+        seconds += max(0.0, t - step_time_s)
+        steps += 1
+    return seconds, steps
+
+
 def compile_cost(info: dict, cfg: RunConfig | None = None,
                  uncompiled_step_s: float | None = None) -> dict:
-    """What ``torch.compile`` cost a case: ``compile_time_s``, its first step's seconds less a
-    steady step's (the compilation, with the autotuning of max-autotune and the graph capture
-    of reduce-overhead), and ``break_even_steps``, the steps after which it has paid off: that
+    """What ``torch.compile`` cost a case: ``compile_time_s``, the seconds its first steps took
+    beyond steady ones until the step was steady (``compile_seconds``: the compilation, the
+    autotuning of max-autotune, the CUDA-graph capture of reduce-overhead; ``compile_steps``
+    of them), each case compiling into a fresh cache (``gpubench.train.compilecache``), and
+    ``break_even_steps``, the steps after which it has paid off: that
     time over the seconds each step saves against the *same configuration uncompiled*
     (``break_even_against``): ``uncompiled_step_s`` where its step time is known, else the
     paired baseline when that is the same configuration uncompiled (an fp32 compiled case
@@ -246,8 +267,9 @@ def compile_cost(info: dict, cfg: RunConfig | None = None,
     first, step = info.get("first_step_s"), info["step_time_s"]
     if first is None:
         return {}
-    compile_s = max(0.0, first - step)
-    out = {"compile_time_s": compile_s, "break_even_steps": None, "break_even_against": None}
+    compile_s, steps = compile_seconds(info.get("check_step_times_s") or [first], step)
+    out = {"compile_time_s": compile_s, "compile_steps": steps, "break_even_steps": None,
+           "break_even_against": None}
     twin = cfg.with_(compile=False, compile_mode="default") if cfg is not None else None
     if uncompiled_step_s is not None:
         saved = uncompiled_step_s - step

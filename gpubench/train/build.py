@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gpubench.train import implementations
+from gpubench.train.compilecache import CompileCache
 from gpubench.train.config import ALLOC_CONF_VARS, GENERATED_DATASETS, RunConfig
 from gpubench.train.data import (
     Batch,
@@ -184,6 +185,8 @@ class Case:
     """The same of the counted techniques only: the step whose FLOPs and saved activations
     are counted leaves out the contexts of techniques that change neither (activation
     offloading's hooks would hide the saved tensors from the counter's)."""
+    compile_cache: CompileCache | None = None
+    """A compiled case's own Inductor and Triton cache folder (removed at ``close``)."""
 
     def __enter__(self) -> Case:
         self._math = self.precision.math_mode()
@@ -239,6 +242,8 @@ class Case:
             iterator._shutdown_workers()
         if self.cfg.offload:  # its saved activations' pinned host blocks, tens of GB
             implementations.release_pinned_memory()
+        if self.compile_cache is not None:
+            self.compile_cache.close()
 
     def fixed_batches(self) -> list[Batch]:
         """The next ``accum_steps`` micro-batches, already on the device, to train on repeatedly."""
@@ -316,10 +321,13 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         wrapped = impl.wrap(wrapped)
     forward = implementations.forward_context(impls)
     counted = [i for i in impls if i.technique.counted]
+    compile_cache = None
     if cfg.compile:
         # A fresh dynamo per compiled case: no compiled code, cache-size limit or recompile
-        # record (``guard_failures``, read into the record as ``dynamo_recompiles``) carried over.
+        # record (``guard_failures``, read into the record as ``dynamo_recompiles``) carried over;
+        # and a fresh Inductor/Triton cache on disk: nothing compiled by an earlier case or run.
         torch._dynamo.reset()
+        compile_cache = CompileCache.open()
     model = torch.compile(wrapped, mode=cfg.compile_mode) if cfg.compile else wrapped
     optimizer = build_optimizer(cfg.optimizer, cfg.optimizer_impl, list(wrapped.parameters()))
     replicas = cfg.parallelism.replicas
@@ -369,4 +377,5 @@ def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,
         facts=implementations.facts(impls),
         counted_forward=forward if len(counted) == len(impls)
         else implementations.forward_context(counted),
+        compile_cache=compile_cache,
     )

@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +63,10 @@ class CheckResult:
     update_norm_ratio: float | None = None
     first_step_s: float | None = None
     """Seconds of the first training step (with ``torch.compile``: the compilation too)."""
+    step_times_s: list[float] = field(default_factory=list)
+    """Seconds of each of the check's training steps, the device synchronized after each
+    (fp16 steps GradScaler skipped included): with ``torch.compile`` the first compiles, and
+    under reduce-overhead the next records the CUDA graphs (``compile_steps``)."""
 
 
 def check_precision(cfg) -> str:
@@ -295,7 +299,7 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
         case.optimizer.register_step_post_hook(grad_ref.after_step),
     ]
     losses, skipped = [], 0
-    first_step_s = None
+    step_times: list[float] = []
     scaler = case.precision.scaler
     try:
         # fp16: GradScaler skips the steps whose gradients overflow while it calibrates its
@@ -307,9 +311,8 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
             start = time.perf_counter()
             with around_first_step() if first else contextlib.nullcontext():
                 loss = case.step(itertools.cycle(fixed))
-            if first_step_s is None:
-                case.synchronize()
-                first_step_s = time.perf_counter() - start
+            case.synchronize()
+            step_times.append(time.perf_counter() - start)
             if scale is not None and scaler.get_scale() < scale:
                 skipped += 1
                 continue
@@ -341,9 +344,10 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
                 )
     grad_cos, grad_ratio = agreement.get("gradient", (None, None))
     upd_cos, upd_ratio = agreement.get("update", (None, None))
+    first_step_s = step_times[0] if step_times else None
     if losses[0] is None:
         return CheckResult(None, None, rtol, [], skipped, grad_cos, grad_ratio, upd_cos,
-                           upd_ratio, first_step_s)
+                           upd_ratio, first_step_s, step_times)
     first = losses[0]
     if not all(math.isfinite(x) for x in losses):
         raise TrainingCheckError(f"{cid}: non-finite loss while training: {losses}")
@@ -355,4 +359,4 @@ def check_case(case: Case, steps: int = CHECK_STEPS,
     if not losses[-1] < losses[0]:
         raise TrainingCheckError(f"{cid}: loss did not fall over {steps} steps: {losses}")
     return CheckResult(reference, first, rtol, losses, skipped, grad_cos, grad_ratio, upd_cos,
-                       upd_ratio, first_step_s)
+                       upd_ratio, first_step_s, step_times)

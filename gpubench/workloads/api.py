@@ -2,7 +2,7 @@
 
 A ``Workload`` is everything gpubench asks of a model: how to build it, a batch of inputs and
 targets, the loss, and optionally the user's own dataset and a split into stages. No other module
-asks which model family it is measuring. The four built-in models are workloads defined in
+asks which model family it is measuring. The built-in models are workloads defined in
 ``gpubench.workloads.builtin`` with this same public API.
 
 A workload is named by a *spec* everywhere a model is accepted (``--model``, ``--models``,
@@ -23,7 +23,7 @@ import copy
 import functools
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,8 @@ class Workload:
     """Whether the channels_last layout applies; None: when the inputs are one 4-D tensor."""
     spec: str = ""
     """How the workload was named (set by ``resolve``; rebuilds it in worker processes)."""
+    profile: str = ""
+    """The profile it was sized for (set by ``resolve``; part of its facts' cache key)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in " /:"):
@@ -173,9 +175,27 @@ class Workload:
 
     @functools.cached_property
     def facts(self) -> WorkloadFacts:
-        """What one probe build tells (cached): input layout, BatchNorm, parameter count, the
-        blocks the default checkpointing would wrap. A ``build_model`` or ``make_batch`` that
-        raises is a one-line ``WorkloadError``; one that blocks, after ``VALIDATE_TIMEOUT_S``."""
+        """What one probe build tells (cached in this object, and on disk for the other
+        processes of a run, ``gpubench.workloads.factcache``): input layout, BatchNorm,
+        parameter count, the blocks the default checkpointing would wrap. A ``build_model`` or
+        ``make_batch`` that raises is a one-line ``WorkloadError``; one that blocks, after
+        ``VALIDATE_TIMEOUT_S``."""
+        from gpubench.workloads import factcache
+
+        key = factcache.facts_key(self, tuple(f.name for f in fields(WorkloadFacts)))
+        stored = None if key is None else factcache.read_facts(key)
+        if stored is not None:
+            try:
+                return WorkloadFacts.from_json(stored)
+            except (TypeError, ValueError):
+                pass  # an entry of another shape: probe again, and replace it
+        facts = self._probe_facts()
+        if key is not None:
+            factcache.write_facts(key, asdict(facts))
+        return facts
+
+    def _probe_facts(self) -> WorkloadFacts:
+        """``facts`` from one probe build of the model and a batch of two samples."""
         from gpubench.util.watchdog import time_limit
 
         limit = probe_timeout_s()
@@ -242,6 +262,14 @@ class WorkloadFacts:
     linears: tuple[tuple[str, int, int], ...] = ()
     """Each ``nn.Linear`` of the model: (module name, out features, in features), what the fp8
     precisions choose the linears they convert from."""
+
+    @classmethod
+    def from_json(cls, data: dict) -> WorkloadFacts:
+        """The facts from ``dataclasses.asdict``'s fields as JSON gives them back (lists for
+        tuples); a ``TypeError`` or ``ValueError`` where they are not these facts' fields."""
+        facts = cls(**{**data, "linears": tuple((str(n), int(o), int(i))
+                                                for n, o, i in data.get("linears", ()))})
+        return facts
 
 
 def hf_model(model: nn.Module) -> nn.Module | None:

@@ -1,6 +1,7 @@
 """The built-in workloads, defined with the public ``Workload`` API like a user's: torchvision
-ResNets, a transformers BERT (sequence classification) and GPT-2 (causal LM), per-profile sizes,
-random weights, dropout off; plus the ``torchvision:NAME`` and ``transformers:TYPE`` families.
+ResNets, a transformers BERT (sequence classification), GPT-2 and Llama (causal LMs),
+per-profile sizes, random weights, dropout off; plus the ``torchvision:NAME`` and
+``transformers:TYPE`` families.
 Nothing is downloaded.
 """
 
@@ -67,6 +68,17 @@ MODEL_SIZES: dict[tuple[str, str], ModelSize] = {
                           layers=12, heads=12),
     }.items()},
 }
+
+LLAMA_SIZES = {
+    "smoke": ModelSize(micro_batch=4, seq_len=16, vocab_size=256, hidden=32, layers=1, heads=2),
+    "cpu": ModelSize(micro_batch=8, seq_len=64, vocab_size=1024, hidden=128, layers=2, heads=4),
+    **{profile: ModelSize(micro_batch=8, seq_len=1024, vocab_size=32000, hidden=2048, layers=4,
+                          heads=16) for profile in ("gpu-small", "gpu-full")},
+}
+"""Sizes of the built-in ``llama``: every linear's dimensions (hidden, 4 x hidden, heads x
+head size, vocabulary) multiples of 16 at every profile; on the GPU profiles a Llama-3-1B-wide
+model of 4 layers (about 0.4 B parameters; 8 x 1,024 tokens a step), whose attention, MLP and
+output projections all pass torchao's float8 filters (its auto filter skips the small ones)."""
 
 GENERIC_IMAGE = {"smoke": (4, 32), "cpu": (8, 32), "gpu-small": (64, 224), "gpu-full": (128, 224)}
 """(micro-batch, image side) of ``torchvision:NAME`` workloads per profile."""
@@ -256,7 +268,7 @@ def gpt2_stages(model: Logits, n: int) -> list[nn.Module]:
                         _GPT2Head(t.ln_f, model.net.lm_head), n)
 
 
-# -- the four built-in models --------------------------------------------------------------------
+# -- the built-in models ----------------------------------------------------------------------
 
 
 def _resnet_checkpointing(net: nn.Module) -> None:
@@ -365,11 +377,27 @@ def gpt2(profile: str) -> Workload:
     )
 
 
+def llama(profile: str) -> Workload:
+    """transformers' Llama (a causal LM, random weights) sized by ``LLAMA_SIZES``: the FP8
+    workload, whose linears torchao converts where GPT-2's ``Conv1D`` layers and the
+    classifier heads of the other built-ins (10 classes) are not ``nn.Linear`` multiples of
+    16. A ``transformers:llama`` spec with those sizes, under its own name."""
+    size = LLAMA_SIZES[profile]
+    fields = {"hidden_size": size.hidden, "intermediate_size": 4 * size.hidden,
+              "num_hidden_layers": size.layers, "num_attention_heads": size.heads,
+              "num_key_value_heads": size.heads, "head_dim": size.hidden // size.heads,
+              "vocab_size": size.vocab_size, "seq_len": size.seq_len,
+              "micro_batch": size.micro_batch}
+    return transformers_workload(
+        "transformers:llama?" + "&".join(f"{k}={v}" for k, v in fields.items()), profile)
+
+
 BUILTIN: dict[str, Callable[[str], Workload]] = {
     "resnet18": lambda profile: resnet("resnet18", profile),
     "resnet50": lambda profile: resnet("resnet50", profile),
     "bert": bert,
     "gpt2": gpt2,
+    "llama": llama,
 }
 
 

@@ -126,6 +126,8 @@ def resolve(spec: str, profile: str) -> Workload:
         )
     if workload.spec != spec:
         object.__setattr__(workload, "spec", spec)
+    if workload.profile != profile:
+        object.__setattr__(workload, "profile", profile)
     return workload
 
 

@@ -1,0 +1,131 @@
+"""A workload's facts (``Workload.facts``: one probe build of its model) kept on disk, so that
+the processes of a run (every ``gpubench`` command, each case's worker and rank processes) build
+the model for them once, not each anew: GPT-2 at 1,024 tokens takes seconds to initialise.
+
+An entry is a JSON file in ``$GPUBENCH_CACHE_DIR/facts`` (default ``~/.cache/gpubench/facts``)
+named by a hash of its key, which holds everything the facts depend on (``facts_key``): the
+workload's spec and profile (its shapes), the code that defines it (the sources of gpubench's
+version, of the built-in workloads and of the probe; a ``FILE.py`` workload's or a
+``transformers:`` config file's content), the versions of Python, torch, torchvision,
+transformers and timm, and the facts' own fields. A change in any of them is a new key: the
+old entry is never read again. A workload whose code no key can follow (``MODULE:FACTORY`` and
+entry-point specs, a ``Workload`` made without ``resolve``) is probed in every process, as
+before. An entry that cannot be read or does not match its key counts as absent; one that
+cannot be written (a read-only home) is skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+from gpubench.util import atomic
+
+LIBRARIES = ("torch", "torchvision", "transformers", "timm")
+"""The libraries whose version is part of the key: they build the models and decide what a
+probe sees (attention implementation, module types)."""
+
+BUILTIN_MODULE = "gpubench.workloads.builtin"
+"""Where the built-in workloads' ``build_model`` functions live."""
+
+SOURCES = ("__init__.py", "workloads/api.py", "workloads/builtin.py", "workloads/profiles.py")
+"""gpubench's files whose content is part of the key: its version, the probe, the built-in
+workloads and their per-profile shapes."""
+
+
+def facts_dir() -> Path:
+    """``$GPUBENCH_CACHE_DIR/facts``, else ``~/.cache/gpubench/facts``."""
+    env = os.environ.get("GPUBENCH_CACHE_DIR")
+    return (Path(env) if env else Path.home() / ".cache" / "gpubench") / "facts"
+
+
+def _file_digest(path: str | os.PathLike) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+@functools.cache
+def _environment() -> dict:
+    """The part of every key this process shares: gpubench and library versions."""
+    from importlib import metadata
+
+    package = Path(__file__).resolve().parent.parent
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    import torch  # its own version string carries the build (+cu130, +cpu)
+
+    versions["torch"] = torch.__version__
+    return {"gpubench": {name: _file_digest(package / name) for name in SOURCES},
+            "python": platform.python_version(), "libraries": versions}
+
+
+def _code_digest(workload) -> str | None:
+    """The digest of the code ``workload``'s spec names beyond gpubench and the libraries: ""
+    for the built-in names (their ``build_model`` is gpubench's) and the ``torchvision:``,
+    ``timm:`` and ``transformers:`` model types, the file's content for ``FILE.py:FACTORY``
+    and ``transformers:`` config files; None where no file says what the code is
+    (``MODULE:FACTORY``, an entry point's package)."""
+    spec = workload.spec
+    for prefix in ("torchvision:", "timm:", "transformers:"):
+        if spec.startswith(prefix):
+            source = spec.removeprefix(prefix).partition("?")[0]
+            if prefix == "transformers:" and (source.endswith(".json") or "/" in source):
+                return _file_digest(source)
+            return ""
+    target, _, attr = spec.rpartition(":")
+    if target and attr and (target.endswith(".py") or "/" in target):
+        return _file_digest(target)
+    if ":" not in spec and getattr(workload.build_model, "__module__", None) == BUILTIN_MODULE:
+        return ""
+    return None
+
+
+def facts_key(workload, fields: tuple[str, ...]) -> dict | None:
+    """Everything ``workload``'s facts (a ``WorkloadFacts`` of ``fields``) depend on, or None
+    where they cannot be cached (see the module's text)."""
+    if not workload.spec or not workload.profile:
+        return None
+    code = _code_digest(workload)
+    if code is None:
+        return None
+    return {"spec": workload.spec, "profile": workload.profile, "name": workload.name,
+            "micro_batch": workload.micro_batch, "code": code, "fields": list(fields),
+            **_environment()}
+
+
+def _path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return facts_dir() / f"{digest}.json"
+
+
+def read_facts(key: dict) -> dict | None:
+    """The facts stored under ``key`` (their fields as JSON gives them back), or None."""
+    try:
+        entry = json.loads(_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("key") != json.loads(json.dumps(key)):
+        return None
+    facts = entry.get("facts")
+    return facts if isinstance(facts, dict) else None
+
+
+def write_facts(key: dict, facts: dict) -> None:
+    """Store ``facts`` under ``key`` (atomically: a reader never sees half a file); a folder
+    that cannot be written leaves the cache as it was."""
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(path, {"key": key, "facts": facts})
+    except OSError:
+        pass
