@@ -13,6 +13,19 @@ DDP case, the earlier results whole (in ``<out>/previous/`` once a new run has s
 else in place), no hidden temporary left (the run lock ``.benchmark.json.lock`` excepted: it
 may outlive a SIGKILL)).
 
+"One-line failures" (``--only oneline``) holds, as real commands, the scenarios that used to
+end in a traceback wall, a hang past ``--timeout``, a silent success or a misleading message:
+fp16 on an LSTM on this CPU, a step's allocation refused under ``ulimit -v``, a ``make_batch``
+that ignores ``n``, blocks or returns one tensor, a full data folder, tune's baseline failing,
+Ctrl-C on ``case``, ``parity`` (in-process and while its DDP ranks start), ``memory`` and tune's
+baseline, a run lock that is a folder, a factory calling ``sys.exit(0)`` under ``case``, ``run``
+and ``tune``, ``tune --time 0.001``, ``tune --resume`` of a truncated ``tune.json``, ``compare
+F F`` and a resumed run's shares. Each asserts: one stderr line (none on a success), no
+traceback, an exit status of the documented table, done within the ``--timeout`` plus
+``Campaign.GRACE_S`` (else ``Campaign.UNBOUNDED_S``), nothing left running, and every JSON file
+the command wrote (``*.json``, each line of ``*.jsonl``) accepted by a strict parser; after a
+Ctrl-C, what finished kept.
+
 "Results survive" runs real ``gpubench run`` sessions of a few bert smoke cases and stops them
 after N cases are in ``<out>/cases.jsonl``: SIGKILL of the pytest child, of ``gpubench run`` or
 of both, Ctrl-C as a terminal sends it (SIGINT to the process group) once and twice followed by
@@ -243,6 +256,37 @@ def kept_as_said(out: Path, err: str, at_least: int = 0) -> list[str]:
         problems.append("stderr does not say how many cases were kept")
     if len(records) < at_least:
         problems.append(f"{len(records)} case(s) kept, expected >= {at_least}")
+    return problems
+
+
+def read_strict(path: Path):
+    """``path`` parsed as strict JSON (no NaN or Infinity token), or None where it is missing
+    or not strict JSON."""
+    try:
+        return json.loads(path.read_text(), parse_constant=_refuse_constant)
+    except (OSError, ValueError):
+        return None
+
+
+def _refuse_constant(token: str):
+    raise ValueError(f"non-standard JSON token {token}")
+
+
+def strict_json_files(folder: Path) -> list[str]:
+    """Every ``*.json`` file under ``folder``, and every line of its ``*.jsonl`` files, that a
+    strict parser (no NaN or Infinity token) refuses."""
+    problems = []
+    for path in sorted(folder.rglob("*.json*")) if folder.exists() else ():
+        if not path.is_file() or path.suffix not in (".json", ".jsonl"):
+            continue
+        texts = (path.read_text(errors="replace").splitlines() if path.suffix == ".jsonl"
+                 else [path.read_text(errors="replace")])
+        for text in texts:
+            try:
+                json.loads(text, parse_constant=_refuse_constant)
+            except ValueError as err:
+                problems.append(f"{path.relative_to(folder)} not strict JSON: {err}"[:160])
+                break
     return problems
 
 
@@ -1951,6 +1995,261 @@ def shm_images(profile="smoke"):
                     "skipped before it runs (no shared-memory traceback), one line", problems,
                     p.seconds)
 
+    # -- one-line failures: every command ends in one line, in time, with valid files ----------
+
+    ONE_LINE = "one-line failures"
+    GRACE_S = 30.0
+    """Seconds a command may take beyond its ``--timeout``: the Python start and gpubench's
+    imports on a loaded 2-core machine (about 10 s) and the watchdog's grace (10 s)."""
+    UNBOUNDED_S = 150.0
+    """Where no ``--timeout`` is given: a failure must still be said within this."""
+
+    def _fails_in_one_line(self, name: str, p: Proc, codes, folder: Path, *, names=(),
+                           within: float | None = None, extra: list[str] = ()) -> None:
+        """Record ``p`` against what every scenario of the category asserts: an exit status in
+        ``codes`` and in the documented table (``gpubench.cli.failure.EXIT_CODES``), exactly one
+        stderr line (none on a success) naming ``names``, no traceback, nothing left running,
+        done ``within`` seconds, and every JSON file under ``folder`` strict."""
+        from gpubench.cli.failure import EXIT_CODES
+
+        problems = check(p, codes, names=names, quiet_or_one_line=True)
+        if p.rc not in EXIT_CODES and p.rc in codes:
+            problems.append(f"exit {p.rc} not in the documented table")
+        limit = self.UNBOUNDED_S if within is None else within
+        if p.seconds > limit:
+            problems.append(f"took {p.seconds:.0f} s, over {limit:.0f} s")
+        problems += strict_json_files(folder)
+        self.record(self.ONE_LINE, name, [*extra, *problems], p.seconds)
+
+    def _interrupt(self, argv: list[str], folder: Path, env: dict, ready: Callable[[], bool],
+                   settle_s: float = 0.0, timeout: float = 240) -> tuple[Proc, str | None]:
+        """Start ``gpubench ARGV``; once ``ready()``, and ``settle_s`` later, send SIGINT to its
+        process group as a terminal's Ctrl-C does; the finished command and why it was never
+        ready (None when it was)."""
+        run = Started([*GPUBENCH, *argv], folder, env)
+        why = run.wait_for(ready, timeout)
+        if why is None:
+            time.sleep(settle_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGINT)
+        return run.finish(90), why
+
+    def one_line_failures(self, valid: Path) -> None:
+        print("one-line failures: every command fails in one line, in time, files strict",
+              flush=True)
+        faults = str(ROOT / "tests" / "data" / "fault_workloads.py") + ":"
+        lstm = str(ROOT / "tests" / "data" / "lstm_workload.py") + ":workload"
+        env = self._env()
+        smoke = ["--profile", "smoke", "--device", "cpu"]
+        grace = self.GRACE_S
+
+        def case(model, folder, *more):
+            return ["case", "--model", model, *smoke, *more, "-o", str(folder / "c.json")]
+
+        def tune(model, folder, *more):
+            return ["tune", "--model", model, *smoke, *more, "--out", str(folder / "t")]
+
+        def run(model, folder, *more):
+            return ["run", *smoke, "--model", model, "--no-charts", *more,
+                    "--out", str(folder / "out")]
+
+        # (name, argv, codes, names, within, env, prefix, folder): plain runs, two at a time
+        rows = []
+
+        def row(name, argv_of, codes, names=(), within=None, env_=None, prefix=None):
+            """``argv_of`` and (where callable) ``names`` of the scenario's own folder."""
+            folder = self.tmp("line")
+            rows.append((name, argv_of(folder), codes, names(folder) if callable(names)
+                         else names, within, env_ or env, prefix, folder))
+            return folder
+
+        row("gpubench case of fp16 on an LSTM on this CPU: one line naming the case, exit 1 "
+            "or 3", lambda f: case(lstm, f, "--precision", "fp16", "--rounds", "2"), (0, 1, 3),
+            ["lstm-fp16"])
+        limit_kib = 6 * 2**20
+        row(f"gpubench case whose step allocates 8 GiB under ulimit -v {limit_kib // 2**20} "
+            "GiB: one line 'ran out of memory', exit 1",
+            lambda f: case(faults + "allocates", f, "--rounds", "2"), (1,),
+            ["allocates-fp32: ran out of memory", "traceback in"],
+            prefix=["sh", "-c", f'ulimit -v {limit_kib} && exec "$@"', "sh", *GPUBENCH])
+        row("gpubench case of a make_batch that ignores n: one line naming the contract, "
+            "exit 2", lambda f: case(faults + "ignores_n", f), (2,),
+            ["must return 4 samples", "ignore n"])
+        row("gpubench tune whose baseline's make_batch ignores n: one line, exit 2",
+            lambda f: tune(faults + "ignores_n", f), (2,), ["must return 4 samples"])
+        row("gpubench tune whose baseline runs out of memory in its step: one line, exit 1",
+            lambda f: tune(faults + "out_of_memory", f), (1,), ["out of memory"])
+        row("gpubench case of a make_batch that returns one tensor: one line naming the "
+            "(inputs, targets) contract, exit 2", lambda f: case(faults + "one_tensor", f),
+            (2,), ["must return a pair (inputs, targets)"])
+        for command, argv_of in (("case", lambda f: case(faults + "blocking", f,
+                                                         "--timeout", "5")),
+                                 ("run", lambda f: run(faults + "blocking", f,
+                                                       "--timeout", "5"))):
+            row(f"gpubench {command} --timeout 5 of a make_batch that blocks: one line 'did not "
+                f"finish within 5 s', exit 2, within 5 s + {grace:.0f} s", argv_of, (2,),
+                ["did not finish within 5 s"], within=5 + grace)
+        for command, argv_of in (("case", lambda f: case(faults + "exits", f)),
+                                 ("run", lambda f: run(faults + "exits", f)),
+                                 ("tune", lambda f: tune(faults + "exits", f))):
+            row(f"gpubench {command} of a factory calling sys.exit(0): one line, exit 1",
+                argv_of, (1,), ["called sys.exit(0)"])
+        for_tune = row("gpubench tune --time 0.001 (bert): a strict tune.json, no 'nan' printed",
+                       lambda f: tune("bert", f, "--time", "0.001"), (0, 1, 2))
+        trunc = row("gpubench tune --resume of a truncated tune.json: one line naming the "
+                    "file, exit 2", lambda f: tune("bert", f, "--resume"), (2,),
+                    lambda f: [str(f / "t" / "tune.json"), "not valid JSON"])
+        (trunc / "t").mkdir()
+        (trunc / "t" / "tune.json").write_text('{"identity": {"version"')
+        locked = row("gpubench run into a folder whose lock path is a folder: one line naming "
+                     "it, exit 2", lambda f: run(faults + "slow_in_autocast", f,
+                                                  "-k", "zerofill"), (2,), ["is a folder"])
+        (locked / "out").mkdir()
+        (locked / "out" / ".benchmark.json.lock").mkdir()
+        row("gpubench compare F F: exit 0, one line saying BASE and NEW are the same file",
+            lambda f: ["compare", str(valid), str(valid)], (0,),
+            ["BASE and NEW are the same file"])
+
+        def one(r):
+            return run_cmd(r[1], env=r[5], prefix=r[6], timeout=max(r[4] or 0, 240))
+
+        with ThreadPoolExecutor(2) as pool:
+            procs = list(pool.map(one, rows))
+        for (name, _, codes, names, within, _, _, folder), p in zip(rows, procs, strict=True):
+            extra = []
+            if folder is for_tune:
+                if re.search(r"\bnan(x|\b)", p.out, re.IGNORECASE):
+                    extra.append("prints nan")
+                if p.rc == 0 and not (folder / "t" / "tune.json").is_file():
+                    extra.append("exit 0 without tune.json")
+            if name.startswith("gpubench case of fp16") and p.rc == 0:
+                self.skip(self.ONE_LINE, name, "this CPU trains an fp16 LSTM")
+                continue
+            if folder is trunc:  # the truncated file is the input, not a result
+                (folder / "t" / "tune.json").unlink()
+            self._fails_in_one_line(name, p, codes, folder, names=names, within=within,
+                                    extra=extra)
+        self._full_data_folder(case)
+        self._interrupted_commands(faults, env, smoke)
+        self._resumed_run_shares(faults, env, smoke)
+
+    def _full_data_folder(self, case) -> None:
+        folder = self.tmp("fulldata")
+        name = ("gpubench case reading its JPEG files from a full data folder (tmpfs 256k): "
+                "one line 'No space left on device', exit 1")
+        why = self.mount_tmpfs(folder / "data", "256k")
+        if why:
+            self.skip(self.ONE_LINE, name, f"cannot mount a tmpfs: {why}")
+            return
+        p = run_cmd(case("resnet18", folder, "--dataset", "images-jpeg", "--rounds", "1",
+                         "--data-dir", str(folder / "data")), env=self._env(), timeout=240)
+        self._fails_in_one_line(name, p, (1,), folder, names=["No space left on device"])
+
+    def _interrupted_commands(self, faults: str, env: dict, smoke: list[str]) -> None:
+        """Ctrl-C (SIGINT to the process group) mid-command: exit 130, one line, what finished
+        kept (strict JSON), no tune.json named that is not there."""
+        folder = self.tmp("intcase")
+        p, why = self._interrupt(
+            ["case", "--model", faults + "slow_step", *smoke, "--rounds", "1000", "-o",
+             str(folder / "c.json")], folder, env,
+            lambda: "gpubench case:" in (folder / "cmd.stdout").read_text(), settle_s=3)
+        extra = [why] if why else []
+        if (folder / "c.json").exists():
+            extra.append("c.json written")
+        self._fails_in_one_line("Ctrl-C mid gpubench case: one line, exit 130", p, (130,),
+                                folder, names=["interrupted (SIGINT)"], extra=extra)
+        # parity: FP32 finished (the workload marks the first bf16 step), then Ctrl-C
+        folder = self.tmp("intpar")
+        mark = folder / "mark"
+        p, why = self._interrupt(
+            ["parity", "--model", faults + "slow_in_autocast", *smoke, "--techniques",
+             "fp32,bf16", "--steps", "40", "--no-chart", "--out", str(folder / "p")], folder,
+            {**env, "GPUBENCH_FAULT_MARK": str(mark)}, mark.exists, settle_s=1)
+        extra = [why] if why else []
+        report = read_strict(folder / "p" / "parity.json")
+        trained = [r.get("technique") for r in report.get("techniques", [])] if isinstance(
+            report, dict) else []
+        if trained != ["fp32"] or "bf16" not in (report or {}).get("left_out", {}):
+            extra.append(f"parity.json: trained {trained}, left out "
+                         f"{list((report or {}).get('left_out', {}))}")
+        self._fails_in_one_line("Ctrl-C mid gpubench parity after FP32 finished (in-process "
+                                "bf16): one line, exit 130, parity.json keeps FP32", p, (130,),
+                                folder, names=["interrupted (SIGINT)"], extra=extra)
+        # parity: Ctrl-C while the DDP ranks start
+        folder = self.tmp("intddp")
+        holder: dict = {}
+
+        def ranks_up() -> bool:
+            run_pid = holder.get("pid")
+            return bool(run_pid and rank_pids(run_pid))
+
+        run = Started([*GPUBENCH, "parity", "--model", faults + "slow_in_autocast", *smoke,
+                       "--techniques", "fp32,ddp2", "--steps", "4", "--no-chart", "--out",
+                       str(folder / "p")], folder, env)
+        holder["pid"] = run.pid
+        why = run.wait_for(ranks_up, 240)
+        if why is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGINT)
+        p = run.finish(90)
+        extra = [why] if why else []
+        report = read_strict(folder / "p" / "parity.json")
+        if not isinstance(report, dict) or "ddp2" not in report.get("left_out", {}):
+            extra.append("parity.json does not keep FP32 with ddp2 left out")
+        self._fails_in_one_line("Ctrl-C while gpubench parity starts its DDP ranks: one line, "
+                                "exit 130, parity.json keeps FP32, no rank left", p, (130,),
+                                folder, names=["interrupted (SIGINT)"], extra=extra)
+        # memory: the fp32 frontier finished, Ctrl-C in bf16's
+        folder = self.tmp("intmem")
+        mark = folder / "mark"
+        p, why = self._interrupt(
+            ["memory", "--model", faults + "slow_in_autocast", *smoke, "--techniques",
+             "fp32,bf16", "--budget", "1G", "--max-batch", "16", "--no-leaks", "--no-hygiene",
+             "--out", str(folder / "m")], folder, {**env, "GPUBENCH_FAULT_MARK": str(mark)},
+            mark.exists, settle_s=1)
+        extra = [why] if why else []
+        report = read_strict(folder / "m" / "memory.json")
+        searched = [f.get("technique") for f in report.get("frontier", [])] if isinstance(
+            report, dict) else []
+        if searched != ["fp32"] or not report.get("interrupted"):
+            extra.append(f"memory.json: frontier of {searched}")
+        self._fails_in_one_line("Ctrl-C mid gpubench memory after the fp32 frontier: one line, "
+                                "exit 130, memory.json keeps it", p, (130,), folder,
+                                names=["interrupted (SIGINT)"], extra=extra)
+        # tune: Ctrl-C during the baseline's diagnosis names no tune.json that is not there
+        folder = self.tmp("inttune")
+        out = folder / "t"
+        p, why = self._interrupt(
+            ["tune", "--model", faults + "slow_step", *smoke, "--out", str(out)], folder, env,
+            lambda: bool((folder / "cmd.stdout").read_text().strip()), settle_s=2)
+        extra = [why] if why else []
+        named = f"{out}/tune.json" in p.err
+        if named and not (out / "tune.json").is_file():
+            extra.append("names a tune.json that was not written")
+        if not named and "no tune.json was written" not in p.err:
+            extra.append("neither names tune.json nor says none was written")
+        self._fails_in_one_line("Ctrl-C during gpubench tune's baseline: one line, exit 130, "
+                                "--resume suggested only with a tune.json", p, (130,), folder,
+                                names=["interrupted (SIGINT)"], extra=extra)
+
+    def _resumed_run_shares(self, faults: str, env: dict, smoke: list[str]) -> None:
+        folder = self.tmp("resshare")
+        out = folder / "out"
+        argv = ["run", *smoke, "--model", faults + "slow_step", "--groups", "memory",
+                "--no-charts", "--out", str(out)]
+        p, why = self._interrupt(argv, folder, env,
+                                 lambda: len(journal_cases(out / "cases.jsonl")) >= 1)
+        extra = [why] if why else []
+        extra += check(p, (130,))
+        r = run_cmd([*argv, "--resume"], env=env, timeout=400)
+        over = [line.strip() for line in r.out.splitlines() if "rounds" in line
+                and any(float(x) > 100 for x in re.findall(r"(\d+(?:\.\d+)?)%", line))]
+        if over:
+            extra.append(f"a share over 100%: {over[0][:120]!r}")
+        self._fails_in_one_line("gpubench run --resume after Ctrl-C: no share over 100% "
+                                "printed, exit 0, results strict", r, (0,), folder,
+                                extra=extra, within=400)
+
     def rank_faults(self) -> None:
         print("rank faults and messages (real runs; slow)", flush=True)
         for sig, words in ((signal.SIGKILL, ["rank 1 ", "SIGKILL"]),
@@ -2199,7 +2498,10 @@ def main() -> int:
                         help="generated RunConfig/LoaderConfig constructions")
     parser.add_argument("--files", type=int, default=600, help="generated result files")
     parser.add_argument("--seed", type=int, default=15)
-    parser.add_argument("--only", default="", help="comma-separated parts (debugging)")
+    parser.add_argument("--only", default="", metavar="PART[,PART]",
+                        help="run only these parts: arguments, paths, files, gate, types, "
+                        "configs, genfiles, signals, ranks, cuda, leftovers, survive, workload "
+                        "(workload faults and hangs), oneline (one-line failures)")
     parser.add_argument("--drive", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drive:
@@ -2229,9 +2531,14 @@ def main() -> int:
             "leftovers": c.leftovers,
             "survive": c.results_survive,
             "workload": c.workload_faults,
+            "oneline": lambda: c.one_line_failures(valid),
         }
-        slow = {"signals", "ranks", "leftovers", "cuda", "survive", "workload"}
+        slow = {"signals", "ranks", "leftovers", "cuda", "survive", "workload", "oneline"}
         only = {p for p in args.only.split(",") if p}
+        if only - set(parts):
+            print(f"--only: unknown part(s) {', '.join(sorted(only - set(parts)))}; the parts: "
+                  f"{', '.join(parts)}", file=sys.stderr)
+            return 2
         try:
             for name, part in parts.items():
                 if (only and name not in only) or (args.skip_slow and name in slow):

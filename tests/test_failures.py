@@ -174,6 +174,47 @@ def test_a_technique_the_cpu_lacks_is_one_line_naming_the_case(tmp_path, capsys)
     assert "gpubench case: lstm-fp16" in err
 
 
+
+# -- Ctrl-C keeps what finished ----------------------------------------------------------------
+
+def test_parity_interrupted_after_fp32_keeps_it(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert cli.main(["parity", "--model", f"{FAULTS}:stops_in_autocast", *SMOKE, "--techniques",
+                     "fp32,bf16", "--steps", "4", "--no-chart", "--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "interrupted (SIGINT)" in lines[0], captured.err
+    assert f"what finished is in {out / 'parity.json'}" in captured.out
+    report = strict_json((out / "parity.json").read_text())
+    assert [r["technique"] for r in report["techniques"]] == ["fp32"]
+    assert report["interrupted"] == "SIGINT"
+    assert report["left_out"]["bf16"] == "interrupted (SIGINT) before it finished"
+    assert "not trained: bf16: interrupted" in (out / "parity.md").read_text()
+
+
+def test_parity_interrupted_in_its_reference_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert cli.main(["parity", "--model", f"{FAULTS}:interrupted", *SMOKE, "--techniques",
+                     "fp32", "--steps", "2", "--no-chart", "--out", str(out)]) == 130
+    assert "interrupted (SIGINT)" in _one_line(capsys)
+    assert not out.exists()
+
+
+def test_memory_interrupted_after_a_frontier_keeps_it(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert cli.main(["memory", "--model", f"{FAULTS}:stops_in_autocast", *SMOKE,
+                     "--techniques", "fp32,bf16", "--budget", "8G", "--max-batch", "8",
+                     "--no-leaks", "--no-hygiene", "--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "interrupted (SIGINT)" in lines[0], captured.err
+    assert f"what finished is in {out / 'memory.md'}, {out / 'memory.json'}" in captured.out
+    report = strict_json((out / "memory.json").read_text())
+    assert [f["technique"] for f in report["frontier"]] == ["fp32"]
+    assert report["frontier"][0]["max_batch"] == 8 and report["interrupted"] == "SIGINT"
+    text = (out / "memory.md").read_text()
+    assert "stopsamp-fp32" in text and "Interrupted (SIGINT) after the frontier of fp32" in text
+
 # -- files ------------------------------------------------------------------------------------
 
 def test_json_is_written_strict(tmp_path):

@@ -5,11 +5,13 @@ are: nothing here removes or rewrites a file."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 EXIT_FAILED = 1
@@ -107,3 +109,21 @@ def interrupted(command: str, subject: str | None) -> int:
     print(f"{who}interrupted (SIGINT); results already written are kept, nothing more was "
           "written", file=sys.stderr)
     return EXIT_SIGINT
+
+
+@contextlib.contextmanager
+def finished_kept(command: str, write: Callable[[BaseException], list[Path]]) -> Iterator[None]:
+    """Keep what finished when Ctrl-C (or SIGTERM: ``gpubench.util.signals.Interrupted``)
+    stops the work inside: ``write(err)`` writes the finished part (atomically) and returns the
+    paths written (none where nothing finished); they are named on stdout, and the interruption
+    goes on to the command's one line and exit status."""
+    from gpubench.util.signals import Interrupted
+
+    try:
+        yield
+    except (KeyboardInterrupt, Interrupted) as err:
+        written = write(err)
+        if written:
+            print(f"gpubench {command}: interrupted; what finished is in "
+                  + ", ".join(str(p) for p in written), flush=True)
+        raise

@@ -12,6 +12,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from gpubench.cli.failure import finished_kept
 from gpubench.cli.options import add_target_arguments, resolve_target
 from gpubench.suite.cases import baseline
 from gpubench.train.config import RunConfig
@@ -94,11 +95,6 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def memory_main(args: argparse.Namespace) -> int:
-    import torch  # heavy imports here: the command line's --help stays fast
-
-    from gpubench.diagnostics.frontier import find_frontier
-    from gpubench.diagnostics.leaks import allocator_stats, check_loops
-    from gpubench.train.build import build
     from gpubench.util.argtypes import parse_bytes
     from gpubench.util.tables import markdown_table  # pandas
 
@@ -114,10 +110,48 @@ def memory_main(args: argparse.Namespace) -> int:
     configs = [technique_config(base, t) for t in names]
     lines = [f"# gpubench memory: {base.name} ({profile}, {device})", "",
              "## OOM frontier", ""]
-    frontier_rows = []
     report = {"model": base.name, "workload": args.model, "profile": profile, "device": device,
               "budget_bytes": budget, "frontier": [], "leaks": [], "hygiene": None,
               "allocator": None}
+    frontier_rows = []
+
+    def keep(err: BaseException) -> list[Path]:  # Ctrl-C: the techniques searched so far
+        if not (args.out and report["frontier"]):
+            return []
+        searched = [f["technique"] for f in report["frontier"]]
+        why = "SIGINT" if isinstance(err, KeyboardInterrupt) else str(err.args[0])
+        partial = {**report, "interrupted": why}
+        text = "\n".join([*lines[:4], markdown_table(frontier_rows, ["left", "right", "right"],
+                                                     FRONTIER_COLUMNS), "",
+                          f"Interrupted ({why}) after the frontier of {', '.join(searched)}; "
+                          "memory.json holds what finished."]) + "\n"
+        folder = Path(args.out)
+        atomic.write_text(folder / "memory.md", text)
+        atomic.write_json(folder / "memory.json", partial, indent=1)
+        return [folder / "memory.md", folder / "memory.json"]
+
+    with finished_kept("memory", keep):
+        _measure(args, report, lines, frontier_rows, names, configs, budget, max_batch, base,
+                 device, profile)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        atomic.write_text(Path(args.out) / "memory.md", text)
+        atomic.write_json(Path(args.out) / "memory.json", report, indent=1)
+    return 0
+
+
+def _measure(args, report: dict, lines: list[str], frontier_rows: list[dict], names, configs,
+             budget, max_batch: int, base: RunConfig, device: str, profile: str) -> None:
+    """``memory_main``'s measurements, into ``report``, ``lines`` (memory.md) and
+    ``frontier_rows`` as each finishes."""
+    import torch
+
+    from gpubench.diagnostics.frontier import find_frontier
+    from gpubench.diagnostics.leaks import allocator_stats, check_loops
+    from gpubench.train.build import build
+    from gpubench.util.tables import markdown_table
+
     snapshot_line = None
     for name, cfg in zip(names, configs, strict=True):
         print(f"gpubench memory: searching the frontier of {cfg.id} ...", flush=True)
@@ -185,9 +219,3 @@ def memory_main(args: argparse.Namespace) -> int:
         lines.append(f"allocated {stats['allocated_bytes'] / 2**20:,.1f} MiB, reserved "
                      f"{stats['reserved_bytes'] / 2**20:,.1f} MiB, fragmentation "
                      f"{stats['fragmentation']:.1%}, allocation retries {stats['alloc_retries']}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        atomic.write_text(Path(args.out) / "memory.md", text)
-        atomic.write_json(Path(args.out) / "memory.json", report, indent=1)
-    return 0

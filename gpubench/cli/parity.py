@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from gpubench.analysis.parity import judge, parity_markdown, write_parity
+from gpubench.cli.failure import finished_kept
 from gpubench.cli.options import add_target_arguments, resolve_target
 from gpubench.diagnostics.parity import DEFAULT_STEPS, TECHNIQUES
 
@@ -90,9 +91,18 @@ def parity_main(args: argparse.Namespace) -> int:
     print(f"gpubench parity: {workload.name} ({profile}, {device}), {steps} steps per "
           "technique ...", flush=True)
     bar = _progress_bar()
+
+    def keep(err: BaseException) -> list[Path]:  # Ctrl-C: the techniques that finished
+        partial = getattr(err, "partial", None)
+        if bar is not None:
+            bar.close()
+        return [] if partial is None else write_parity(judge(partial), out,
+                                                       chart=not args.no_chart)
+
     try:
-        report = run_parity(args.model, profile, device, args.techniques, steps, args.seed,
-                            args.timeout, progress=bar)
+        with finished_kept("parity", keep):
+            report = run_parity(args.model, profile, device, args.techniques, steps,
+                                args.seed, args.timeout, progress=bar)
     finally:
         if bar is not None:
             bar.close()

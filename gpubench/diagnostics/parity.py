@@ -245,10 +245,13 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
     ``progress``: a tqdm-like bar (``total``, ``update``, ``set_description_str``) or None.
     ``extra``: configurations trained beside them by name (``gpubench tune --parity``'s
     winner), each at the global batch ``micro_batch`` (default: the profile's) that the
-    reference trains with one micro-batch."""
+    reference trains with one micro-batch.
+    Ctrl-C or SIGTERM once the reference has trained: the interruption carries, as its
+    ``partial``, the report of the techniques that finished (the others in ``left_out``)."""
     import time
 
     from gpubench.train.build import LEARNING_RATES, unsupported_reason
+    from gpubench.util.signals import Interrupted
 
     start = time.perf_counter()
     steps = DEFAULT_STEPS[profile] if steps is None else steps
@@ -292,6 +295,16 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
     if progress is not None:
         progress.reset(total=steps * len(configs))
     runs = []
+
+    def report() -> dict:
+        return {"kind": "parity", "model": base.name, "workload": model, "profile": profile,
+                "device": device, "steps": steps, "global_batch": plan.global_batch,
+                "learning_rate": LEARNING_RATES[base.optimizer],
+                "batch_norm": base.workload.facts.batch_norm,
+                "batches": plan.batches, "seed": seed, "optimizer": base.optimizer,
+                "reference": REFERENCE, "techniques": runs, "left_out": left_out,
+                "seconds": time.perf_counter() - start}
+
     for name, cfg in configs.items():
         if progress is not None:
             progress.set_description_str(f"parity {base.name} {name}")
@@ -305,11 +318,17 @@ def run_parity(model: str, profile: str, device: str, techniques: list[str] | No
             if progress is not None:
                 progress.total -= steps - PROBE_STEPS[0]  # the warm-up step counted
             continue
+        except (KeyboardInterrupt, Interrupted) as err:
+            if runs:  # the reference finished: the report of what did, on the interruption
+                trained = {r["technique"] for r in runs}
+                for rest in configs:
+                    if rest not in trained and rest not in left_out:
+                        left_out[rest] = f"interrupted ({_signal_of(err)}) before it finished"
+                err.partial = {**report(), "interrupted": _signal_of(err)}
+            raise
         runs.append({"technique": name, "description": DESCRIPTIONS.get(name, cfg.id), **run})
-    return {"kind": "parity", "model": base.name, "workload": model, "profile": profile,
-            "device": device, "steps": steps, "global_batch": plan.global_batch,
-            "learning_rate": LEARNING_RATES[base.optimizer],
-            "batch_norm": base.workload.facts.batch_norm,
-            "batches": plan.batches, "seed": seed, "optimizer": base.optimizer,
-            "reference": REFERENCE, "techniques": runs, "left_out": left_out,
-            "seconds": time.perf_counter() - start}
+    return report()
+
+
+def _signal_of(err: BaseException) -> str:
+    return "SIGINT" if isinstance(err, KeyboardInterrupt) else str(err.args[0])

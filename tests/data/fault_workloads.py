@@ -1,6 +1,7 @@
 """Workloads that break the contract in the ways a user's do: a ``make_batch`` that ignores
 its ``n``, one that blocks, one that returns a single tensor, a factory that calls
-``sys.exit(0)``, a ``build_model`` that exits, a step that runs out of memory."""
+``sys.exit(0)``, a ``build_model`` that exits, a step that runs out of memory (raised, or
+an allocation ``ulimit -v`` refuses), techniques interrupted after FP32 finished."""
 
 from __future__ import annotations
 
@@ -99,3 +100,67 @@ def slow_step(profile="smoke"):
             return self.fc(x)
 
     return _workload("slowstep", build_model=Slow)
+
+
+def allocates(profile="smoke"):
+    """A training forward that asks the host allocator for 2 GiB per sample (8 GiB at the
+    micro-batch): under ``ulimit -v`` the allocation itself fails, as a model too large for the
+    machine does."""
+
+    class Big(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            if x.shape[0] > 2:
+                ballast = torch.ones(x.shape[0] << 31, dtype=torch.uint8)
+                x = x + ballast[:1].float()
+            return self.fc(x)
+
+    return _workload("allocates", build_model=Big)
+
+
+def _in_autocast() -> bool:
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+
+
+def stops_in_autocast(profile="smoke"):
+    """FP32 trains; a technique under autocast (bf16, fp16) stops as Ctrl-C would: the FP32
+    results finished before it."""
+
+    class Stops(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            if _in_autocast():
+                raise KeyboardInterrupt
+            return self.fc(x)
+
+    return _workload("stopsamp", build_model=Stops)
+
+
+def slow_in_autocast(profile="smoke"):
+    """FP32 trains at full speed; under autocast each forward touches the file named by
+    ``$GPUBENCH_FAULT_MARK`` (the FP32 part has finished) and takes 0.5 s: time to press
+    Ctrl-C with finished results to keep."""
+    import os
+    import time
+    from pathlib import Path
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            if _in_autocast():
+                mark = os.environ.get("GPUBENCH_FAULT_MARK")
+                if mark:
+                    Path(mark).touch()
+                time.sleep(0.5)
+            return self.fc(x)
+
+    return _workload("slowamp", build_model=Slow)
