@@ -2077,8 +2077,9 @@ def shm_images(profile="smoke"):
             ["must return 4 samples", "ignore n"])
         row("gpubench tune whose baseline's make_batch ignores n: one line, exit 2",
             lambda f: tune(faults + "ignores_n", f), (2,), ["must return 4 samples"])
-        row("gpubench tune whose baseline runs out of memory in its step: one line, exit 1",
-            lambda f: tune(faults + "out_of_memory", f), (1,), ["out of memory"])
+        row("gpubench tune whose baseline's step raises: one line naming the error, exit 1",
+            lambda f: tune(faults + "step_fails", f), (1,),
+            ["RuntimeError: mat1 and mat2 shapes cannot be multiplied"])
         row("gpubench case of a make_batch that returns one tensor: one line naming the "
             "(inputs, targets) contract, exit 2", lambda f: case(faults + "one_tensor", f),
             (2,), ["must return a pair (inputs, targets)"])
@@ -2204,7 +2205,7 @@ def shm_images(profile="smoke"):
         mark = folder / "mark"
         p, why = self._interrupt(
             ["memory", "--model", faults + "slow_in_autocast", *smoke, "--techniques",
-             "fp32,bf16", "--budget", "1G", "--max-batch", "16", "--no-leaks", "--no-hygiene",
+             "fp32,bf16", "--budget", "8G", "--max-batch", "16", "--no-leaks", "--no-hygiene",
              "--out", str(folder / "m")], folder, {**env, "GPUBENCH_FAULT_MARK": str(mark)},
             mark.exists, settle_s=1)
         extra = [why] if why else []
@@ -2235,7 +2236,7 @@ def shm_images(profile="smoke"):
     def _resumed_run_shares(self, faults: str, env: dict, smoke: list[str]) -> None:
         folder = self.tmp("resshare")
         out = folder / "out"
-        argv = ["run", *smoke, "--model", faults + "slow_step", "--groups", "memory",
+        argv = ["run", *smoke, "--model", faults + "slow_step", "--groups", "memory,optimizer",
                 "--no-charts", "--out", str(out)]
         p, why = self._interrupt(argv, folder, env,
                                  lambda: len(journal_cases(out / "cases.jsonl")) >= 1)

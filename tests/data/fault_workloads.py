@@ -164,3 +164,20 @@ def slow_in_autocast(profile="smoke"):
             return self.fc(x)
 
     return _workload("slowamp", build_model=Slow)
+
+
+def step_fails(profile="smoke"):
+    """A training forward past validation's that raises (a user's shape bug)."""
+
+    class Breaks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            if x.shape[0] > 2:
+                raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({x.shape[0]}x4 "
+                                   "and 3x2)")
+            return self.fc(x)
+
+    return _workload("stepfails", build_model=Breaks)
