@@ -2093,8 +2093,8 @@ def shm_images(profile="smoke"):
         for command, argv_of in (("case", lambda f: case(faults + "exits", f)),
                                  ("run", lambda f: run(faults + "exits", f)),
                                  ("tune", lambda f: tune(faults + "exits", f))):
-            row(f"gpubench {command} of a factory calling sys.exit(0): one line, exit 1",
-                argv_of, (1,), ["called sys.exit(0)"])
+            row(f"gpubench {command} of a factory calling sys.exit(0): one line, exit 2 (a "
+                "workload breaking the contract) or 1, never 0", argv_of, (1, 2), ["sys.exit(0)"])
         for_tune = row("gpubench tune --time 0.001 (bert): a strict tune.json, no 'nan' printed",
                        lambda f: tune("bert", f, "--time", "0.001"), (0, 1, 2))
         trunc = row("gpubench tune --resume of a truncated tune.json: one line naming the "

@@ -112,12 +112,13 @@ def test_a_factory_calling_sys_exit_0_fails_every_command(command, tmp_path, cap
     assert "called sys.exit(0)" in line, line
 
 
-def test_make_batch_ignoring_n_is_caught_at_the_largest_batch(tmp_path, capsys):
-    out = tmp_path / "c.json"
-    assert cli.main(["case", "--model", f"{FAULTS}:ignores_n", *SMOKE, "-o", str(out)]) == 2
+@pytest.mark.parametrize("command", ["case", "tune", "parity", "memory"])
+def test_make_batch_ignoring_n_is_caught_at_the_largest_batch(command, tmp_path, capsys):
+    argv = [f"{FAULTS}:ignores_n" if a == "bert" else a for a in _argv(command, tmp_path)]
+    assert cli.main(argv) == 2
     line = _one_line(capsys)
     assert "make_batch(4, generator) must return 4 samples" in line and "ignore n" in line
-    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name != "logs"] == []  # nothing written
 
 
 def test_a_single_tensor_from_make_batch_names_the_pair_contract(tmp_path, capsys):

@@ -675,6 +675,7 @@ def cmd_case(args: argparse.Namespace) -> int:
 def cmd_memory(args: argparse.Namespace) -> int:
     from gpubench.cli.memory import memory_main
 
+    check_specs((args.model,), resolve_target(args.device, args.profile)[1])  # its contract
     if args.out:
         check_output("--out", args.out)
     return memory_main(args)
@@ -689,6 +690,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from gpubench.cli.tune import tune_main
 
+    check_specs((args.model,), resolve_target(args.device, args.profile)[1])  # its contract
     if args.out:
         check_output("--out", args.out)
     return tune_main(args)
