@@ -724,7 +724,7 @@ class Campaign:
             row(f"run {flag} {value}", [*run, flag, value], [value])
         case = ["case", "--model", "bert", "--profile", "smoke", "-o", str(out / "c.json")]
         for flag, value in (("--rounds", "0"), ("--accum-steps", "0"), ("--micro-batch", "-1"),
-                            ("--precision", "fp8"), ("--num-workers", "-1"),
+                            ("--precision", "fp4"), ("--num-workers", "-1"),
                             ("--world-size", "0"), ("--timeout", "-5"), ("--seed", "-1"),
                             ("--seed", "x")):
             row(f"case {flag} {value}", [*case, flag, value], [value])
@@ -1849,31 +1849,29 @@ def shm_images(profile="smoke"):
         folder = self.tmp("block")
         p = run_cmd(["case", "--model", spec + "blocking_batch", "--profile", "smoke",
                      "--timeout", "2", "-o", str(folder / "one.json")], env=env, timeout=120)
-        problems = check(p, (1,), one_line=True, names=[
-            "blockbatch-fp32: building the case (model, data, optimizer) did not finish within "
-            "2 s (hung?)", "--timeout"])
+        hung = ("checking it (build_model, make_batch, one forward) did not finish within 2 s "
+                "(hung?)")
+        problems = check(p, (2,), one_line=True, names=["blocking_batch", hung])
         if (folder / "one.json").exists():
             problems.append("one.json written")
         if p.seconds > 40:
             problems.append(f"took {p.seconds:.0f} s")
         self.record(cat, "gpubench case of a workload whose make_batch blocks, --timeout 2: "
-                    "one line naming the case and phase, exit 1, in time", problems, p.seconds)
+                    "the workload check (make_batch at micro_batch) stops it: one line naming "
+                    "the workload and phase, exit 2, in time, nothing written", problems,
+                    p.seconds)
         out = folder / "out"
         p = run_cmd(["run", "--profile", "smoke", "--model", spec + "blocking_batch", "-k",
                      "blockbatch-fp32-zerofill", "--timeout", "2", "--no-charts", "--out",
                      str(out)], env=env, timeout=180)
-        problems = check(p, set(range(1, 126)))
-        failed = [e for e in journal_cases(out / "cases.jsonl") if e.get("outcome") == "failed"]
-        if len(failed) != 1 or "did not finish within 2 s" not in str(failed[0].get("reason")):
-            problems.append(f"cases.jsonl failures: "
-                            f"{[str(e.get('reason'))[:100] for e in failed]}")
-        stray = [q for q in stderr_lines(p.err) if not q.startswith("gpubench: ")]
-        if stray:
-            problems.append(f"{len(stray)} stderr lines not gpubench's: {stray[0][:100]!r}")
-        if p.seconds > 90:
+        problems = check(p, (2,), one_line=True, names=["blocking_batch", hung])
+        if out.exists():
+            problems.append(f"{out.name} created: {[q.name for q in out.iterdir()]}")
+        if p.seconds > 40:
             problems.append(f"took {p.seconds:.0f} s")
-        self.record(cat, "gpubench run of that case, --timeout 2: the case fails as hung (its "
-                    "reason in cases.jsonl), the run ends in time", problems, p.seconds)
+        self.record(cat, "gpubench run of that workload, --timeout 2: stopped by the workload "
+                    "check before any case, one line, exit 2, in time, nothing written",
+                    problems, p.seconds)
         # gpubench report on a file without a model's FP32 baseline
         folder = self.tmp("nobase")
         try:
@@ -2511,6 +2509,11 @@ def main() -> int:
     if not sys.platform.startswith("linux"):
         print("the campaign reads /proc: Linux only", file=sys.stderr)
         return 2
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background of a shell (``cmd &``): SIGINT is ignored, and an ignored
+        # signal stays ignored in every command started from here, so that the scenarios'
+        # Ctrl-C would reach commands deaf to it. A handler is reset to the default on exec.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     base = base_results()
     with tempfile.TemporaryDirectory(prefix="gpubench-campaign-") as tmp:

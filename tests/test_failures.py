@@ -266,6 +266,15 @@ def test_compare_of_one_file_with_itself_says_so(tmp_path, monkeypatch, capsys):
     assert "BASE and NEW are the same file" in capsys.readouterr().err
 
 
+
+def test_compare_refuses_a_bad_output_path_in_one_line_before_any_warning(tmp_path, capsys):
+    (tmp_path / "r.json").write_text("{}")
+    (tmp_path / "afile").write_text("")
+    assert cli.main(["compare", str(tmp_path / "r.json"), str(tmp_path / "r.json"),
+                     "--markdown", str(tmp_path / "afile" / "c.md")]) == 2
+    line = _one_line(capsys)
+    assert "--markdown" in line and "same file" not in line, line
+
 def test_a_resumed_run_prints_no_share_over_100_percent():
     import pandas as pd
 

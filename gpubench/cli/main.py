@@ -709,15 +709,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from gpubench.analysis.compare import compare_main, split_files
 
     bases, new = split_files(args)
+    if args.markdown:  # bad output paths first: their one line alone, before any warning
+        check_output("--markdown", args.markdown, is_file=True)
+    if args.github_json:
+        check_output("--github-json", args.github_json)
     same = [b for b in bases if _same_file(b, new)]
     if same:
         print(f"gpubench compare: warning: BASE and NEW are the same file ({new}): every case "
               "is compared with itself, which shows no change whatever the code does",
               file=sys.stderr)
-    if args.markdown:
-        check_output("--markdown", args.markdown, is_file=True)
-    if args.github_json:
-        check_output("--github-json", args.github_json)
     from gpubench.cli.compare import remeasure_cases
 
     return compare_main(args, remeasure=remeasure_cases(args))
