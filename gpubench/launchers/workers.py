@@ -18,6 +18,7 @@ import datetime
 import multiprocessing.connection as mpc
 import os
 import pickle
+import signal
 import socket
 import threading
 import time
@@ -194,7 +195,15 @@ class WorkerGroup:
                 self.conns.append(parent)
                 self.procs.append(proc)
                 self.stages.append("spawning")
-                proc.start()
+                # Spawned with SIGINT blocked (the mask survives fork and exec): a Ctrl-C while
+                # the rank's interpreter starts, before guarded_call ignores it, would print
+                # Python's fatal start-up error. The parent answers the Ctrl-C: blocked in this
+                # thread for the spawn only, it stays pending and is not lost.
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    proc.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 child.close()
             self._collect("start", start_timeout_s)
         except BaseException:
