@@ -12,7 +12,7 @@ from gpubench.train.config import LoaderConfig, RunConfig
     [
         ({"precision": "fp4"}, "'fp4'", "fp32, tf32, fp16, bf16, fp8, fp8-rowwise"),
             ({"fp8_layers": "all"}, "'all'", "fp8, fp8-rowwise"),
-        ({"model": "vgg"}, "'vgg'", "resnet18, resnet50, bert, gpt2, FILE.py:FACTORY"),
+        ({"model": "vgg"}, "'vgg'", "resnet18, resnet50, bert, gpt2, llama, FILE.py:FACTORY"),
         ({"optimizer": "lamb"}, "'lamb'", "sgd, adam, adamw"),
         ({"optimizer_impl": "triton"}, "'triton'", "default, foreach, fused"),
         ({"profile": "huge"}, "'huge'", "smoke, cpu, gpu-small, gpu-full"),
