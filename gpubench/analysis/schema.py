@@ -93,9 +93,20 @@ METRICS: tuple[Metric, ...] = (
     Metric(("speedup_paired", "speedup_paired_low", "speedup_paired_high", "speedup_paired_p",
             "speedup_paired_test"), ("float>0", "float>0", "float>0", "float>=0", "str"),
            "ratio",
-           "throughput relative to the FP32 baseline from paired rounds (a baseline round "
-           "before each of the case's): the median per-round ratio, its 95% interval, the "
-           "p-value of the paired test and the test's name"),
+           "throughput relative to the FP32 baseline from paired rounds (blocks of each side "
+           "in ABBA order, each block's first step untimed, the k-th timed step of a case "
+           "block paired with the k-th of the baseline block beside it): the median per-round "
+           "ratio, its 95% interval, the p-value of the paired test and the test's name"),
+    Metric(("speedup_paired_width", "rounds_stop", "rounds_width", "rounds_target_width",
+            "rounds_min", "rounds_max", "rounds_max_time_s", "warmup_steps",
+            "paired_block_steps", "paired_order"), None, "",
+           "how the timed rounds ended: the paired speedup's 95% interval as a relative "
+           "half-width (0.02: +-2%), why the rounds stopped (``width``: the interval reached "
+           "``rounds_target_width``; ``time``: the case's time cap, ``rounds_max_time_s`` "
+           "seconds of its timed rounds; ``rounds``: ``rounds_max``, or the fixed count when no "
+           "target was set), the width the stopping rule saw (unpaired cases: of the median "
+           "step time), the least rounds, the warm-up steps run before the step was steady, "
+           "and the block layout of the paired rounds (steps per block, ``ABBA``)"),
     Metric(("baseline_step_time_s", "paired_baseline_rounds_s", "paired_baseline_case_id",
             "paired_partner"), ("float>0", "floats>0", "str", "str"), "s",
            "the paired baseline's median step time and its rounds, its case id, and where it "
