@@ -34,8 +34,7 @@ def test_the_readme_is_short_and_opens_with_the_two_commands():
     # .ci/run installs and tests exactly as command 2 says.
     install = test.split(" && ")[2]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert install in ci  # and runs the README's pytest (environment settings before it)
-    assert any(re.fullmatch(r"(\w+=\S+ )*pytest", line) for line in ci)
+    assert install in ci and "pytest" in ci  # the README's test command, as it is written
     # ... then a quick run whose compare with the committed baseline confirms a flag first
     # (report only: a shared machine is too noisy to fail on time)
     compare = " ".join(ci[ci.index(next(x for x in ci if x.startswith("gpubench compare"))):])
