@@ -627,6 +627,8 @@ class Tuner:
                     break
                 alive = sorted(alive, key=lambda c: -c.speed)[:max(FINALISTS,
                                                                    math.ceil(len(alive) * KEEP))]
+                if len(alive) <= FINALISTS:
+                    break  # each is a finalist whatever another rung measured
                 rung, rounds = rung + 1, rounds * 2
             finalists = sorted(alive, key=lambda c: -c.speed)[:FINALISTS]
             confirmed = self._confirm(base_case, finalists, cands)
