@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 
@@ -11,6 +12,16 @@ def _facts_cache(tmp_path_factory):
     """Workload facts cached in the test session's own folder (and its subprocesses', which
     inherit the variable), never in the user's ``~/.cache/gpubench``."""
     os.environ["GPUBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_reaches_the_commands():
+    """A shell without job control starts a background command (``pytest ... &``) with SIGINT
+    ignored, and every process it starts inherits that: the tests' commands would not see the
+    Ctrl-C those tests send. Caught here, SIGINT is back to its default in each command (exec
+    resets a caught signal)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
