@@ -30,6 +30,13 @@ def _threads():
     torch.set_num_threads(2)
 
 
+def pytest_collection_modifyitems(items):
+    """A test that reads the shared smoke run is slow: the run takes minutes."""
+    for item in items:
+        if "smoke_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """One real ``gpubench run --profile smoke`` (every model, group and parallel form, three

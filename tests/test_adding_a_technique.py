@@ -67,6 +67,7 @@ def test_the_copy_is_the_package_under_test(package):
     assert done.stdout.strip() == str(package / "gpubench" / "__init__.py")
 
 
+@pytest.mark.slow
 def test_a_declared_technique_is_a_flag_a_case_and_a_frontier_choice(package):
     help_text = _run(package, "-m", "gpubench", "case", "--help").stdout
     assert "--noop, --no-noop" in help_text and "A technique that does nothing" in help_text
@@ -76,6 +77,7 @@ def test_a_declared_technique_is_a_flag_a_case_and_a_frontier_choice(package):
     assert "noop" in _run(package, "-m", "gpubench", "memory", "--help").stdout
 
 
+@pytest.mark.slow
 def test_a_declared_technique_is_measured_recorded_and_typed(package, tmp_path):
     marks = tmp_path / "marks"
     out = tmp_path / "noop.json"

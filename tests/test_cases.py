@@ -4,6 +4,7 @@ from gpubench.suite.cases import PROFILE_MODELS, profile_cases
 from gpubench.train.config import PROFILES
 
 
+@pytest.mark.slow
 def test_case_ids_unique_and_baseline_first_per_model():
     for profile in PROFILES:
         cases = profile_cases(profile, "cpu")

@@ -110,6 +110,7 @@ def test_bad_profile_is_rejected(capsys):
     assert "huge" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
     out = tmp_path / "ddp.json"
     proc = subprocess.run(
@@ -133,6 +134,7 @@ def test_dist_outside_torchrun_explains(capsys):
     assert "torchrun" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_report_across_two_runs(smoke_run, tmp_path):
     out, _ = smoke_run
     a, b = tmp_path / "machine-a.json", tmp_path / "machine-b.json"

@@ -37,6 +37,7 @@ def test_search_finds_the_largest_fitting_batch_in_few_tries():
 
 
 @pytest.mark.skipif(not cpu_peak_supported(), reason="needs Linux /proc/self/status")
+@pytest.mark.slow
 def test_frontier_against_a_cpu_budget_grows_with_the_budget():
     cfg = RunConfig(model="bert", profile="smoke")
     small = find_frontier(cfg, budget_bytes=1, limit=64)
@@ -64,6 +65,7 @@ print(json.dumps({r.name: [r.leaks, r.growth_bytes_per_step] for r in results}))
 
 
 @pytest.mark.skipif(not cpu_peak_supported(), reason="needs Linux /proc/self/status")
+@pytest.mark.slow
 def test_leak_detector_flags_the_leaky_loops_and_passes_the_fixed_ones():
     # In a fresh process: the detector reads the resident size, and a long test process holds
     # freed heap that a leak can fill without raising it.
@@ -144,6 +146,7 @@ class _CublasFailsAbove(CaseProgram):
         return super().step()
 
 
+@pytest.mark.slow
 def test_frontier_treats_a_cublas_allocation_failure_as_does_not_fit(monkeypatch):
     monkeypatch.setattr(frontier, "CaseProgram", _CublasFailsAbove)
     cfg = RunConfig(model="bert", profile="smoke")

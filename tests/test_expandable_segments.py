@@ -112,6 +112,7 @@ class EnvProgram:
         return os.environ.get(VAR)
 
 
+@pytest.mark.slow
 def test_worker_started_for_the_case_has_the_setting(monkeypatch):
     monkeypatch.delenv(VAR, raising=False)
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)

@@ -99,6 +99,7 @@ def _single(n: int, inputs, targets):
 
 
 @pytest.mark.parametrize("accum", [1, 2])
+@pytest.mark.slow
 def test_fsdp_step_equals_single_process_on_global_batch_with_half_the_state(ranks, accum):
     results = ranks.call("one_step", BASE.with_(accum_steps=accum, micro_batch=4 // accum))
     inputs, targets = _global_batch(8)

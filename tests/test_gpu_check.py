@@ -140,6 +140,7 @@ def test_rehearsal_brings_back_every_step_within_the_file_limits(tmp_path):
     assert not (out / "data").exists() and (tmp_path / "data").is_dir()  # data kept out of OUT
 
 
+@pytest.mark.slow
 def test_a_rehearsal_killed_mid_step_keeps_the_previous_steps_in_the_tarball(tmp_path):
     out, run = tmp_path / "out", uuid.uuid4().hex
     work = tmp_path / "work"
@@ -180,6 +181,7 @@ def test_a_rehearsal_killed_mid_step_keeps_the_previous_steps_in_the_tarball(tmp
     assert "step 02-headline was cut off while running" in md
 
 
+@pytest.mark.slow
 def test_a_step_over_its_box_is_stopped_with_its_processes_and_the_next_step_runs(tmp_path):
     # The headline step's case waits until a signal stops it (tests/data/hold_step.py): the
     # step outlasts its 12 s box on any machine, however fast.

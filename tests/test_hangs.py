@@ -70,6 +70,7 @@ def stray_thread():
                     loss_fn=nn.functional.cross_entropy)
 
 
+@pytest.mark.slow
 def test_the_benchmark_session_ends_despite_a_workload_thread(tmp_path):
     start = time.monotonic()
     proc = subprocess.run(
@@ -100,6 +101,7 @@ def _dist(port: int, out: Path) -> tuple[subprocess.CompletedProcess, float]:
     ("listening", "accepted the connection but never answered"),  # another service
     ("refusing", "nothing listens there"),  # bound, not listening: connections are refused
 ])
+@pytest.mark.slow
 def test_dist_rank_names_a_rendezvous_it_cannot_join(tmp_path, service, reason):
     """Something on MASTER_PORT that never answers as a store, or nothing listening there."""
     with socket.socket() as server:

@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pandas as pd
+import pytest
 from records import results_file, step_record  # tests/ on sys.path
 
 from gpubench.analysis.compare import compare_main, compare_runs, confirm_regressions
@@ -76,6 +77,7 @@ def _pair_frames(rng, cases: int, slow_case: str | None, factor: float) -> pd.Da
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_confirmed_gate_false_alarms_and_power():
     """Same-commit pairs of 20 cases (their changes spread by 2.7% on the paired basis): the
     gate with --confirm fails in no more pairs than without, and none here; a 15% slowdown of

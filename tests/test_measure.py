@@ -3,6 +3,8 @@ its own process, built after the case's memory window, so the case's peaks stay 
 
 from __future__ import annotations
 
+import pytest
+
 from gpubench.measure.protocol import InProcess, PairedBaseline, measure
 from gpubench.measure.standalone import StandaloneBenchmark
 from gpubench.train.config import RunConfig
@@ -14,6 +16,7 @@ def _measure(cfg: RunConfig, baseline=None) -> dict:
                        baseline=baseline)
 
 
+@pytest.mark.slow
 def test_an_in_process_case_pairs_in_its_own_process_and_keeps_its_own_peak():
     cfg = RunConfig(model="resnet18", profile="smoke", precision="tf32")
     alone = _measure(cfg)
@@ -33,6 +36,7 @@ def test_an_in_process_case_pairs_in_its_own_process_and_keeps_its_own_peak():
     assert paired["peak_memory_bytes"] < alone["peak_memory_bytes"] + 100 * 2**20
 
 
+@pytest.mark.slow
 def test_the_next_models_baseline_is_built_in_the_previous_baseline_worker():
     first = PairedBaseline(RunConfig(model="resnet18", profile="smoke"), timeout_s=60)
     second = None

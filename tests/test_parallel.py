@@ -43,6 +43,7 @@ class DDPOneStep:
 
 
 @pytest.mark.parametrize("no_sync", [False, True])
+@pytest.mark.slow
 def test_ddp_step_equals_single_process_on_global_batch(no_sync):
     cfg = RunConfig(model="bert", profile="smoke", parallel="ddp", world_size=2, micro_batch=4,
                     accum_steps=2 if no_sync else 1, ddp_no_sync=no_sync)
@@ -88,6 +89,7 @@ class PipelineOneStep:
     # Accumulation over schedule steps: torch's default scale_grads would divide the gradients
     # accumulated from the first micro-batch by the chunk count a second time.
     ("bert", "1f1b", 2)])
+@pytest.mark.slow
 def test_pipeline_step_equals_unsplit_model_accumulating_over_chunks(model, schedule, accum):
     cfg = RunConfig(model=model, profile="smoke", parallel="pipeline", world_size=2,
                     micro_batch=8, chunks=4, schedule=schedule, accum_steps=accum)
@@ -140,6 +142,7 @@ def test_failing_rank_fails_fast_with_its_traceback_and_no_orphans():
     assert not _alive(pids)
 
 
+@pytest.mark.slow
 def test_hanging_rank_times_out_with_clear_message_and_no_orphans():
     group = WorkerGroup(2, Faulty, timeout_s=2)
     pids = group.pids
@@ -148,6 +151,7 @@ def test_hanging_rank_times_out_with_clear_message_and_no_orphans():
     assert not _alive(pids)
 
 
+@pytest.mark.slow
 def test_two_groups_at_once_do_not_collide():
     with WorkerGroup(2, Faulty) as a, WorkerGroup(2, Faulty) as b:
         assert a.call("allreduce") == b.call("allreduce") == [[2.0] * 3] * 2

@@ -238,6 +238,7 @@ def test_run_parity_for_writes_a_list_and_a_chart_per_model(tmp_path):
     assert row.verdict == "holds" and row.chart == "parity.md"
 
 
+@pytest.mark.slow
 def test_report_shows_the_parity_beside_the_results(cli_run, tmp_path):
     """A report of results with a parity.json beside them: the accuracy verdict from it, a
     convergence section with the table, and the chart embedded in the HTML page."""

@@ -39,6 +39,7 @@ def _run(cfg, pool):
                     timeout_s=120, ranks=pool)
 
 
+@pytest.mark.slow
 def test_consecutive_ddp_cases_share_their_ranks_and_still_check_and_measure():
     pool = RankPool()
     try:
@@ -60,6 +61,7 @@ def test_consecutive_ddp_cases_share_their_ranks_and_still_check_and_measure():
     assert pool.group is None
 
 
+@pytest.mark.slow
 def test_a_failing_case_stops_the_pooled_ranks(monkeypatch):
     pool = RankPool()
     try:

@@ -127,6 +127,9 @@ MALFORMED = {
     "machine_info a list": ({**_doc(_record()), "machine_info": []}, r"machine_info: expected"),
     "input_shape of strings": (_doc(_record(input_shape=["a"])), r"input_shape: item 0"),
     "rounds zero": (_doc({**_record(), "stats": {**STATS, "rounds": 0}}), r"stats.rounds"),
+    "phases a number": (_doc(_record(harness_s=-1)), r"harness_s: expected a mapping"),
+    "a phase infinite": (_doc(_record(harness_s={"build": 0.5, "check": float("-inf")})),
+                         r"harness_s: check: expected a non-negative number, got -inf"),
 }
 
 

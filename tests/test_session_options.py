@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpubench.cli.main import build_parser, pytest_command
 from gpubench.cli.options import SESSION_OPTIONS, add_session_arguments
 from gpubench.launchers.workers import DEFAULT_TIMEOUT_S
@@ -48,6 +50,7 @@ def test_every_value_given_to_gpubench_run_reaches_the_pytest_child(tmp_path):
         "--gpubench-profile=smoke", "--gpubench-device=cpu"]
 
 
+@pytest.mark.slow
 def test_the_plugin_declares_the_same_options_as_gpubench_run():
     run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
     done = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "benchmarks"), "--help",

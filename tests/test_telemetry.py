@@ -322,6 +322,7 @@ def test_the_warm_up_rounds_inside_the_window_share_its_energy():
     assert info["samples_per_kj"] == pytest.approx(4000.0)
 
 
+@pytest.mark.slow
 def test_a_paired_case_runs_its_energy_blocks_after_its_paired_rounds(monkeypatch):
     from gpubench.measure import protocol
     from gpubench.measure.protocol import (

@@ -50,6 +50,7 @@ def test_a_traced_case_writes_its_trace_and_top_operators(tmp_path):
     check_top_ops(info["top_ops"])
 
 
+@pytest.mark.slow
 def test_a_traced_ddp_case_writes_one_trace_per_rank(tmp_path):
     cfg = RunConfig(model="bert", profile="smoke", parallel="ddp", world_size=2)
     info = run(cfg, tmp_path)

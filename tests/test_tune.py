@@ -14,7 +14,6 @@ import torch
 from gpubench.diagnostics import tune
 from gpubench.diagnostics.tune import MemoryModel, TuneError, Tuner, search_space, snippet
 from gpubench.suite.cases import baseline
-from gpubench.util.verdicts import MIN_EFFECT
 
 QUIET = lambda line: None  # noqa: E731
 
@@ -101,6 +100,7 @@ def test_a_confirmed_winner_over_the_budget_by_its_measured_peak_is_not_the_winn
         {"peak_memory_bytes": 5}, None) is None
 
 
+@pytest.mark.slow
 def test_a_tune_writes_the_winner_its_ablation_the_diagnosis_and_the_snippet(tmp_path):
     out = tmp_path / "tune"
     proc = subprocess.run(

@@ -136,6 +136,7 @@ def test_rank_killed_while_starting_is_named_with_its_signal(monkeypatch):
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.slow
 def test_start_up_hang_names_the_rank_that_did_not_start(monkeypatch):
     """Rank 1 stopped before it joins: rank 0 gives up waiting in the process group, and the
     message blames rank 1, not the healthy rank 0."""
@@ -231,6 +232,7 @@ def test_ranks_exit_within_seconds_when_their_host_dies(tmp_path, sig, phase):
         err.close()
 
 
+@pytest.mark.slow
 def test_collective_timeout_names_the_rank_that_hung_not_the_one_that_waited():
     """Rank 1 hangs while rank 0 waits for it in an all-reduce: rank 0's gloo timeout used to be
     reported as "rank 0 failed", blaming the healthy rank (fault campaign: a rank stopped with
@@ -244,6 +246,7 @@ def test_collective_timeout_names_the_rank_that_hung_not_the_one_that_waited():
     assert "rank 0 gave up waiting" in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_rank_that_hangs_is_named_when_the_host_times_out_too():
     """The same hang with the host's own deadline equal to the process group's timeout: the
     host used to give up first and name every rank ("rank(s) 0, 1 did not finish"); it now

@@ -189,6 +189,7 @@ def test_builtin_case_ids_of_the_committed_results_are_kept():
     assert committed - now == set()
 
 
+@pytest.mark.slow
 def test_case_command_runs_one_configuration(tmp_path):
     out = tmp_path / "one.json"
     proc = subprocess.run(

@@ -130,6 +130,8 @@ def _expectation(kind: str, constraint: str) -> str:
         return f"a {bound}integer" if bound not in ("", "finite ") else "an integer"
     if kind == "float":
         return f"a {bound}number"
+    if kind == "map":
+        return f"a mapping of names to {bound}numbers"
     return f"a list of {bound}{'integers' if kind == 'ints' else 'numbers'}"
 
 
@@ -145,6 +147,14 @@ def _check(value, kind: str, constraint: str) -> str | None:
         return None if isinstance(value, int) and _number_ok(value, constraint) else bad
     if kind == "float":
         return None if _number_ok(value, constraint) else bad
+    if kind == "map":
+        if not isinstance(value, dict):
+            return bad
+        for key, item in value.items():
+            if _check(item, "float", constraint) is not None:
+                return (f"{key}: expected {_expectation('float', constraint)}, "
+                        f"got {_describe(item)}")
+        return None
     if not isinstance(value, list):
         return bad
     item_kind = "int" if kind == "ints" else "float"

@@ -16,9 +16,10 @@ TYPES = {
     "float": ("float", "any"), "float>=0": ("float", ">=0"), "float>0": ("float", ">0"),
     "loss": ("float", "loss"), "ints>=0": ("ints", ">=0"), "floats>0": ("floats", ">0"),
     "floats loss": ("floats", "loss"),
+    "map>=0": ("map", ">=0"),
 }
 """Type names of ``Metric.type``: (type, constraint) as ``results`` checks them. Types: str, int,
-bool, float, ints / floats (lists); constraints: >0, >=0, >=1, any (finite), loss (any number,
+bool, float, ints / floats (lists), map (a mapping of names to numbers); constraints: >0, >=0, >=1, any (finite), loss (any number,
 NaN allowed: a diverged loss is a measurement)."""
 
 
@@ -142,7 +143,7 @@ METRICS: tuple[Metric, ...] = (
            "compile cases: the check's steps counted in ``compile_time_s``; the FX graph and "
            "AOTAutograd cache hits and misses of its compilation (each case compiles into an "
            "empty cache of its own: a hit would mean a graph compiled elsewhere)"),
-    Metric(("harness_s",), None, "s",
+    Metric(("harness_s",), "map>=0", "s",
            "wall seconds of each part of the case's measurement (build, prepare, check, count, "
            "warmup, partner, rounds, finish, close)"),
     # Memory
