@@ -207,7 +207,7 @@ def run_cost(df: pd.DataFrame) -> pd.DataFrame:
         total = sum(parts.values())
         rows += [{"run": run, "part": k, "seconds": v, "share": v / total}
                  for k, v in parts.items()]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["run", "part", "seconds", "share"])
 
 
 def run_cost_markdown(df: pd.DataFrame) -> str:
