@@ -258,7 +258,8 @@ def _synthetic_step_s(cfg) -> float:
     return s
 
 
-def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(monkeypatch):
+def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(tmp_path,
+                                                                           monkeypatch):
     """The tuner's search and the exhaustive sweep, on the configurations of four dimensions,
     measured by the run's own paired rounds (``run_rounds``: ABBA blocks, the stopping rule)
     on a synthetic machine whose step times are known and carry 3% noise, seeded: both find
@@ -273,27 +274,25 @@ def test_the_search_finds_the_exhaustive_winner_at_a_fraction_of_its_cost(monkey
 
     noise = random.Random(0)
     rounds = []
+    dims = ("precision", "micro_batch", "optimizer_impl", "checkpointing")
+    tuner = Tuner("bert", "smoke", "cpu", tmp_path, dims=dims, ablate=False, progress=QUIET)
+
+    def step(cfg):
+        return lambda: _synthetic_step_s(cfg) * noise.lognormvariate(0, 0.03)
 
     def synthetic(base_case, cfg, n, *, check=False, rule=None):
-        base_cfg = Tuner("bert", "smoke", "cpu", ".", progress=QUIET).base
-
-        def step(c):
-            return lambda: _synthetic_step_s(c) * noise.lognormvariate(0, 0.03)
-
         measured = run_rounds(step(cfg), rule or StoppingRule(0.0, n, n),
-                              base_step=step(base_cfg))
+                              base_step=step(tuner.base))
         rounds.append(len(measured.case_s))
         facts = {"training_memory_bytes": 1.0} if check else {}
         return ([b / c for b, c in zip(measured.base_s, measured.case_s, strict=True)],
                 measured.base_s, measured.case_s, facts)
 
     monkeypatch.setattr(tune, "paired_ratios", synthetic)
-    dims = ("precision", "micro_batch", "optimizer_impl", "checkpointing")
-    result = Tuner("bert", "smoke", "cpu", ".", dims=dims, ablate=False, progress=QUIET)
-    space = [c for c in search_space(result.base, result.global_batch, dims)
+    space = [c for c in search_space(tuner.base, tuner.global_batch, dims)
              if not tune.unsupported_reason(c)]
     fastest = min(space, key=_synthetic_step_s).id
-    result = result.run()
+    result = tuner.run()
     tuned_rounds, rounds[:] = sum(rounds), []
     sweep = tune.exhaustive("bert", "smoke", "cpu", dims=dims, progress=QUIET)
     sweep_rounds = sum(rounds)

@@ -19,8 +19,8 @@ TYPES = {
     "map>=0": ("map", ">=0"),
 }
 """Type names of ``Metric.type``: (type, constraint) as ``results`` checks them. Types: str, int,
-bool, float, ints / floats (lists), map (a mapping of names to numbers); constraints: >0, >=0, >=1, any (finite), loss (any number,
-NaN allowed: a diverged loss is a measurement)."""
+bool, float, ints / floats (lists), map (a mapping of names to numbers); constraints: >0, >=0,
+>=1, any (finite), loss (any number, NaN allowed: a diverged loss is a measurement)."""
 
 
 @dataclass(frozen=True)

@@ -186,12 +186,15 @@ def timed_seconds(frame: pd.DataFrame) -> tuple[float, float]:
     return own, paired
 
 
+RUN_COST_COLUMNS = ["run", "part", "seconds", "share"]
+
+
 def run_cost(df: pd.DataFrame) -> pd.DataFrame:
     """Per run, seconds of the cases' timed rounds, of their paired baseline rounds and of each
     untimed part (``PHASES``), summed over the step records, with each one's share."""
     steps = df[(df["kind"] == "step") & df["step_time_s"].notna()] if "kind" in df else df.iloc[:0]
     if steps.empty or "harness_s" not in steps:
-        return pd.DataFrame(columns=["run", "part", "seconds", "share"])
+        return pd.DataFrame(columns=RUN_COST_COLUMNS)
     rows = []
     for run, group in steps.groupby("run", sort=False):
         phases: dict[str, float] = {}
@@ -207,7 +210,7 @@ def run_cost(df: pd.DataFrame) -> pd.DataFrame:
         total = sum(parts.values())
         rows += [{"run": run, "part": k, "seconds": v, "share": v / total}
                  for k, v in parts.items()]
-    return pd.DataFrame(rows, columns=["run", "part", "seconds", "share"])
+    return pd.DataFrame(rows, columns=RUN_COST_COLUMNS)
 
 
 def run_cost_markdown(df: pd.DataFrame) -> str:
