@@ -6,12 +6,54 @@ import sys
 import pytest
 import torch
 
+_SESSION_DIR = None
+
+
+def pytest_configure(config):
+    """Before the test modules are imported (some copy ``os.environ`` for the commands they
+    start): the workload facts cache and the matmul peaks file in a folder of this session's
+    own, never the user's ``~/.cache/gpubench``."""
+    global _SESSION_DIR
+    import tempfile
+
+    from gpubench.measure.flops import PEAKS_ENV
+
+    _SESSION_DIR = tempfile.mkdtemp(prefix="gpubench-tests-")
+    os.environ["GPUBENCH_CACHE_DIR"] = os.path.join(_SESSION_DIR, "cache")
+    os.environ[PEAKS_ENV] = os.path.join(_SESSION_DIR, "peaks.json")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    if _SESSION_DIR:
+        shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+
 
 @pytest.fixture(autouse=True, scope="session")
-def _facts_cache(tmp_path_factory):
-    """Workload facts cached in the test session's own folder (and its subprocesses', which
-    inherit the variable), never in the user's ``~/.cache/gpubench``."""
-    os.environ["GPUBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+def _matmul_peaks_measured_once():
+    """The CPU's matmul peaks, measured once for the session and handed to every command the
+    tests start (``GPUBENCH_MATMUL_PEAKS``, as ``scripts/gpu_check.sh`` hands them to its
+    steps): each command would otherwise spend seconds measuring them again. This process
+    measures them itself (``test_flops`` checks the measurement)."""
+    import json
+
+    from gpubench.measure.flops import PEAKS_ENV, _fp8_peak, _matmul_peak, fp8_peak_flops
+    from gpubench.measure.machine import measured_peaks_tflops
+
+    path = os.environ[PEAKS_ENV]
+    del os.environ[PEAKS_ENV]  # measured here, not read
+    try:
+        _matmul_peak.cache_clear()
+        _fp8_peak.cache_clear()
+        peaks = {p: v for p, v in measured_peaks_tflops("cpu").items()
+                 if not p.startswith("fp8")}
+        fp8 = fp8_peak_flops("cpu")
+    finally:
+        os.environ[PEAKS_ENV] = path
+    with open(path, "w") as f:
+        json.dump({"device": "cpu", "device_name": "cpu", "peak_tflops": peaks,
+                   "fp8_tflops": None if fp8 is None else fp8 / 1e12}, f)
 
 
 @pytest.fixture(autouse=True, scope="session")

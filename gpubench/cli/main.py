@@ -355,12 +355,16 @@ def _run_pytest_child(args: argparse.Namespace, state: dict, json_path: Path,
     from gpubench.measure.journal import LOCK_ENV
     from gpubench.util.signals import PARENT_PID_ENV, run_forwarding_signals
 
-    cmd = [*pytest_command(args, json_path), "-p", "gpubench.cli.pytest_signals", "--tb=no"]
+    # The plugins the cases need, named; no other installed plugin is loaded (hypothesis,
+    # anyio, a coverage plugin: a second or more of imports each, and hooks of their own).
+    cmd = [*pytest_command(args, json_path), "-p", "pytest_benchmark.plugin",
+           "-p", "gpubench.cli.pytest_signals", "--tb=no"]
     if resume:
         cmd.append("--gpubench-resume")
     code, signum = run_forwarding_signals(
         cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
-                  LOCK_ENV: str(state["lock"].path)}, forward_as=signal.SIGTERM)
+                  LOCK_ENV: str(state["lock"].path), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        forward_as=signal.SIGTERM)
     if resume and code == 5:  # every case had finished: nothing left to run
         code = 0
     return code, signum

@@ -450,8 +450,9 @@ def loop_seconds(run: Callable[[], object], device: torch.device, reps: int) -> 
 
 def _best_flops(matmul: Callable[[int], Callable[[], object]], device: torch.device,
                 cap: int) -> float:
-    """FLOP/s of the fastest of a few loops of square matmuls ``matmul(n)()`` (``loop_seconds``),
-    the side ``n`` doubled from 256 until one takes >= 20 ms or reaches ``cap``."""
+    """FLOP/s of the fastest of three loops of square matmuls ``matmul(n)()`` (``loop_seconds``,
+    about 0.1 s each, at least one matmul), the side ``n`` doubled from 256 until one takes
+    >= 20 ms or reaches ``cap``."""
     n = 256
     while True:
         run = matmul(n)
@@ -461,6 +462,8 @@ def _best_flops(matmul: Callable[[int], Callable[[], object]], device: torch.dev
         if elapsed >= 0.02 or n >= cap:
             break
         n *= 2
-    reps = max(3, min(50, int(0.1 / max(elapsed, 1e-6))))  # loops of about 0.1 s
+    # Loops of about 0.1 s, at least one matmul: a matmul that alone takes longer (the cap's
+    # side on a CPU) is timed once per loop, not three times.
+    reps = max(1, min(50, int(0.1 / max(elapsed, 1e-6))))
     best = min(loop_seconds(run, device, reps) for _ in range(3))
     return 2 * n**3 / best

@@ -11,7 +11,7 @@ import torch
 from gpubench.measure.flops import fp8_peak_flops, matmul_peak_flops
 from gpubench.measure.provenance import source_commit
 from gpubench.train.config import FP8_PRECISIONS, PRECISIONS
-from gpubench.train.precision import unsupported_reason
+from gpubench.train.precision import fp8_units, unsupported_reason
 
 
 def device_name(device: torch.device) -> str:
@@ -100,7 +100,9 @@ def measured_peaks_tflops(device: str) -> dict[str, float | None]:
     the fp8 precisions, the float8 matmul's, None without FP8 units)."""
     peaks = {}
     for p in PRECISIONS:
-        if unsupported_reason(p, device):
+        if p in FP8_PRECISIONS and not fp8_units(torch.device(device).type):
+            peaks[p] = None  # emulated: no peak of its own (and no torchao import to say so)
+        elif unsupported_reason(p, device):
             peaks[p] = None
         elif p in FP8_PRECISIONS:
             fp8 = fp8_peak_flops(device)
@@ -133,12 +135,7 @@ def machine_info(device: str, storage_dir: str | os.PathLike | None = None) -> d
         from gpubench.workloads.storage import probe_storage
 
         info["storage"] = probe_storage(storage_dir)
-    try:
-        import torchvision
-        import transformers
-
-        info["torchvision"] = torchvision.__version__
-        info["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover - both are install requirements
-        pass
+    versions = library_versions()  # read from the installed metadata: no import (seconds)
+    info["torchvision"] = versions["torchvision"]
+    info["transformers"] = versions["transformers"]
     return info
