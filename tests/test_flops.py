@@ -216,6 +216,26 @@ def test_heavy_op_names():
         assert not is_heavy_op(name), name
 
 
+def test_a_matmul_slower_than_a_loop_is_timed_once_per_loop():
+    """The peak's loops are about 0.1 s: a 0.15 s matmul runs once per loop (warm-up, the
+    size probe, then the best of three), not three times per loop."""
+    import time
+
+    from gpubench.measure.flops import _best_flops
+
+    calls = []
+
+    def matmul(n):
+        def run():
+            calls.append(n)
+            time.sleep(0.15)
+        return run
+
+    flops = _best_flops(matmul, torch.device("cpu"), cap=256)
+    assert calls == [256] * 5
+    assert 0 < flops <= 2 * 256**3 / 0.15
+
+
 def test_measured_matmul_peak_is_positive_and_cached():
     first = matmul_peak_flops("cpu", "fp32")
     assert first > 1e8
@@ -283,3 +303,19 @@ def test_the_checks_first_step_counts_what_a_separate_count_step_counts(changes)
         assert case.program._counted is not None
         during_check = case.call("count")[0]
     assert during_check == alone and alone["flops"] > 0 and alone["activation_bytes"] > 0
+
+
+def test_the_machines_peaks_on_a_cpu_import_neither_torchao_nor_the_model_libraries():
+    """FP8 has no peak of its own without FP8 units, and the library versions come from the
+    installed metadata: the run's machine facts cost no import of seconds."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gpubench.measure.machine import machine_info; "
+            "info = machine_info('cpu'); "
+            "print(sorted(m for m in ('torchao', 'transformers', 'torchvision') "
+            "if m in sys.modules), info['matmul_peak_tflops']['fp8'], info['transformers'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[:2] == ["[]", "None"], out
+    assert out[2] != "None"
