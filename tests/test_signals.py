@@ -346,3 +346,25 @@ def test_run_where_no_case_ran_says_so(fake_pytest, previous, capsys):
     assert cli.main([*RUN, "--out", str(out)]) == 5
     err = capsys.readouterr().err
     assert "no case ran" in err and "exit code" not in err and _snapshot(out) == before
+
+
+def test_a_failing_description_of_the_interrupt_is_not_a_traceback(monkeypatch):
+    """A SIGTERM that lands inside an import leaves a traceback frame without a line number;
+    pytest's description of it raises TypeError, which in gpubench run's child would put a
+    two-part traceback on stderr beside gpubench's one line. The child's plugin drops it; in
+    any other pytest the error stays."""
+    from gpubench.cli import pytest_signals
+    from gpubench.util.signals import PARENT_PID_ENV
+
+    def describe(failure):
+        hook = pytest_signals.pytest_keyboard_interrupt(excinfo=None)
+        next(hook)
+        with pytest.raises(StopIteration) as stop:
+            hook.throw(failure)
+        return stop.value.value
+
+    monkeypatch.setenv(PARENT_PID_ENV, str(os.getpid()))
+    assert describe(TypeError("unsupported operand type(s) for -: 'NoneType' and 'int'")) is None
+    monkeypatch.delenv(PARENT_PID_ENV)
+    with pytest.raises(TypeError):
+        describe(TypeError("elsewhere"))

@@ -11,7 +11,8 @@ with ``GPUBENCH_PARENT_PID`` set); inert otherwise.
 - pytest follows the death of ``gpubench run`` at once (SIGKILL: nothing is left to save, and
   nobody is left to read a traceback; its ranks and workers follow it).
 - pytest-benchmark's own notes on stderr (where it wrote the JSON, that it saved nothing) are
-  left out: ``gpubench run`` reports the outcome in one line.
+  left out: ``gpubench run`` reports the outcome in one line; so is a traceback of pytest's own
+  failing to describe where the interrupt landed.
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ def pytest_configure(config) -> None:
     # data in: <hidden staging folder>" and "Not saving anything, no benchmarks have been run!"
     # (an interrupt before any case finished) would be stray lines on its stderr.
     warnings.filterwarnings("ignore", message="Not saving anything, no benchmarks have been run")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_keyboard_interrupt(excinfo):
+    """pytest describes the interrupt's traceback for its summary; a signal that lands inside an
+    import (torch's config modules) leaves a frame without a line number, on which pytest's
+    description fails (``TypeError``) and a two-part traceback reaches stderr. Here that
+    description is skipped: ``gpubench run`` reports the interrupt in its one line."""
+    try:
+        return (yield)
+    except Exception:  # noqa: BLE001 - pytest's repr of an odd traceback, nothing to report
+        if not _active():
+            raise
+        return None
 
 
 def pytest_sessionstart(session) -> None:
