@@ -181,11 +181,19 @@ def test_bad_spec_on_the_command_line_exits_2_and_writes_nothing(tmp_path, comma
     assert not out.exists()
 
 
-def test_builtin_case_ids_of_the_committed_results_are_kept():
+def test_builtin_case_ids_of_the_committed_results_are_kept(monkeypatch):
+    """On any CPU: the profile's cases follow the precisions the CPU computes natively (the
+    recipe's precision, the reduced-precision combinations kept), so the ids of a CPU with
+    bf16 units and of one without both count."""
+    from gpubench.suite import cases
+
     data = json.loads((ROOT / "results" / "cpu" / "benchmark.json").read_text())
     committed = {b["extra_info"]["case_id"] for b in data["benchmarks"]
                  if b["extra_info"].get("kind") == "step"}
-    now = {c.id for c in profile_cases("cpu", "cpu", None)}
+    now = set()
+    for native in (set(), {"bf16"}, {"bf16", "fp16"}):
+        monkeypatch.setattr(cases, "native_cpu_precisions", lambda native=native: native)
+        now |= {c.id for c in profile_cases("cpu", "cpu", None)}
     assert committed - now == set()
 
 
