@@ -134,8 +134,14 @@ METRICS: tuple[Metric, ...] = (
            "capture, ``compile_steps`` steps), compiled into a fresh Inductor and Triton "
            "cache, and the steps after which compiling has paid off "
            "(compile time / seconds saved per step against ``break_even_against``, the same "
-           "configuration uncompiled: the paired baseline where it is that; null where it was "
-           "not measured or the compiled step saves nothing)"),
+           "configuration uncompiled: the paired baseline where it is that; null in the record "
+           "otherwise, and filled where results are read from the twin measured in the same run "
+           "(``gpubench.analysis.results.with_compile_break_even``); null where no twin was "
+           "measured or the compiled step saves nothing)"),
+    Metric(("uncompiled_step_time_s",), None, "s",
+           "compiled cases: the step time of ``break_even_against``, the same configuration "
+           "uncompiled, that ``break_even_steps`` compares with (null: not measured)",
+           kind="derived"),
     Metric(("check_step_times_s",), "floats>0", "s",
            "each training step of the check, the device synchronized after it (the slowest "
            "rank's): what ``compile_time_s`` is read from"),
