@@ -54,6 +54,27 @@ def test_compile_cost_and_break_even_against_the_same_configuration_uncompiled()
     assert out["break_even_against"] == "resnet18-bf16"
 
 
+def test_a_compiled_record_says_its_kernels_are_the_eager_models():
+    """A compiled case's FLOPs and attention kernels come from its eager model (the count
+    traces ``_orig_mod``, not the code Inductor generated): its record says so."""
+    from types import SimpleNamespace
+
+    from gpubench.measure.runner import record
+
+    def fake_benchmark():
+        stats = SimpleNamespace(data=[0.1, 0.1, 0.1], median=0.1, iqr=0.0)
+        return SimpleNamespace(stats=SimpleNamespace(stats=stats), extra_info={})
+
+    measured = {"last_loss": 1.0, "flops_per_step": 1e9, "peak_flops_per_device": 1e12,
+                "attention_kernels": ["flash (cpu)"], "fp8_gemm_flops_fraction": 0.0}
+    sources = {}
+    for compiled in (False, True):
+        cfg = RunConfig(model="resnet18", profile="smoke", compile=compiled)
+        info = record(fake_benchmark(), cfg, dict(measured))
+        sources[compiled] = info["attention_kernels_from"]
+    assert sources == {False: "step", True: "eager model"}
+
+
 def test_compile_time_counts_the_steps_until_the_step_is_steady():
     """reduce-overhead: the first step compiles and warms the CUDA graphs up, the second
     records them (slower than a steady step), the third replays: both count, less a steady

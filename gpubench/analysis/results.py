@@ -306,19 +306,26 @@ def upgrade(extra: dict) -> dict:
     record without ``schema`` (version 0) is a benchmark case where it has no ``kind``, was
     built from its ``model`` where it has no ``workload`` spec, and ran every technique
     declared since at its default. A record of a newer version than this gpubench knows is
-    read as it is (its unknown fields pass through)."""
+    read as it is (its unknown fields pass through). Before version 2, a record's
+    ``fp8_flops_fraction`` was a share of all its counted FLOPs; it is read as
+    ``fp8_gemm_flops_fraction`` (a share of the GEMM FLOPs) where it was 0, the same in both,
+    else as unknown (the record lacks the GEMM FLOPs to convert it)."""
     version = extra.get("schema")
     if not isinstance(version, int) or isinstance(version, bool):
         version = 0
     if version >= SCHEMA_VERSION:
         return extra
     out = dict(extra)
-    out.setdefault("kind", "step")
-    if out["kind"] == "step" and "model" in out:  # a gpubench record (not a foreign one)
-        if not out.get("workload") and isinstance(out.get("model"), str):
-            out["workload"] = out["model"]
-        for t in TECHNIQUES:
-            out.setdefault(t.field, t.default)
+    if version < 1:
+        out.setdefault("kind", "step")
+        if out["kind"] == "step" and "model" in out:  # a gpubench record (not a foreign one)
+            if not out.get("workload") and isinstance(out.get("model"), str):
+                out["workload"] = out["model"]
+            for t in TECHNIQUES:
+                out.setdefault(t.field, t.default)
+    if version < 2 and "fp8_flops_fraction" in out:
+        share = out.pop("fp8_flops_fraction")
+        out["fp8_gemm_flops_fraction"] = share if share == 0 else None
     out["schema"] = SCHEMA_VERSION
     return out
 

@@ -121,11 +121,21 @@ METRICS: tuple[Metric, ...] = (
     Metric(("scaling_efficiency", "single_case_id"), (None, "str"), "ratio",
            "parallel cases: samples/s / (devices x samples/s of ``single_case_id``, the "
            "single-device case with the same per-device settings)"),
-    Metric(("attention_kernels", "fp8_flops_fraction"), (None, "float>=0"), "names, ratio",
+    Metric(("attention_kernels", "fp8_gemm_flops_fraction"), (None, "float>=0"), "names, ratio",
            "the fused attention kernels the step ran (flash, efficient, cudnn, flash (cpu); "
            "empty: none, the math path's matmuls), seen by the FLOP counter as their ops; and "
-           "the share of the step's counted FLOPs run as float8 matmuls (``torch._scaled_mm``, "
-           "torchao's float8 linears)"),
+           "the share of the step's GEMM FLOPs (its matrix multiplications, "
+           "``gpubench.measure.flops.GEMM_OPS``: linear layers, the math attention path's "
+           "products; not convolutions or fused attention) run as float8 matmuls "
+           "(``torch._scaled_mm``, torchao's float8 linears), null where it ran none. Records "
+           "before version 2 held ``fp8_flops_fraction``, a share of all counted FLOPs, read "
+           "as this where it was 0"),
+    Metric(("attention_kernels_from",), "str", "",
+           "what ``attention_kernels`` (and the FLOP count) traced: ``step``, the step the case "
+           "timed; ``eager model``, a compiled case's eager model (``_orig_mod``), whose "
+           "kernels are the eager trace's, not necessarily what the compiled code ran (under "
+           "torch.compile transformers may pass SDPA a materialised mask, which rules flash "
+           "out: docs/gpu.md)"),
     Metric(("first_step_s", "compile_time_s", "break_even_steps", "break_even_against"),
            ("float>=0", "float>=0", "float>=0", "str"), "s, steps",
            "the training check's first step (with torch.compile: its compilation); compile "
