@@ -37,17 +37,22 @@
 # torch and transformers imports, each of its models validated once on the CPU: 1-2 s each;
 # the matmul peaks are not measured again: the peaks step passes them on in
 # GPUBENCH_MATMUL_PEAKS) and 5 s after them (summary and advice), plus 5 s per model in the
-# headline step (its no_grad/del measurement, which the later steps leave out).
+# headline step (its no_grad/del measurement, which the later steps leave out). The headline
+# step's case lists also probe-build its three models once (each model's facts, kept on disk
+# for the later steps and case processes, which read them in 0.4 s): 26 s on the 2-core
+# development machine (scripts/gpu_check_budget.py), counted in full (an upper bound).
 # scripts/gpu_check_budget.py runs each step's CPU-side work here at these shapes (docs/gpu.md).
 #
 #   step        budget  estimate  arithmetic
 #   00 setup        5        1    python3, package metadata, selections: no torch, no model
 #   01 peaks       25       13    nvidia-smi 1 s, torch 3 s, CUDA init 3-5 s, 5 peaks (bf16,
 #                                 fp16, tf32, fp32, fp8) each 3 loops of 0.1 s after its sizing
-#   02 headline   140      104    8 cases: resnet50 fp32 12 + tf32 10 + bf16 8.5 + bf16-cl 12;
+#   02 headline   140      130    8 cases: resnet50 fp32 12 + tf32 10 + bf16 8.5 + bf16-cl 12;
 #                                 bert fp32 7 + bf16 3; gpt2 fp32 7.5 + bf16 3 = 63; run 8 + 5
-#                                 + 3 models x 5 (hygiene) + validation 5 + CUDA start 3 = 41
-#                                 (done by 170 s: the headline is in the first 3 minutes)
+#                                 + 3 models x 5 (hygiene) + validation 5 + CUDA start 3 = 41;
+#                                 the case lists' 3 probe builds (resnet50, bert, gpt2) 26;
+#                                 63 + 41 + 26 = 130 (done by 170 s: the headline is in the
+#                                 first 3 minutes)
 #   03 more        70       52    resnet50-fp32-accum4-mb64 11.5 (autotune at b64); gpt2 build
 #                                 2.5, adamw 5.5, adamw_fused 5.5, ckpt 7 (0.47 s steps),
 #                                 bf16-ckpt 3.5 = 35.5; run 8 + 5 + 2 models validated 3
@@ -59,7 +64,7 @@
 #                                 1 GB per round, pageable at ~10 GB/s 4.5 s each, pinned 1.2 s
 #   06 claims      35       30    claim-adamw-bert, 10 alternating rounds of two fp32 sides (0.23 s
 #                                 each): 11 + build 2; run 8 + 5 + validation 2
-#   in all        355      267    + about 1 s of bookkeeping after each step; GPU_CHECK_TOTAL 360
+#   in all        355      293    + about 1 s of bookkeeping after each step; GPU_CHECK_TOTAL 360
 #
 # No step's result depends on its budget being right: a step over its box is stopped (SIGINT,
 # then SIGKILL) with every case it finished kept, and the steps after it keep their own budgets

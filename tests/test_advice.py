@@ -164,7 +164,8 @@ def test_recommendation_ignores_techniques_that_do_nothing_on_this_device():
 
 def test_a_compiled_recommendation_says_when_compiling_pays_off():
     rows = [_row("bert-fp32", 1.0), _row("bert-fp32-compile", 0.7, compile=True,
-                                         compile_time_s=12.5, break_even_steps=41.7)]
+                                         compile_time_s=12.5, break_even_steps=41.7,
+                                         break_even_against="bert-fp32")]
     (rec,) = recommend(pd.DataFrame(rows))
     assert rec.case_id == "bert-fp32-compile"
     assert "compiling took 12.5 s, won back after 42 steps" in rec.note

@@ -199,3 +199,32 @@ def test_the_kernel_that_ran_is_named_by_the_flop_counter():
                            "aten._scaled_dot_product_efficient_attention_backward": 20,
                            "aten._scaled_mm": 40, "aten.mm": 30})
     assert cuda.attention_kernels == ["efficient"] and cuda.fp8_flops == 40
+
+
+def test_the_fp8_share_is_of_the_gemm_flops():
+    """``fp8_gemm_flops_fraction``: the float8 matmuls' FLOPs over the step's GEMM FLOPs (the
+    matrix multiplications), not over every counted FLOP (convolutions and fused attention
+    are not GEMMs an FP8 recipe converts)."""
+    from gpubench.measure.flops import FlopCount, count_flops_detailed, fp8_gemm_fraction
+
+    step = FlopCount(200, {"aten.convolution": 60,
+                           "aten._scaled_dot_product_efficient_attention": 20,
+                           "aten._scaled_mm": 90, "aten.mm": 20, "aten.addmm": 6,
+                           "aten.bmm": 4})
+    assert step.gemm_flops == 120 and step.fp8_flops == 90
+    counts = [{"flops": 200, "fp8_flops": 90, "gemm_flops": 120},
+              {"flops": 200, "fp8_flops": 90, "gemm_flops": 120}]  # two ranks
+    assert fp8_gemm_fraction(counts) == pytest.approx(0.75)  # not 90 / 200
+    assert fp8_gemm_fraction([{"flops": 60, "fp8_flops": 0, "gemm_flops": 0}]) is None
+    # A real count: a linear layer's matmuls are GEMMs, a convolution's FLOPs are not.
+    conv, linear = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(16, 8)
+    x = torch.randn(2, 3, 6, 6)
+
+    def run():
+        linear(conv(x).flatten(2)).sum().backward()
+
+    counted = count_flops_detailed(run)
+    assert 0 < counted.gemm_flops < counted.total
+    assert counted.gemm_flops == sum(n for op, n in counted.by_op.items() if "mm" in op)
+    assert fp8_gemm_fraction([{"fp8_flops": counted.fp8_flops,
+                               "gemm_flops": counted.gemm_flops}]) == 0.0

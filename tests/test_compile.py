@@ -54,6 +54,27 @@ def test_compile_cost_and_break_even_against_the_same_configuration_uncompiled()
     assert out["break_even_against"] == "resnet18-bf16"
 
 
+def test_a_compiled_record_says_its_kernels_are_the_eager_models():
+    """A compiled case's FLOPs and attention kernels come from its eager model (the count
+    traces ``_orig_mod``, not the code Inductor generated): its record says so."""
+    from types import SimpleNamespace
+
+    from gpubench.measure.runner import record
+
+    def fake_benchmark():
+        stats = SimpleNamespace(data=[0.1, 0.1, 0.1], median=0.1, iqr=0.0)
+        return SimpleNamespace(stats=SimpleNamespace(stats=stats), extra_info={})
+
+    measured = {"last_loss": 1.0, "flops_per_step": 1e9, "peak_flops_per_device": 1e12,
+                "attention_kernels": ["flash (cpu)"], "fp8_gemm_flops_fraction": 0.0}
+    sources = {}
+    for compiled in (False, True):
+        cfg = RunConfig(model="resnet18", profile="smoke", compile=compiled)
+        info = record(fake_benchmark(), cfg, dict(measured))
+        sources[compiled] = info["attention_kernels_from"]
+    assert sources == {False: "step", True: "eager model"}
+
+
 def test_compile_time_counts_the_steps_until_the_step_is_steady():
     """reduce-overhead: the first step compiles and warms the CUDA graphs up, the second
     records them (slower than a steady step), the third replays: both count, less a steady
@@ -145,7 +166,7 @@ def test_the_compile_claims():
     compile_claim, graphs = CLAIMS["compile"].text, CLAIMS["cuda-graphs"].text
     rows = [_row("bert-fp32", 1.0, noise=0.002, compile=False),
             _row("bert-fp32-compile", 0.8, noise=0.002, compile=True, group="compile",
-                 compile_time_s=12.0, break_even_steps=60.0)]
+                 compile_time_s=12.0, break_even_steps=60.0, break_even_against="bert-fp32")]
     verdicts = {v.claim: v for v in advise(pd.DataFrame(rows))}
     assert verdicts[compile_claim].verdict == "holds"
     assert "compiling took 12.0 s, won back after 60 steps" in verdicts[compile_claim].why
@@ -167,18 +188,73 @@ def test_the_compile_claims():
     assert {"bert-bf16-mb8-compile", "bert-bf16-mb8-compile-reduce-overhead"} <= ids, ids
 
 
+def test_break_even_is_against_the_same_configuration_uncompiled():
+    """A compiled case's break-even is read against its uncompiled twin (every field the same
+    but compile and its mode) measured in the run; a record paired with that twin keeps its
+    figure; without the twin there is no figure, never one against the fp32 baseline."""
+    from gpubench.analysis.results import compile_cost_words, with_compile_break_even
+
+    rows = pd.DataFrame([
+        _row("bert-fp32", 1.0),
+        # paired in its run with fp32 eager (the runner's figure, kept)
+        _row("bert-fp32-compile", 0.8, compile=True, compile_time_s=12.0, speedup_paired=1.25,
+             break_even_steps=60.0, break_even_against="bert-fp32"),
+        _row("bert-bf16", 0.5, precision="bf16"),
+        _row("bert-bf16-compile", 0.4, precision="bf16", compile=True, compile_time_s=10.0),
+        # its twin (bf16 micro-batch 1, eager) was not measured; fp32 eager and bf16 eager at
+        # the baseline's micro-batch were, and are not its configuration
+        _row("bert-bf16-mb1-compile", 0.1, precision="bf16", micro_batch=1, global_batch=1,
+             compile=True, compile_time_s=8.0),
+        # slower than its twin: no step wins compiling back
+        _row("bert-bf16-compile-max-autotune-no-cudagraphs", 0.6, precision="bf16",
+             compile=True, compile_mode="max-autotune-no-cudagraphs", compile_time_s=30.0),
+        # the same configuration in another run is not this run's twin
+        {**_row("bert-bf16", 0.45, precision="bf16"), "run": "other"},
+    ])
+    out = with_compile_break_even(rows).set_index(["run", "case_id"]).loc["r"]
+    kept = out.loc["bert-fp32-compile"]
+    assert kept["break_even_steps"] == 60.0 and kept["break_even_against"] == "bert-fp32"
+    assert kept["uncompiled_step_time_s"] == pytest.approx(kept["step_time_s"] * 1.25)
+    bf16 = out.loc["bert-bf16-compile"]
+    assert bf16["break_even_against"] == "bert-bf16"
+    saved = out.loc["bert-bf16", "step_time_s"] - bf16["step_time_s"]
+    assert bf16["break_even_steps"] == pytest.approx(10.0 / saved)
+    assert bf16["uncompiled_step_time_s"] == out.loc["bert-bf16", "step_time_s"]
+    lone = out.loc["bert-bf16-mb1-compile"]
+    assert pd.isna(lone["break_even_steps"]) and lone["break_even_against"] is None
+    assert pd.isna(lone["uncompiled_step_time_s"])
+    assert "the same configuration uncompiled was not measured" in compile_cost_words(lone)
+    slow = out.loc["bert-bf16-compile-max-autotune-no-cudagraphs"]
+    assert pd.isna(slow["break_even_steps"]) and slow["break_even_against"] == "bert-bf16"
+    assert "which no step wins back" in compile_cost_words(slow)
+    assert pd.isna(out.loc["bert-bf16", "break_even_steps"])  # not compiled: untouched
+
+
 def test_the_summary_says_what_compiling_cost():
     from gpubench.report.summary import compile_markdown
 
-    rows = pd.DataFrame([_row("bert-fp32-compile", 0.8, compile=True, compile_time_s=12.0,
-                              break_even_steps=60.0, speedup_paired=1.25, dynamo_recompiles=0),
+    rows = pd.DataFrame([_row("bert-fp32", 1.0),
+                         _row("bert-fp32-compile", 0.8, compile=True, compile_time_s=12.0,
+                              break_even_steps=60.0, break_even_against="bert-fp32",
+                              speedup_paired=1.25, dynamo_recompiles=0),
                          _row("bert-fp32-compile-x", 1.2, compile=True, compile_time_s=3.0,
-                              break_even_steps=None, speedup_paired=0.8, dynamo_recompiles=1)])
+                              compile_mode="max-autotune-no-cudagraphs", speedup_paired=0.8,
+                              dynamo_recompiles=1),
+                         _row("bert-bf16-compile", 0.4, precision="bf16", compile=True,
+                              compile_time_s=10.0, dynamo_recompiles=0)])
     text = compile_markdown(rows)
     assert "pays off after (steps)" in text
-    row = next(line for line in text.splitlines() if line.startswith("| bert-fp32-compile "))
-    assert [c.strip() for c in row.strip("|").split("|")][-2:] == ["60", "0"]
-    assert "never (no saving)" in text
+
+    def cells(case):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {case} "))
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    assert cells("bert-fp32-compile")[-2:] == ["60", "0"]
+    assert cells("bert-fp32-compile")[3] == "bert-fp32"
+    assert cells("bert-fp32-compile-x")[-2] == "never (no saving)"
+    # fp32 eager is there, bf16 eager is not: no figure against the wrong configuration
+    assert cells("bert-bf16-compile")[3:] == ["-", "-", "not known (uncompiled twin not "
+                                                       "measured)", "0"]
     assert compile_markdown(pd.DataFrame([_row("bert-fp32", 1.0)])) == ""
 
 

@@ -356,6 +356,8 @@ def test_setup_builds_no_model(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     setup = json.loads((tmp_path / "work" / "setup" / "setup.json").read_text())
     assert setup["selections"]["headline"]["k"].startswith("test_step[resnet50-fp32] or ")
+
+
 def test_the_other_steps_tables_list_their_records():
     """The more, loader, transfer and claims sections of gpu_check.md, each only when it has
     records."""

@@ -1,6 +1,6 @@
-"""Activation offloading (``offload``: ``torch.autograd.graph.save_on_cpu``): its hooks surround
-the step, a broken offload fails the training check, its count is the plain step's, and its
-claim is judged from the OOM frontier and the case's speed."""
+"""Activation offloading (``offload``: ``ActivationOffload``, on the CPU ``save_on_cpu``): its
+hooks surround the step, a broken offload fails the training check, its count is the plain
+step's, and its claim is judged from the OOM frontier and the case's speed."""
 
 from __future__ import annotations
 

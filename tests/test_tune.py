@@ -194,10 +194,22 @@ def test_the_snippet_sets_attention_offload_and_fp8():
     assert ('convert_to_float8_training(model, module_filter_fn=_auto_filter_for_recipe('
             '"tensorwise", filter_fqns=[]))') in code and "torch.bfloat16" in code
     assert "sdpa_kernel(SDPBackend.FLASH_ATTENTION)" in code
+    # The offload the case measured: gpubench's side-stream hooks, not save_on_cpu (whose
+    # device-to-host copy blocks on some torch versions).
+    assert "save_on_cpu" not in code
+    assert "from gpubench.train.implementations import ActivationOffload" in code
+    assert 'offload = ActivationOffload("cuda")' in code
     # The forward runs under the contexts; backward after them (outside autocast).
-    after = code.split("save_on_cpu(pin_memory=True):")[1].splitlines()
+    after = code.split("offload.saved_tensors():")[1].splitlines()
     assert after[1].strip().startswith("loss =")
     assert after[2] == "        loss.backward()"
+    # The name the snippet imports is the technique's own hooks.
+    from gpubench.train import implementations
+    from gpubench.train.config import RunConfig
+
+    measured = implementations.Offload(True, RunConfig(model="bert", device="cuda",
+                                                       offload=True))
+    assert isinstance(measured._offload, implementations.ActivationOffload)
 
 
 def test_the_snippet_trains_a_model_as_written():
@@ -215,6 +227,7 @@ def test_the_snippet_trains_a_model_as_written():
 
     scope = {"build_model": build_model, "loader_of": loader_of,
              "loss_fn": torch.nn.functional.mse_loss}
+    assert "torch.autograd.graph.save_on_cpu(pin_memory=False)" in code  # what the CPU ran
     exec(compile(code, "snippet", "exec"), scope)
     assert not torch.equal(build_model().weight, scope["model"].weight)
 

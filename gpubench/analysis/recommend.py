@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from gpubench.analysis.results import numbers, with_baseline_ratios
+from gpubench.analysis.results import compile_cost_words, numbers, with_baseline_ratios
 from gpubench.analysis.speed import (
     SpeedComparison,
     _speed_vs_baseline,
@@ -188,11 +188,7 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                       f"baseline's recipe to beat FP32 significantly (p < {alpha:.2g}, "
                       f"Bonferroni over {len(sub) - 1}) by {MIN_EFFECT:.0%} or more")
         if best is not baseline and pd.notna(best.get("compile_time_s")):
-            even = best.get("break_even_steps")
-            note = "; ".join(filter(None, [
-                f"compiling took {best['compile_time_s']:.1f} s, won back after "
-                + (f"{even:,.0f} steps" if pd.notna(even) else "no step count measured"),
-                note]))
+            note = "; ".join(filter(None, [compile_cost_words(best), note]))
         passed = _passed_over(measured, baseline, best, eligible, inert,
                               budget_bytes, alpha, len(sub) - 1)
         out.append(Recommendation(model, best["case_id"], best_speed.ratio, best_speed.low,

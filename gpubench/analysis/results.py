@@ -306,19 +306,26 @@ def upgrade(extra: dict) -> dict:
     record without ``schema`` (version 0) is a benchmark case where it has no ``kind``, was
     built from its ``model`` where it has no ``workload`` spec, and ran every technique
     declared since at its default. A record of a newer version than this gpubench knows is
-    read as it is (its unknown fields pass through)."""
+    read as it is (its unknown fields pass through). Before version 2, a record's
+    ``fp8_flops_fraction`` was a share of all its counted FLOPs; it is read as
+    ``fp8_gemm_flops_fraction`` (a share of the GEMM FLOPs) where it was 0, the same in both,
+    else as unknown (the record lacks the GEMM FLOPs to convert it)."""
     version = extra.get("schema")
     if not isinstance(version, int) or isinstance(version, bool):
         version = 0
     if version >= SCHEMA_VERSION:
         return extra
     out = dict(extra)
-    out.setdefault("kind", "step")
-    if out["kind"] == "step" and "model" in out:  # a gpubench record (not a foreign one)
-        if not out.get("workload") and isinstance(out.get("model"), str):
-            out["workload"] = out["model"]
-        for t in TECHNIQUES:
-            out.setdefault(t.field, t.default)
+    if version < 1:
+        out.setdefault("kind", "step")
+        if out["kind"] == "step" and "model" in out:  # a gpubench record (not a foreign one)
+            if not out.get("workload") and isinstance(out.get("model"), str):
+                out["workload"] = out["model"]
+            for t in TECHNIQUES:
+                out.setdefault(t.field, t.default)
+    if version < 2 and "fp8_flops_fraction" in out:
+        share = out.pop("fp8_flops_fraction")
+        out["fp8_gemm_flops_fraction"] = share if share == 0 else None
     out["schema"] = SCHEMA_VERSION
     return out
 
@@ -500,7 +507,9 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     ratio of separately measured medians ("separate", no interval). A case paired with the
     baseline's worker process has that figure scaled by ``speedup_offset``, the baseline case's
     step time over the worker's (see the code), so that it agrees with the samples/s ratio.
-    ``memory_ratio`` compares ``training_memory_bytes`` (see ``training_memory``)."""
+    ``memory_ratio`` compares ``training_memory_bytes`` (see ``training_memory``). Compiled
+    cases get their break-even against the same configuration uncompiled
+    (``with_compile_break_even``)."""
     df = df.copy()
     df["training_memory_bytes"] = training_memory(df)
     df["baseline_run"] = baseline_runs(df)
@@ -549,7 +558,7 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
         df["speedup_method"] == "paired", df["base_samples_per_s"].astype(float))
     df["memory_ratio"] = df["training_memory_bytes"] / df["base_training_memory_bytes"]
     df["batch_factor"] = numbers(df["global_batch"]) / numbers(df["base_global_batch"])
-    return with_plausibility(with_scaling(df))
+    return with_compile_break_even(with_plausibility(with_scaling(df)))
 
 
 def numbers(values: pd.Series) -> pd.Series:
@@ -728,3 +737,83 @@ def twin(frame: pd.DataFrame, row, vary: Iterable[str]) -> pd.Series | None:
         mask &= frame["step_time_s"].notna()
     hits = frame[mask]
     return hits.iloc[0] if len(hits) else None
+
+
+UNCOMPILED = ("compile", "compile_mode")
+"""The fields a compiled case differs in from its uncompiled twin."""
+
+
+def with_compile_break_even(df: pd.DataFrame) -> pd.DataFrame:
+    """Each compiled case's ``break_even_steps`` (its ``compile_time_s`` over the seconds each
+    step saves) against the same configuration uncompiled, its *uncompiled twin* (every
+    ``CONFIG_FIELDS`` field equal but ``compile`` and ``compile_mode``), named in
+    ``break_even_against``, whose step time (in the case's batch) is added as
+    ``uncompiled_step_time_s``:
+
+    - a record that already names ``break_even_against`` was paired in its run with that twin
+      (an fp32 compiled case with the fp32 baseline; ``gpubench.measure.runner.compile_cost``):
+      its drift-robust figure is kept, the twin's step time being the case's times
+      ``speedup_paired``;
+    - otherwise the twin measured in the same run (``twin``), from its median step time;
+    - otherwise none was measured: ``break_even_steps``, ``break_even_against`` and
+      ``uncompiled_step_time_s`` are null. Never a figure against another configuration: a bf16
+      compiled case against the fp32 baseline would credit bf16's saving to compiling.
+
+    ``break_even_steps`` is null also where the compiled step saves nothing against its twin
+    (``break_even_against`` set)."""
+    df = df.copy()
+    if "compile_time_s" not in df or "step_time_s" not in df:
+        return df
+    compiled = numbers(df["compile_time_s"]).notna()
+    steps = ((df["kind"].isna() | (df["kind"] == "step")).fillna(False).astype(bool)
+             if "kind" in df else pd.Series(True, index=df.index))
+    flag = ((df["compile"] == True).fillna(False).astype(bool)  # noqa: E712
+            if "compile" in df else compiled)
+    eager = steps & ~flag & numbers(df["step_time_s"]).notna()
+    even = numbers(df.get("break_even_steps", pd.Series(float("nan"), index=df.index)))
+    against = df.get("break_even_against", pd.Series(None, index=df.index, dtype=object))
+    out_even, out_against, out_uncompiled = [], [], []
+    for i, row in df.iterrows():
+        kept = against.loc[i] if isinstance(against.loc[i], str) else None
+        if not compiled.loc[i]:
+            out_even.append(even.loc[i])
+            out_against.append(kept)
+            out_uncompiled.append(float("nan"))
+            continue
+        step = float(row["step_time_s"])
+        if kept is not None:  # paired in its run with its uncompiled twin
+            paired = row.get("speedup_paired")
+            paired = float("nan") if _missing_value(paired) else float(paired)
+            out_even.append(even.loc[i])
+            out_against.append(kept)
+            out_uncompiled.append(step * paired)
+            continue
+        pool = df[eager & (df["run"] == row["run"])] if "run" in df else df[eager]
+        other = twin(pool, row, vary=UNCOMPILED)
+        if other is None:
+            out_even.append(float("nan"))
+            out_against.append(None)
+            out_uncompiled.append(float("nan"))
+            continue
+        uncompiled = float(other["step_time_s"])
+        saved = uncompiled - step
+        out_even.append(float(row["compile_time_s"]) / saved if saved > 0 else float("nan"))
+        out_against.append(other["case_id"])
+        out_uncompiled.append(uncompiled)
+    df["break_even_steps"] = pd.Series(out_even, index=df.index, dtype="float64")
+    df["break_even_against"] = pd.Series(out_against, index=df.index, dtype=object)
+    df["uncompiled_step_time_s"] = pd.Series(out_uncompiled, index=df.index, dtype="float64")
+    return df
+
+
+def compile_cost_words(row) -> str:
+    """What compiling cost a case and the steps after which it is won back, in words (the
+    advice's and the recommendations'): from ``with_compile_break_even``'s columns."""
+    text = f"compiling took {row['compile_time_s']:.1f} s, "
+    even = row.get("break_even_steps")
+    if not _missing_value(even):
+        return text + f"won back after {even:,.0f} steps"
+    if isinstance(row.get("break_even_against"), str):
+        return text + f"which no step wins back (no faster than {row['break_even_against']})"
+    return (text + "won back after steps not known: the same configuration uncompiled was not "
+            "measured")

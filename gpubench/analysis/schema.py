@@ -121,11 +121,21 @@ METRICS: tuple[Metric, ...] = (
     Metric(("scaling_efficiency", "single_case_id"), (None, "str"), "ratio",
            "parallel cases: samples/s / (devices x samples/s of ``single_case_id``, the "
            "single-device case with the same per-device settings)"),
-    Metric(("attention_kernels", "fp8_flops_fraction"), (None, "float>=0"), "names, ratio",
+    Metric(("attention_kernels", "fp8_gemm_flops_fraction"), (None, "float>=0"), "names, ratio",
            "the fused attention kernels the step ran (flash, efficient, cudnn, flash (cpu); "
            "empty: none, the math path's matmuls), seen by the FLOP counter as their ops; and "
-           "the share of the step's counted FLOPs run as float8 matmuls (``torch._scaled_mm``, "
-           "torchao's float8 linears)"),
+           "the share of the step's GEMM FLOPs (its matrix multiplications, "
+           "``gpubench.measure.flops.GEMM_OPS``: linear layers, the math attention path's "
+           "products; not convolutions or fused attention) run as float8 matmuls "
+           "(``torch._scaled_mm``, torchao's float8 linears), null where it ran none. Records "
+           "before version 2 held ``fp8_flops_fraction``, a share of all counted FLOPs, read "
+           "as this where it was 0"),
+    Metric(("attention_kernels_from",), "str", "",
+           "what ``attention_kernels`` (and the FLOP count) traced: ``step``, the step the case "
+           "timed; ``eager model``, a compiled case's eager model (``_orig_mod``), whose "
+           "kernels are the eager trace's, not necessarily what the compiled code ran (under "
+           "torch.compile transformers may pass SDPA a materialised mask, which rules flash "
+           "out: docs/gpu.md)"),
     Metric(("first_step_s", "compile_time_s", "break_even_steps", "break_even_against"),
            ("float>=0", "float>=0", "float>=0", "str"), "s, steps",
            "the training check's first step (with torch.compile: its compilation); compile "
@@ -134,8 +144,14 @@ METRICS: tuple[Metric, ...] = (
            "capture, ``compile_steps`` steps), compiled into a fresh Inductor and Triton "
            "cache, and the steps after which compiling has paid off "
            "(compile time / seconds saved per step against ``break_even_against``, the same "
-           "configuration uncompiled: the paired baseline where it is that; null where it was "
-           "not measured or the compiled step saves nothing)"),
+           "configuration uncompiled: the paired baseline where it is that; null in the record "
+           "otherwise, and filled where results are read from the twin measured in the same run "
+           "(``gpubench.analysis.results.with_compile_break_even``); null where no twin was "
+           "measured or the compiled step saves nothing)"),
+    Metric(("uncompiled_step_time_s",), None, "s",
+           "compiled cases: the step time of ``break_even_against``, the same configuration "
+           "uncompiled, that ``break_even_steps`` compares with (null: not measured)",
+           kind="derived"),
     Metric(("check_step_times_s",), "floats>0", "s",
            "each training step of the check, the device synchronized after it (the slowest "
            "rank's): what ``compile_time_s`` is read from"),

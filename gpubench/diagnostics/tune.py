@@ -830,6 +830,13 @@ def snippet(result: TuneResult) -> str:
     lines.append(f"optimizer = {optimizer}")
     if c["precision"] == "fp16":
         lines.append(f'scaler = torch.amp.GradScaler("{dev}")')
+    if c.get("offload") and dev == "cuda":
+        # The hooks the case measured (pinned copies on a side stream, non_blocking), not
+        # save_on_cpu, whose copies block on some torch versions.
+        lines += ["from gpubench.train.implementations import ActivationOffload",
+                  "# the measured case's activation offload: each saved tensor copied to pinned",
+                  "# host memory on a side stream, non_blocking, and back in backward",
+                  'offload = ActivationOffload("cuda")']
     if c["compile"]:
         mode = "" if c["compile_mode"] == "default" else f', mode="{c["compile_mode"]}"'
         lines.append(f"model = torch.compile(model{mode})")
@@ -850,8 +857,10 @@ def snippet(result: TuneResult) -> str:
                    "cudnn": "CUDNN_ATTENTION", "math": "MATH"}[c["attention"]]
         contexts.append(f"sdpa_kernel(SDPBackend.{backend})")
     if c.get("offload"):  # the forward's saved tensors go to host memory, and come back in
-        # backward, which runs outside the contexts (as autocast wants)
-        contexts.append(f"torch.autograd.graph.save_on_cpu(pin_memory={dev == 'cuda'})")
+        # backward, which runs outside the contexts (as autocast wants): on CUDA the measured
+        # case's hooks (``ActivationOffload``), on the CPU the save_on_cpu they run there
+        contexts.append("offload.saved_tensors()" if dev == "cuda"
+                        else "torch.autograd.graph.save_on_cpu(pin_memory=False)")
     backward = "loss.backward()" if c["precision"] != "fp16" else "scaler.scale(loss).backward()"
     if contexts:
         lines += [f"        with {', '.join(contexts)}:", f"            {body}"]

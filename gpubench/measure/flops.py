@@ -187,6 +187,27 @@ class FlopCount:
         run): the GEMM work that ran in FP8."""
         return sum(n for op, n in self.by_op.items() if op.startswith("aten._scaled_mm"))
 
+    @property
+    def gemm_flops(self) -> int:
+        """FLOPs of the matrix multiplications (``GEMM_OPS``), float8 ones included: the
+        work an FP8 recipe could run in float8, what ``fp8_flops`` is a share of."""
+        return sum(n for op, n in self.by_op.items()
+                   if op.removeprefix("aten.").split(".")[0] in GEMM_OPS)
+
+
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_scaled_grouped_mm", "_grouped_mm",
+            "_int_mm")
+"""The matrix multiplications (GEMMs) as the FLOP counter names them after its decompositions
+(a linear layer is ``addmm`` or ``mm``; the math attention path's products are ``bmm``), float8
+and integer ones included. Convolutions and the fused attention kernels are not among them."""
+
+
+def fp8_gemm_fraction(counts: list[dict]) -> float | None:
+    """The share of a step's GEMM FLOPs that ran in FP8 (``fp8_flops`` over ``gemm_flops``,
+    summed over the processes' ``counts``); None where the step ran no GEMM."""
+    gemm = sum(c.get("gemm_flops", 0) for c in counts)
+    return sum(c.get("fp8_flops", 0) for c in counts) / gemm if gemm else None
+
 
 ATTENTION_KERNELS = {
     "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",

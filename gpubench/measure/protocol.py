@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from gpubench.launchers.workers import DEFAULT_TIMEOUT_S, WorkerTimeout
-from gpubench.measure.flops import counting_flops
+from gpubench.measure.flops import counting_flops, fp8_gemm_fraction
 from gpubench.measure.memory import (
     SavedActivations,
     allocator_counters,
@@ -378,6 +378,7 @@ class CaseProgram:
                          "uncounted_ops": counted.result.uncounted_ops,
                          "attention_kernels": counted.result.attention_kernels,
                          "fp8_flops": counted.result.fp8_flops,
+                         "gemm_flops": counted.result.gemm_flops,
                          "activation_bytes": saved.per_micro_batch_bytes}
 
     def count(self) -> dict:
@@ -730,10 +731,9 @@ def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
         "hardware_flops_per_step": sum(flops),
         "model_flops_per_step": sum(c.get("model_flops", c["flops"]) for c in counts),
         "uncounted_ops": sorted({op for c in counts for op in c["uncounted_ops"]}),
-        # The attention kernel that ran, and the share of the FLOPs run as float8 matmuls.
+        # The attention kernel that ran, and the share of the GEMM FLOPs run in float8.
         "attention_kernels": sorted({k for c in counts for k in c.get("attention_kernels", [])}),
-        "fp8_flops_fraction": (sum(c.get("fp8_flops", 0) for c in counts) / sum(flops)
-                               if sum(flops) else None),
+        "fp8_gemm_flops_fraction": fp8_gemm_fraction(counts),
         "activation_bytes": max(c["activation_bytes"] for c in counts),
         # taken from the previous case, whose count this one's equals (``count_key``)
         "count_reused": all(c.get("count_reused", False) for c in counts),

@@ -203,6 +203,8 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         "step_time_iqr_s": stats.iqr,
         "samples_per_s": global_batch / step_time_s,
         **measured,
+        # A compiled case is counted on its eager model: the kernels named are the eager ones.
+        "attention_kernels_from": "eager model" if cfg.compile else "step",
         "tflops": achieved / 1e12,
         "hardware_tflops": hardware / 1e12,
         "peak_tflops": peak / 1e12,
@@ -262,8 +264,10 @@ def compile_cost(info: dict, cfg: RunConfig | None = None,
     time over the seconds each step saves against the *same configuration uncompiled*
     (``break_even_against``): ``uncompiled_step_s`` where its step time is known, else the
     paired baseline when that is the same configuration uncompiled (an fp32 compiled case
-    against fp32 eager), else None (a bf16 compiled case against the fp32 baseline would credit
-    bf16's saving to compiling). None also where the compiled step saves nothing."""
+    against fp32 eager), else None here (a bf16 compiled case against the fp32 baseline would
+    credit bf16's saving to compiling): the run's records are read together afterwards, and
+    ``gpubench.analysis.results.with_compile_break_even`` takes the twin's step time from
+    them where it was measured. None also where the compiled step saves nothing."""
     first, step = info.get("first_step_s"), info["step_time_s"]
     if first is None:
         return {}

@@ -8,6 +8,8 @@ this one, in one place.
   (a benchmark case), ``workload`` may be missing (the spec was the ``model``), and techniques
   added since are missing (their default).
 - 1: every record has ``schema``, ``kind`` and ``workload``.
+- 2: ``fp8_gemm_flops_fraction`` (float8 FLOPs over the GEMM FLOPs) replaces
+  ``fp8_flops_fraction`` (over all counted FLOPs).
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2

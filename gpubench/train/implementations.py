@@ -85,29 +85,31 @@ class ExpandableSegments(Implementation):
         return None
 
 
-class Offload(Implementation):
-    """Every tensor autograd saves in the micro-batch's forward goes to host memory, and comes
-    back in its backward. Inside an activation-checkpointed block, checkpointing's own hooks
-    apply (what it keeps are the block's inputs, offloaded by this outside it).
+class ActivationOffload:
+    """The tensors autograd saves in a forward go to host memory, and come back in its
+    backward: run the forward under ``saved_tensors()``. The ``offload`` technique's hooks,
+    importable as they are measured (``gpubench tune``'s snippet does: ``offload =
+    ActivationOffload("cuda")`` once, then ``with offload.saved_tensors():`` around each
+    forward).
 
     On CUDA the hooks are gpubench's own rather than ``torch.autograd.graph.save_on_cpu``,
     whose packing changed between releases (torch 2.11's copies to pinned memory with a
     *blocking* device-to-host copy, so the forward waits for every copy; later releases copy
-    with ``non_blocking``), which would make the case's time, and the offload verdict, depend
-    on the torch version. Here, on every version: each saved tensor is copied into page-locked
-    host memory on a side stream (after the work that produced it), ``non_blocking``, so the
-    copies overlap the forward; the device tensor is kept from reuse until its copy has run
+    with ``non_blocking``), which would make the time, and the offload verdict, depend on the
+    torch version. Here, on every version: each saved tensor is copied into page-locked host
+    memory on a side stream (after the work that produced it), ``non_blocking``, so the copies
+    overlap the forward; the device tensor is kept from reuse until its copy has run
     (``record_stream``); the backward's stream waits for the copy's event before copying it
-    back, ``non_blocking``. The pinned blocks the case used are handed back at its end
-    (``release_pinned_memory``). On the CPU: ``save_on_cpu`` (the activations already live in
-    host memory)."""
+    back, ``non_blocking``. On the CPU: ``save_on_cpu`` (the activations already live in host
+    memory)."""
 
-    def __init__(self, value: Any, cfg: RunConfig) -> None:
-        super().__init__(value, cfg)
+    def __init__(self, device: str) -> None:
+        self.device = str(device)
         self._stream = None
 
-    def forward(self) -> contextlib.AbstractContextManager:
-        if self.cfg.device != "cuda":
+    def saved_tensors(self) -> contextlib.AbstractContextManager:
+        """The context to run a forward in (its backward may run outside it)."""
+        if not self.device.startswith("cuda"):
             return torch.autograd.graph.save_on_cpu(pin_memory=False)
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
@@ -134,6 +136,22 @@ class Offload(Implementation):
             return host
         torch.cuda.current_stream(device).wait_event(done)
         return host.to(device, non_blocking=True)
+
+
+class Offload(Implementation):
+    """Every tensor autograd saves in the micro-batch's forward goes to host memory, and comes
+    back in its backward (``ActivationOffload``: on CUDA pinned copies on a side stream,
+    ``non_blocking``, the same on every torch version). Inside an activation-checkpointed
+    block, checkpointing's own hooks apply (what it keeps are the block's inputs, offloaded by
+    this outside it). The pinned blocks the case used are handed back at its end
+    (``release_pinned_memory``)."""
+
+    def __init__(self, value: Any, cfg: RunConfig) -> None:
+        super().__init__(value, cfg)
+        self._offload = ActivationOffload(cfg.device)
+
+    def forward(self) -> contextlib.AbstractContextManager:
+        return self._offload.saved_tensors()
 
 
 def release_pinned_memory() -> bool:

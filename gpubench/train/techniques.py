@@ -239,8 +239,10 @@ TECHNIQUES: tuple[Technique, ...] = (
         "offload", "bool", default=False, tag="offload", counted=False,
         help="Activation offloading: the tensors autograd saves for backward are copied to "
              "host memory in forward and back to the device in backward "
-             "(``torch.autograd.graph.save_on_cpu``, pinned on CUDA): device memory for the "
-             "price of the copies; an alternative to checkpointing, or beside it.",
+             "(on CUDA pinned copies on a side stream, ``non_blocking``: "
+             "``gpubench.train.implementations.ActivationOffload``; on the CPU "
+             "``torch.autograd.graph.save_on_cpu``): device memory for the price of the copies; "
+             "an alternative to checkpointing, or beside it.",
         implementation="gpubench.train.implementations:Offload",
         inert_on_cpu=lambda v: "offload (activations already live in host memory: only the "
         "copies remain)" if v is True else None,

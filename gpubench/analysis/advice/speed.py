@@ -15,6 +15,7 @@ from gpubench.analysis.advice.cases import (
     _not_applicable,
     _range,
 )
+from gpubench.analysis.results import compile_cost_words
 from gpubench.analysis.speed import (
     SpeedComparison,
     compare_speed,
@@ -115,10 +116,7 @@ def check_compile(c: _Cases) -> list[Verdict]:
     speed, basis = c.speed(spec.key, base, row)
     why = basis
     if pd.notna(row.get("compile_time_s")):
-        even = row.get("break_even_steps")
-        why += (f"; compiling took {row['compile_time_s']:.1f} s, "
-                + ("which no step wins back" if pd.isna(even)
-                   else f"won back after {even:,.0f} steps"))
+        why += "; " + compile_cost_words(row)
     return [Verdict(c.model, spec.text, speed.describe(), speed.judge(spec.parts["time"]), why,
                     "speedup.png")]
 
