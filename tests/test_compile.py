@@ -5,6 +5,7 @@ claims about compiling and CUDA graphs."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -105,6 +106,22 @@ def tiny(profile: str = "smoke"):
         micro_batch=4, loss_fn=nn.functional.cross_entropy)
 
 
+def tinyconv(profile: str = "smoke"):
+    """A convolution, batch norm in training mode and a linear head: what a CNN's compiled step
+    holds (the norm's running statistics updated in the graph) in a few kernels."""
+    import torch
+    from torch import nn
+
+    from gpubench import Workload
+
+    return Workload(name="tinyconv", build_model=lambda: nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)),
+        make_batch=lambda n, g: (torch.randn(n, 3, 16, 16, generator=g),
+                                 torch.randint(0, 4, (n,), generator=g)),
+        micro_batch=4, loss_fn=nn.functional.cross_entropy)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on the CPU needs a C++ compiler")
@@ -114,7 +131,6 @@ def test_each_compiled_case_compiles_into_a_fresh_cache_of_its_own():
     every graph), each compiles in a folder of its own, removed when the case closes, and the
     environment is as it was after."""
     import os
-    from pathlib import Path
 
     from gpubench.train.checks import CHECK_STEPS
 
@@ -146,8 +162,9 @@ def test_each_compiled_case_compiles_into_a_fresh_cache_of_its_own():
                     reason="torch.compile on the CPU needs a C++ compiler")
 def test_a_compiled_case_trains_compiles_in_its_first_step_and_counts_as_eager():
     counts, firsts = {}, {}
-    for cfg in (RunConfig(model="resnet18", profile="smoke"),
-                RunConfig(model="resnet18", profile="smoke", compile=True)):
+    model = f"{Path(__file__).resolve()}:tinyconv"
+    for cfg in (RunConfig(model=model, profile="smoke"),
+                RunConfig(model=model, profile="smoke", compile=True)):
         protocol._LAST_COUNT.clear()
         program = CaseProgram(0, 1, cfg)
         try:
