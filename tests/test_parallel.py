@@ -72,16 +72,26 @@ def test_model_parallel_matches_unsplit_model():
 
 
 class PipelineOneStep:
-    def __init__(self, rank, world_size, cfg):
-        self.rank, self.cfg = rank, cfg
+    """One pipeline step of any configuration ``run`` is given, in ranks started once."""
 
-    def run(self):
-        case = build(self.cfg, self.rank)
-        k = self.cfg.accum_steps
-        inputs, targets = _global_batch(self.cfg, self.cfg.micro_batch * k)
+    def __init__(self, rank, world_size):
+        self.rank = rank
+
+    def run(self, cfg):
+        case = build(cfg, self.rank)
+        k = cfg.accum_steps
+        inputs, targets = _global_batch(cfg, cfg.micro_batch * k)
         loss = case.step(iter(zip(inputs.chunk(k), targets.chunk(k), strict=True)))
         params = {n: p.detach().clone() for n, p in case.model.stage.named_parameters()}
-        return params, None if loss is None else loss.item()
+        return params, None if loss is None else loss.item(), torch.get_num_threads()
+
+
+@pytest.fixture(scope="module")
+def pipeline_ranks():
+    """Two ranks for every pipeline configuration of this module: each configuration is built
+    afresh in them, as a run's consecutive cases are (the ranks' start-up paid once)."""
+    with WorkerGroup(2, PipelineOneStep, ()) as group:
+        yield group
 
 
 @pytest.mark.parametrize("model, schedule, accum", [
@@ -90,19 +100,21 @@ class PipelineOneStep:
     # accumulated from the first micro-batch by the chunk count a second time.
     ("bert", "1f1b", 2)])
 @pytest.mark.slow
-def test_pipeline_step_equals_unsplit_model_accumulating_over_chunks(model, schedule, accum):
+def test_pipeline_step_equals_unsplit_model_accumulating_over_chunks(model, schedule, accum,
+                                                                    pipeline_ranks):
     cfg = RunConfig(model=model, profile="smoke", parallel="pipeline", world_size=2,
                     micro_batch=8, chunks=4, schedule=schedule, accum_steps=accum)
-    with WorkerGroup(2, PipelineOneStep, (cfg,)) as group:
-        results = group.call("run")
-    # The unsplit model trained on the same samples as 4 * accum accumulated chunks of 2.
+    results = pipeline_ranks.call("run", cfg)
+    # The unsplit model trained on the same samples as 4 * accum accumulated chunks of 2, at the
+    # ranks' thread count (batch norm's reductions are ordered by it).
+    torch.set_num_threads(results[0][2])
     n = 4 * accum
     single = build(RunConfig(model=model, profile="smoke", micro_batch=2, accum_steps=n))
     inputs, targets = _global_batch(cfg, 8 * accum)
     loss = single.step(iter(zip(inputs.chunk(n), targets.chunk(n), strict=True)))
     assert results[1][1] == pytest.approx(loss.item(), rel=1e-5)
     stages = single.workload.stages(single.model.net, 2)
-    for rank, (params, _) in enumerate(results):
+    for rank, (params, _, _) in enumerate(results):
         for name, p in stages[rank].named_parameters():
             torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=PARAM_ATOL)
 
