@@ -100,7 +100,7 @@ def test_recommendation_keeps_the_effective_batch_and_optimizer():
 def test_hardware_claims_are_not_guessed_on_the_cpu():
     rows = [_row("bert-fp32", 1.0), _row("bert-fp32-emptycache", 1.0, empty_cache=True),
             _row("bert-fp32-ddp2", 1.5, parallel="ddp", world_size=2, global_batch=16,
-                 single_case_id="bert-fp32")]
+                 micro_batch=8, single_case_id="bert-fp32")]
     verdicts = dict(_verdicts(rows))
     assert verdicts["DDP cuts training time to ~1/N"] == "not testable here"
     assert verdicts["torch.cuda.empty_cache() after every step helps"] == "not testable here"

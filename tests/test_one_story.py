@@ -1,7 +1,9 @@
 """One story on the page, on a real run's results (``tests/data/cpu-run.json``, a frozen CPU
 run): one speedup whose samples/s agree with it, the baseline at 1.00x wherever it is shown,
-and every lookup of a case's partner (baseline, cold case's warm twin, loader grid) matching it
-on every configuration field but those it varies, with decoys beside it."""
+and every lookup of a case's partner (baseline, cold case's warm twin, loader grid, the
+accumulation chart's points, a parallel case's single-device case, a claim's two sides and its
+interleaved pair, the advice's accumulation, DDP, loader and storage cases) matching it on
+every configuration field but those it varies, with decoys beside it."""
 
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ import pytest
 from records import results_file, step_record  # tests/ on sys.path
 
 from gpubench.analysis.advice import _Cases, advice_markdown
+from gpubench.analysis.advice.loader import check_loader_workers, check_storage
+from gpubench.analysis.advice.parallel import check_ddp
+from gpubench.analysis.advice.speed import check_accumulation
 from gpubench.analysis.answer import answer_markdown
 from gpubench.analysis.results import load_results, twin, with_baseline_ratios
-from gpubench.report.charts import loader_grid
+from gpubench.report.charts import accumulation_points, loader_grid, scaling_points
 from gpubench.report.summary import storage_markdown, summary_frame, summary_markdown
 
 RUN = Path(__file__).resolve().parent / "data" / "cpu-run.json"
@@ -110,6 +115,199 @@ def test_a_twin_differs_only_in_the_fields_it_varies(tmp_path):
     # The advice finds cases by configuration the same way.
     cases = _Cases(with_baseline_ratios(df), "bert")
     assert cases.find(num_workers=2, **LOADER)["case_id"] == "bert-fp32-tokens-mmap-w2"
+
+
+def _grouped(group: str, record: dict) -> dict:
+    """``record`` as a case of the technique group ``group`` (its ``group`` field)."""
+    record["extra_info"]["group"] = group
+    return record
+
+
+def test_the_accumulation_chart_draws_the_baselines_configuration_only(tmp_path):
+    """Every point is the baseline but for k and the micro-batch: accumulation cases of
+    another precision, optimizer, layout, loader, compile or world size stay off its lines."""
+    accum = {"accum_steps": 4, "is_baseline": False}
+    quarter = {**accum, "micro_batch": 2}
+    df = _file(
+        tmp_path,
+        _grouped("precision", step_record("bert-fp32", (0.1,) * 3)),
+        # decoys first, each another configuration in one field
+        _grouped("accumulation", step_record("bert-bf16-accum4-mb2", (0.3,) * 3,
+                                             precision="bf16", **quarter)),
+        _grouped("accumulation", step_record("bert-fp32-adam-accum4-mb2", (0.3,) * 3,
+                                             optimizer="adam", **quarter)),
+        _grouped("accumulation", step_record("bert-fp32-cl-accum4", (0.3,) * 3,
+                                             channels_last=True, global_batch=32, **accum)),
+        _grouped("accumulation", step_record("bert-fp32-accum4-tokens-mmap", (0.3,) * 3,
+                                             global_batch=32, **accum, **LOADER)),
+        _grouped("accumulation", step_record("bert-fp32-compile-accum4-mb2", (0.3,) * 3,
+                                             compile=True, **quarter)),
+        _grouped("accumulation", step_record("bert-fp32-accum4-mb2-ddp2", (0.3,) * 3,
+                                             parallel="ddp", world_size=2, global_batch=16,
+                                             **quarter)),
+        _grouped("accumulation", step_record("bert-fp32-accum4-mb2", (0.2,) * 3, **quarter)),
+        _grouped("accumulation", step_record("bert-fp32-accum4", (0.4,) * 3, global_batch=32,
+                                             **accum)))
+    points = accumulation_points(df)
+    lines = {mode: sorted(g["case_id"]) for mode, g in points.groupby("mode")}
+    assert lines == {
+        "constant effective batch (smaller micro-batches)": ["bert-fp32", "bert-fp32-accum4-mb2"],
+        "constant micro-batch (larger effective batch)": ["bert-fp32", "bert-fp32-accum4"]}
+
+
+def test_a_parallel_case_scales_against_its_own_single_device_case(tmp_path):
+    """The scaling table's efficiency and the chart's world-size-1 point read the same
+    configuration on one device: not a record of another kind under its case id, nor a
+    single-device case of another precision, optimizer or micro-batch listed first."""
+    df = _file(
+        tmp_path,
+        step_record("bert-fp32", (0.5,) * 3, kind="transfer", workload="bert",
+                    samples_per_s=10.0),
+        step_record("bert-bf16", (0.05,) * 3, is_baseline=False, precision="bf16",
+                    samples_per_s=160.0),
+        step_record("bert-fp32-adam", (0.05,) * 3, is_baseline=False, optimizer="adam",
+                    samples_per_s=160.0),
+        step_record("bert-fp32-mb16", (0.05,) * 3, is_baseline=False, micro_batch=16,
+                    global_batch=16, samples_per_s=160.0),
+        step_record("bert-fp32", (0.1,) * 3, samples_per_s=80.0),
+        step_record("bert-fp32-ddp2", (0.1,) * 3, is_baseline=False, parallel="ddp",
+                    world_size=2, global_batch=16, samples_per_s=120.0,
+                    single_case_id="bert-fp32"))
+    row = with_baseline_ratios(df).set_index("case_id").loc["bert-fp32-ddp2"]
+    assert row["single_samples_per_s"] == pytest.approx(80.0)
+    assert row["scaling_efficiency"] == pytest.approx(120.0 / (2 * 80.0))
+    points = scaling_points(df[df["kind"] == "step"])
+    line = points[points["line"] == "fp32-ddp"].set_index("world_size")["samples_per_s"]
+    assert line.to_dict() == pytest.approx({1: 80.0, 2: 120.0})
+
+
+def _claim(name: str, base: str, new: str, base_s: float, new_s: float) -> dict:
+    """An interleaved claim pair's record (``gpubench.suite.claims.measure_pair``)."""
+    record = step_record(f"claim-{name}-bert", (base_s,) * 3, kind="claim", claim=name,
+                         case_id_base=base, case_id_new=new, rounds_base_s=[base_s] * 6,
+                         rounds_new_s=[new_s] * 6, global_batch_base=8, global_batch_new=8)
+    for key in ("step_time_s", "samples_per_s"):  # a pair's figures are its sides' rounds
+        del record["extra_info"][key]
+    return record
+
+
+def test_a_claims_sides_and_its_interleaved_pair_are_its_own(tmp_path):
+    """AdamW against Adam: each side the baseline but for the optimizer (not Adam at another
+    precision, implementation or micro-batch), timed by the pair of those two cases, not by a
+    pair of the same claim at another micro-batch."""
+    off = {"is_baseline": False}
+    df = _file(
+        tmp_path,
+        step_record("bert-fp32", (0.1,) * 3),
+        step_record("bert-bf16-adam", (0.1,) * 3, precision="bf16", optimizer="adam", **off),
+        step_record("bert-fp32-adam_foreach", (0.1,) * 3, optimizer="adam",
+                    optimizer_impl="foreach", **off),
+        step_record("bert-fp32-mb16-adam", (0.1,) * 3, optimizer="adam", micro_batch=16,
+                    global_batch=16, **off),
+        step_record("bert-fp32-mb16-adamw", (0.1,) * 3, optimizer="adamw", micro_batch=16,
+                    global_batch=16, **off),
+        step_record("bert-fp32-adam", (0.1,) * 3, optimizer="adam", **off),
+        step_record("bert-fp32-adamw", (0.1,) * 3, optimizer="adamw", **off),
+        _claim("adamw", "bert-fp32-mb16-adam", "bert-fp32-mb16-adamw", 0.1, 0.2),
+        _claim("adamw", "bert-fp32-adam", "bert-fp32-adamw", 0.1, 0.1))
+    cases = _Cases(with_baseline_ratios(df), "bert")
+    adam, adamw = cases.claim_case("adamw", "base"), cases.claim_case("adamw")
+    assert (adam["case_id"], adamw["case_id"]) == ("bert-fp32-adam", "bert-fp32-adamw")
+    assert cases.pair("adamw", adam, adamw)["case_id_base"] == "bert-fp32-adam"
+    speed, basis = cases.speed("adamw", adam, adamw)
+    assert basis == "interleaved rounds" and speed.ratio == pytest.approx(1.0)
+
+
+def test_the_loader_knobs_worker_count_is_the_baselines_loader_cases(tmp_path):
+    """The worker count the pin and prefetch claims' sides are found at: a knob case of the
+    baseline's step, not a pinned stack of another precision listed first."""
+    df = _file(
+        tmp_path,
+        step_record("bert-fp32", (0.1,) * 3),
+        step_record("bert-bf16-tokens-mmap-w4-pin", (0.1,) * 3, is_baseline=False,
+                    precision="bf16", num_workers=4, pin_memory=True, **LOADER),
+        step_record("bert-fp32-tokens-mmap-w2-pin", (0.1,) * 3, is_baseline=False,
+                    num_workers=2, pin_memory=True, **LOADER))
+    assert _Cases(with_baseline_ratios(df), "bert").knob_workers() == 2
+
+
+def _memory(activation_bytes: int) -> dict:
+    """A CPU record's exact training memory: 300 bytes of state and its activations."""
+    return {"param_bytes": 100, "grad_bytes": 100, "optimizer_state_bytes": 100,
+            "activation_bytes": activation_bytes}
+
+
+def test_the_advice_reads_accumulation_at_the_baselines_configuration(tmp_path):
+    quarter = {"accum_steps": 4, "micro_batch": 2, "is_baseline": False, **_memory(100)}
+    decoy = {**quarter, **_memory(700)}
+    df = _file(
+        tmp_path,
+        step_record("bert-fp32", (0.1,) * 3, **_memory(700)),
+        step_record("bert-bf16-accum4-mb2", (0.1,) * 3, precision="bf16", **decoy),
+        step_record("bert-fp32-adam-accum4-mb2", (0.1,) * 3, optimizer="adam", **decoy),
+        step_record("bert-fp32-ckpt-accum4-mb2", (0.1,) * 3, checkpointing=True, **decoy),
+        step_record("bert-fp32-accum4-mb2-tokens-mmap", (0.1,) * 3, **decoy, **LOADER),
+        step_record("bert-fp32-accum4-mb2", (0.1,) * 3, **quarter))
+    (verdict,) = check_accumulation(_Cases(with_baseline_ratios(df), "bert"))
+    assert verdict.measured.startswith("k=4: memory x0.40")
+
+
+def test_the_advice_reads_ddp_scaling_of_the_baselines_configuration(tmp_path):
+    ddp = {"parallel": "ddp", "is_baseline": False}
+    df = _file(
+        tmp_path,
+        step_record("bert-fp32", (0.1,) * 3),
+        # at more ranks, each another configuration in one field
+        step_record("bert-bf16-ddp4", (0.1,) * 3, precision="bf16", world_size=4, **ddp),
+        step_record("bert-fp32-adam-ddp4", (0.1,) * 3, optimizer="adam", world_size=4, **ddp),
+        step_record("bert-fp32-ckpt-ddp4", (0.1,) * 3, checkpointing=True, world_size=4, **ddp),
+        step_record("bert-fp32-mb4-ddp4", (0.1,) * 3, micro_batch=4, world_size=4, **ddp),
+        step_record("bert-fp32-ddp2", (0.1,) * 3, world_size=2, **ddp))
+    (verdict,) = check_ddp(_Cases(with_baseline_ratios(df), "bert"))
+    assert verdict.measured.startswith("bert-fp32-ddp2: ")
+
+
+def test_the_advice_reads_loader_workers_at_the_baselines_step(tmp_path):
+    """0 workers against the fastest worker count, both the baseline's step but for the
+    loader: not a faster case with another optimizer or layout, nor a base of another
+    optimizer listed first."""
+    off = {"is_baseline": False, **LOADER}
+    df = _file(
+        tmp_path,
+        step_record("bert-fp32", (0.1,) * 3),
+        step_record("bert-fp32-adam-tokens-mmap", (0.1,) * 3, optimizer="adam",
+                    loader_stall_fraction=0.9, **off),
+        step_record("bert-fp32-adam-tokens-mmap-w4", (0.01,) * 3, optimizer="adam",
+                    num_workers=4, loader_stall_fraction=0.0, **off),
+        step_record("bert-fp32-ckpt-tokens-mmap-w4", (0.01,) * 3, checkpointing=True,
+                    num_workers=4, loader_stall_fraction=0.0, **off),
+        step_record("bert-fp32-tokens-mmap", (0.2,) * 3, loader_stall_fraction=0.5, **off),
+        step_record("bert-fp32-tokens-mmap-w2", (0.1,) * 3, num_workers=2,
+                    loader_stall_fraction=0.2, **off))
+    (verdict,) = check_loader_workers(_Cases(with_baseline_ratios(df), "bert"))
+    assert "best: bert-fp32-tokens-mmap-w2; stall 50% -> 20%" in verdict.why
+
+
+def test_the_advice_reads_each_cold_case_against_its_warm_twin(tmp_path):
+    """Cold cases of the baseline's step only (not one at another precision), each against
+    the same configuration read warm (not the same loader at another dataset size)."""
+    off = {"is_baseline": False, **LOADER}
+    df = _file(
+        tmp_path,
+        step_record("bert-fp32", (0.1,) * 3),
+        step_record("bert-bf16-tokens-mmap-cold", (0.1,) * 3, precision="bf16", cold=True,
+                    loader_stall_fraction=0.8, **off),
+        step_record("bert-bf16-tokens-mmap", (0.1,) * 3, precision="bf16",
+                    loader_stall_fraction=0.7, **off),
+        step_record("bert-fp32-tokens-mmap-n32", (0.1,) * 3, loader_stall_fraction=0.9,
+                    **{**off, "dataset_size": 32}),
+        step_record("bert-fp32-tokens-mmap", (0.1,) * 3, loader_stall_fraction=0.2, **off),
+        step_record("bert-fp32-tokens-mmap-cold", (0.1,) * 3, cold=True,
+                    loader_stall_fraction=0.3, **off))
+    (verdict,) = check_storage(_Cases(with_baseline_ratios(df), "bert"))
+    assert verdict.measured.startswith("0 workers: warm vs cold")
+    assert verdict.measured.count("workers: warm vs cold") == 1
+    assert "stall cold -> warm: 0 workers 30% -> 20%;" in verdict.why
 
 
 def test_the_baseline_is_a_measured_step_record(tmp_path):

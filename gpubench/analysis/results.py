@@ -653,28 +653,65 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+SINGLE_DEVICE = ("parallel", "world_size", "ddp_no_sync", "fsdp_mixed_precision", "chunks",
+                 "schedule")
+"""The fields a parallel case differs in from its single-device case (each at its default
+there: ``gpubench.measure.runner`` names that case in ``single_case_id``)."""
+
+
+def single_device_case(frame: pd.DataFrame, row) -> pd.Series | None:
+    """The measured step case of ``frame`` that is ``row``'s configuration on one device: every
+    ``CONFIG_FIELDS`` field the same but ``SINGLE_DEVICE``, each of those at its default
+    (``twin``), or None."""
+    return twin(_single_device_pool(frame), _on_one_device(row), vary=())
+
+
+def _single_device_pool(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``frame`` a single-device case is looked up among: measured step records on
+    one device."""
+    keep = (frame["parallel"] == "single").fillna(False).astype(bool) if "parallel" in frame \
+        else pd.Series(True, index=frame.index)
+    if "kind" in frame:
+        keep &= (frame["kind"].isna() | (frame["kind"] == "step")).fillna(False).astype(bool)
+    return frame[keep]
+
+
+def _on_one_device(row) -> dict:
+    return {**dict(row), **{f: _FIELD_DEFAULTS[f] for f in SINGLE_DEVICE}}
+
+
 def with_scaling(df: pd.DataFrame) -> pd.DataFrame:
-    """Add ``scaling_efficiency`` to parallel cases: samples/s / (devices x samples/s of the
-    single-device case with the same per-device settings, ``single_case_id``, of the same run,
-    else of ``baseline_run``). 1.0 is perfect scaling; single-device cases get 1.0 by
-    definition. Where both cases have paired speedups against the same baseline, their ratio
-    is used (drift-robust)."""
-    if "single_case_id" not in df:
-        df["scaling_efficiency"] = float("nan")
-        return df
-    single = df[["run", "case_id", "samples_per_s", "speedup", "speedup_method"]].rename(
-        columns={"case_id": "single_case_id", "samples_per_s": "single_samples_per_s",
-                 "speedup": "single_speedup", "speedup_method": "single_speedup_method"}
-    ).drop_duplicates(["run", "single_case_id"])
-    single_cols = [c for c in single if c not in ("run", "single_case_id")]
-    df = df.merge(single, on=["run", "single_case_id"], how="left")
-    if "baseline_run" in df:  # a run without the single-device case: its baseline's run
-        other = df[["baseline_run", "single_case_id"]].merge(
-            single.rename(columns={"run": "baseline_run"}),
-            on=["baseline_run", "single_case_id"], how="left")
-        missing = df["single_samples_per_s"].isna()
-        for c in single_cols:
-            df[c] = df[c].where(~missing, other[c].to_numpy())
+    """Add ``scaling_efficiency`` to parallel cases: samples/s / (devices x samples/s of its
+    single-device case, the same configuration on one device (``single_device_case``), of the
+    same run, else of ``baseline_run``); its figures as ``single_samples_per_s``,
+    ``single_speedup``, ``single_speedup_method``. 1.0 is perfect scaling; single-device cases
+    get 1.0 by definition. Where both cases have paired speedups against the same baseline,
+    their ratio is used (drift-robust)."""
+    single_cols = {"samples_per_s": "single_samples_per_s", "speedup": "single_speedup",
+                   "speedup_method": "single_speedup_method"}
+    found: dict[str, list] = {c: [None] * len(df) for c in single_cols.values()}
+    runs = df["run"] if "run" in df else pd.Series("", index=df.index, dtype=object)
+    other_runs = df["baseline_run"] if "baseline_run" in df else runs
+    parallel = ~df["parallel"].isin(["single"]) & df["parallel"].notna()
+    if parallel.any():
+        columns = [c for c in (*CONFIG_FIELDS, "case_id", "step_time_s", *single_cols)
+                   if c in df]
+        pool = _single_device_pool(df)
+        pools = {run: g[columns] for run, g in pool.groupby(runs[pool.index], sort=False)}
+        for n, (i, row) in enumerate(df.iterrows()):
+            if not parallel.loc[i]:
+                continue
+            ref = _on_one_device(row)
+            for run in dict.fromkeys((runs.loc[i], other_runs.loc[i])):
+                single = twin(pools[run], ref, vary=()) if run in pools else None
+                if single is not None:
+                    for c, name in single_cols.items():
+                        found[name][n] = single[c]
+                    break
+    for name, values in found.items():
+        df[name] = pd.Series(values, index=df.index, dtype=object)
+    df["single_samples_per_s"] = numbers(df["single_samples_per_s"])
+    df["single_speedup"] = numbers(df["single_speedup"])
     devices = df["world_size"].where(df["parallel"] != "single", 1).astype(float)
     separate = df["samples_per_s"] / (devices * df["single_samples_per_s"])
     both_paired = (df["speedup_method"] == "paired") & (df["single_speedup_method"] == "paired")
@@ -717,14 +754,14 @@ def same_configuration(frame: pd.DataFrame, ref, vary: Iterable[str] = ()) -> pd
     (a row or a mapping) in every field but those in ``vary``; a field neither side has
     matches."""
     vary = set(vary)
-    mask = pd.Series(True, index=frame.index)
+    keep = [True] * len(frame)
     for field in CONFIG_FIELDS:
         if field in vary or field not in frame:
             continue
         want = _comparable(field, ref.get(field) if hasattr(ref, "get") else None)
-        mask &= pd.Series([bool(_comparable(field, v) == want)
-                           for v in frame[field].astype(object)], index=frame.index)
-    return mask
+        keep = [k and bool(_comparable(field, v) == want)
+                for k, v in zip(keep, frame[field].tolist(), strict=True)]
+    return pd.Series(keep, index=frame.index, dtype=bool)
 
 
 def twin(frame: pd.DataFrame, row, vary: Iterable[str]) -> pd.Series | None:
@@ -735,8 +772,8 @@ def twin(frame: pd.DataFrame, row, vary: Iterable[str]) -> pd.Series | None:
         mask &= frame["case_id"] != row.get("case_id")
     if "step_time_s" in frame:
         mask &= frame["step_time_s"].notna()
-    hits = frame[mask]
-    return hits.iloc[0] if len(hits) else None
+    hits = mask.to_numpy(dtype=bool).nonzero()[0]
+    return frame.iloc[hits[0]] if len(hits) else None
 
 
 UNCOMPILED = ("compile", "compile_mode")

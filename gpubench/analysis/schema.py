@@ -120,7 +120,8 @@ METRICS: tuple[Metric, ...] = (
            kind="derived"),
     Metric(("scaling_efficiency", "single_case_id"), (None, "str"), "ratio",
            "parallel cases: samples/s / (devices x samples/s of ``single_case_id``, the "
-           "single-device case with the same per-device settings)"),
+           "single-device case with the same per-device settings; read back by configuration, "
+           "``gpubench.analysis.results.single_device_case``)"),
     Metric(("attention_kernels", "fp8_gemm_flops_fraction"), (None, "float>=0"), "names, ratio",
            "the fused attention kernels the step ran (flash, efficient, cudnn, flash (cpu); "
            "empty: none, the math path's matmuls), seen by the FLOP counter as their ops; and "

@@ -344,32 +344,55 @@ def plot_pareto(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def plot_accumulation(df: pd.DataFrame) -> plt.Figure:
-    """Training memory and throughput against accumulation steps k, at fixed effective batch
-    and at fixed micro-batch."""
-    df = _measured(df)
-    if "group" not in df:
-        raise CannotPlot("results carry no case groups")
+def _like_baselines(df: pd.DataFrame, vary: tuple[str, ...]) -> pd.Series:
+    """Mask of the rows of ``df`` that are their run's baseline of their model in every
+    configuration field but those in ``vary`` (``results.same_configuration``)."""
+    baselines = df[df["is_baseline"] == True].drop_duplicates(["run", "model"])  # noqa: E712
+    like = pd.Series(False, index=df.index)
+    for _, b in baselines.iterrows():
+        like |= (df["run"] == b["run"]) & same_configuration(df, b, vary=vary)
+    return like
+
+
+ACCUMULATION_MODES = ("constant effective batch (smaller micro-batches)",
+                      "constant micro-batch (larger effective batch)")
+
+
+def accumulation_points(df: pd.DataFrame) -> pd.DataFrame:
+    """The accumulation chart's points: each run's baseline of each model and the
+    accumulation group's cases that are that baseline in every other configuration field but
+    ``accum_steps`` and ``micro_batch`` (``results.same_configuration``), each on the line
+    (``mode``) of the baseline's global batch or of its micro-batch; the k=1 baseline on
+    both."""
     picked = (df["group"] == "accumulation") | (df["is_baseline"] == True)  # noqa: E712
-    df = df[picked & (df["precision"] == "fp32") & (df["parallel"] == "single")]
-    if df["accum_steps"].nunique() < 2:
-        raise CannotPlot("no gradient-accumulation cases (need at least two values of k)")
-    # k is read against each model's baseline batch: a run without it has no k = 1 point.
-    based = df[df["is_baseline"] == True][["run", "model"]].drop_duplicates()  # noqa: E712
-    df = df.merge(based, on=["run", "model"])
-    if df["accum_steps"].nunique() < 2:
-        raise CannotPlot("no FP32 baseline record beside the gradient-accumulation cases")
-    mem, label = memory_measure(df)
-    df = df.assign(mem_mib=mem.astype(float) / MIB)
+    df = df[picked.fillna(False).astype(bool)
+            & _like_baselines(df, vary=("accum_steps", "micro_batch"))]
+    if df.empty:
+        return df.assign(mode=pd.Series(dtype=object))
     base = df[df["is_baseline"] == True].groupby(["run", "model"])  # noqa: E712
     key = pd.MultiIndex.from_frame(df[["run", "model"]])
     same_global = df["global_batch"].to_numpy() == base["global_batch"].first().reindex(key)
     same_micro = df["micro_batch"].to_numpy() == base["micro_batch"].first().reindex(key)
-    # The k=1 baseline belongs to both lines.
-    data = pd.concat([
-        df[same_global.to_numpy()].assign(mode="constant effective batch (smaller micro-batches)"),
-        df[same_micro.to_numpy()].assign(mode="constant micro-batch (larger effective batch)"),
-    ])
+    return pd.concat([df[same_global.to_numpy()].assign(mode=ACCUMULATION_MODES[0]),
+                      df[same_micro.to_numpy()].assign(mode=ACCUMULATION_MODES[1])])
+
+
+def plot_accumulation(df: pd.DataFrame) -> plt.Figure:
+    """Training memory and throughput against accumulation steps k, at fixed effective batch
+    and at fixed micro-batch (``accumulation_points``)."""
+    df = _measured(df)
+    if "group" not in df:
+        raise CannotPlot("results carry no case groups")
+    picked = (df["group"] == "accumulation") | (df["is_baseline"] == True)  # noqa: E712
+    if df[picked & (df["precision"] == "fp32") & (df["parallel"] == "single")][
+            "accum_steps"].nunique() < 2:
+        raise CannotPlot("no gradient-accumulation cases (need at least two values of k)")
+    # k is read against each model's baseline: a run without it has no k = 1 point.
+    data = accumulation_points(df)
+    if data["accum_steps"].nunique() < 2:
+        raise CannotPlot("no FP32 baseline record beside the gradient-accumulation cases")
+    mem, label = memory_measure(data)
+    data = data.assign(mem_mib=mem.astype(float) / MIB)
     runs, models = _runs(data), list(dict.fromkeys(data["model"]))
     modes = list(dict.fromkeys(data["mode"]))
     colors = dict(zip(modes, ["#4c72b0", "#dd8452"], strict=False))
@@ -403,25 +426,27 @@ def plot_accumulation(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def plot_scaling(df: pd.DataFrame) -> plt.Figure:
-    """Throughput and scaling efficiency against world size."""
-    df = with_baseline_ratios(_measured(df))
+def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
+    """The scaling chart's points: each parallel case with its scaling efficiency, on the line
+    of its configuration across world sizes (``line``: "fp32-ddp" joins ddp2, ddp4, ddp8), which
+    starts at world size 1 from its single-device case, the one its efficiency is against
+    (``results.single_device_case``: its samples/s, efficiency 1.0)."""
+    df = with_baseline_ratios(df)
     par = df[df["parallel"] != "single"].dropna(subset=["scaling_efficiency"])
-    if par.empty:
-        raise CannotPlot("no parallel cases with a measured single-device counterpart")
-    # One line per configuration across world sizes ("fp32-ddp" joins ddp2, ddp4, ddp8),
-    # starting from its single-device counterpart at world size 1.
     par = par.assign(line=[
         re.sub(rf"-{p}\d+", f"-{p}", c.removeprefix(f"{m}-"))
         for c, p, m in zip(par["case_id"], par["parallel"], par["model"], strict=True)
     ])
-    singles = df.set_index(["run", "case_id"])
-    rows = [par]
-    for _, p in par.iterrows():
-        key = (p["run"], p["single_case_id"])
-        if key in singles.index:
-            rows.append(singles.loc[[key]].reset_index().assign(line=p["line"], world_size=1))
-    data = pd.concat(rows, ignore_index=True)
+    ones = par.drop_duplicates(["run", "model", "line"]).assign(
+        world_size=1, samples_per_s=lambda f: f["single_samples_per_s"], scaling_efficiency=1.0)
+    return pd.concat([par, ones], ignore_index=True)
+
+
+def plot_scaling(df: pd.DataFrame) -> plt.Figure:
+    """Throughput and scaling efficiency against world size (``scaling_points``)."""
+    data = scaling_points(_measured(df))
+    if data.empty:
+        raise CannotPlot("no parallel cases with a measured single-device counterpart")
     models, runs = list(dict.fromkeys(data["model"])), _runs(data)
     lines = list(dict.fromkeys(data["line"]))
     colors = dict(zip(lines, sns.color_palette("tab10", max(len(lines), 1)).as_hex() * 3,
@@ -470,11 +495,7 @@ def loader_grid(df: pd.DataFrame) -> pd.DataFrame:
     other configuration field (``results.same_configuration``). The cold cases, read from the
     disk, are the storage verdict's; the recipe group's stacks, with their precision and
     optimizer, the recipe verdict's."""
-    baselines = df[df["is_baseline"] == True].drop_duplicates(["run", "model"])  # noqa: E712
-    on_grid = pd.Series(False, index=df.index)
-    for _, b in baselines.iterrows():
-        on_grid |= (df["run"] == b["run"]) & same_configuration(
-            df, b, vary=("dataset", "dataset_size", "num_workers", "pin_memory"))
+    on_grid = _like_baselines(df, vary=("dataset", "dataset_size", "num_workers", "pin_memory"))
     return df[on_grid & df["dataset"].isin(["images-jpeg", "tokens-mmap"])]
 
 

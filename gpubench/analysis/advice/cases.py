@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from gpubench.analysis.results import same_configuration, twin
 from gpubench.analysis.speed import (
     SpeedComparison,
     _speed_vs_baseline,
@@ -17,6 +18,7 @@ from gpubench.analysis.speed import (
 )
 from gpubench.suite.claims import CLAIMS
 from gpubench.train.config import baseline_fields
+from gpubench.train.techniques import TECHNIQUES
 from gpubench.util.verdicts import Kind
 
 
@@ -29,6 +31,9 @@ class Verdict:
     why: str
     chart: str
 
+
+LOADER_FIELDS = tuple(t.field for t in TECHNIQUES if t.loader)
+"""The data loader's fields (dataset, workers, pinning, caching, ...)."""
 
 BASELINE_FIELDS = baseline_fields()
 """The baseline's configuration: ``_Cases.find`` matches every field not named otherwise."""
@@ -69,7 +74,9 @@ class _Cases:
         self._values: dict[str, np.ndarray] = {}
         self._rows = [row for _, row in self.frame.iterrows()]  # what a query hands back
         claims = df[df["kind"] == "claim"] if "kind" in df else df.iloc[0:0]
-        self.pairs = {r["claim"]: r for _, r in claims[claims["model"] == model].iterrows()}
+        self.pairs = [r for _, r in claims[claims["model"] == model].iterrows()]
+        """This model's interleaved claim pairs (``gpubench.suite.claims``): ``pair`` finds
+        one by its claim and sides."""
         self.model = model
         self.device = sub["device"].iloc[0] if len(sub) else "cpu"
         self.peaks = sub["matmul_peak_tflops"].iloc[0] if "matmul_peak_tflops" in sub and len(
@@ -122,6 +129,16 @@ class _Cases:
         hits = np.flatnonzero(np.asarray(mask, dtype=bool))
         return self._rows[hits[0]] if len(hits) else None
 
+    def like(self, ref: pd.Series, vary=()) -> np.ndarray:
+        """Mask: the cases that are ``ref``'s configuration in every field but those in
+        ``vary`` (``results.same_configuration``)."""
+        return same_configuration(self.frame, ref, vary).to_numpy(dtype=bool)
+
+    def twin(self, row: pd.Series, vary) -> pd.Series | None:
+        """The case that is ``row``'s configuration with only the fields in ``vary``
+        different (``results.twin``), or None."""
+        return twin(self.frame, row, vary)
+
     def find(self, **fields) -> pd.Series | None:
         """The measured case whose configuration has ``fields`` and otherwise the baseline's
         (single device, device-resident batches, SGD, fp32, ...): cases are found by
@@ -140,8 +157,12 @@ class _Cases:
     def knob_workers(self) -> int | None:
         """The worker count this model's loader knobs (pinning, prefetch, persistence) were
         measured at (``cases.knob_workers`` on the measuring machine), or None."""
-        row = self.first(self.flag("pin_memory") | self.flag("persistent_workers")
-                         | ~self.missing("prefetch_factor"))
+        base = self.find()
+        if base is None:
+            return None
+        row = self.first(self.like(base, vary=LOADER_FIELDS) & (
+            self.flag("pin_memory") | self.flag("persistent_workers")
+            | ~self.missing("prefetch_factor")))
         return None if row is None else int(row["num_workers"])
 
     def claim_case(self, claim: str, side: str = "new", **extra) -> pd.Series | None:
@@ -160,10 +181,27 @@ class _Cases:
             return None
         return self.find(**{**fields.pop("loader", {}), **fields, **extra})
 
-    def speed(self, claim: str, base: pd.Series, new: pd.Series) -> tuple[SpeedComparison, str]:
-        """From the claim's interleaved pair when measured; else, against the baseline, from
-        the case's rounds each paired with a baseline round; else from the two cases."""
-        pair = self.pairs.get(claim)
+    def pair(self, claim: str, base: pd.Series | None = None,
+             new: pd.Series | None = None) -> pd.Series | None:
+        """The interleaved pair of ``claim`` whose sides are the cases ``base`` and ``new``
+        (its ``case_id_base`` and ``case_id_new``; a side not given, or that the record does
+        not name, matches any), or None."""
+        for pair in self.pairs:
+            if pair["claim"] != claim:
+                continue
+            named = {side: pair.get(f"case_id_{side}") for side in ("base", "new")}
+            if all(row is None or not isinstance(named[side], str)
+                   or named[side] == row.get("case_id")
+                   for side, row in (("base", base), ("new", new))):
+                return pair
+        return None
+
+    def speed(self, claim: str, base: pd.Series | None,
+              new: pd.Series | None) -> tuple[SpeedComparison, str]:
+        """From the claim's interleaved pair of these two cases when measured (``pair``);
+        else, against the baseline, from the case's rounds each paired with a baseline round;
+        else from the two cases."""
+        pair = self.pair(claim, base, new)
         if pair is not None:
             a = np.asarray(pair["rounds_base_s"]) / pair["global_batch_base"]
             b = np.asarray(pair["rounds_new_s"]) / pair["global_batch_new"]

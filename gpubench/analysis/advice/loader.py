@@ -33,18 +33,17 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
                                 "are made in memory, there is no loading to speed up",
                                 "loader.png")]
     # Warm data only: the cold cases (files read from the disk) answer the storage claim.
+    # Both sides are the baseline's step (not a recipe stack's) but for the loader: the base
+    # reads on-disk data with 0 workers, the tuned cases the same data with workers and their
+    # knobs (pinning, prefetch, persistence).
     plain = c.find()
-    warm = ~c.flag("cached") & ~c.flag("cold")
     base = None if plain is None else c.first(
-        ~c.missing("dataset") & ~c.is_("dataset", "synthetic")
-        & ~c.is_("dataset", "device-resident")
-        & c.is_("num_workers", 0) & warm & c.is_("micro_batch", plain["micro_batch"]))
+        c.like(plain, vary=("dataset", "dataset_size"))
+        & ~c.missing("dataset") & ~c.is_("dataset", "synthetic")
+        & ~c.is_("dataset", "device-resident"))
     tuned = [] if base is None else c.where(
-        c.is_("dataset", base["dataset"])
-        & np.array([v is not _MISSING and v > 0 for v in c.values("num_workers")], dtype=bool)
-        & c.is_("micro_batch", base["micro_batch"]) & warm
-        # the loader group's cases: the baseline's step (not a recipe stack's)
-        & c.is_("precision", "fp32") & c.is_("accum_steps", 1) & c.is_("parallel", "single"))
+        c.like(base, vary=("num_workers", *WORKER_KNOBS))
+        & np.array([v is not _MISSING and v > 0 for v in c.values("num_workers")], dtype=bool))
     if not tuned:
         return [_missing(c.model, claim, "loader.png", "on-disk data with 0 and more workers")]
     best = max(tuned, key=lambda r: r["samples_per_s"])
@@ -58,6 +57,11 @@ def check_loader_workers(c: _Cases) -> list[Verdict]:
     return [Verdict(c.model, claim, speed.describe(), verdict, why, "loader.png")]
 
 
+WORKER_KNOBS = ("pin_memory", "non_blocking", "prefetch_factor", "persistent_workers")
+"""The loader's knobs that need workers (or a device) to act: the tuned side of the workers
+claim may set them."""
+
+
 def check_cache(c: _Cases) -> list[Verdict]:
     """S0: cached against uncached decoded samples (their own interleaved pair where measured),
     and how close the cached case comes to the device-resident bound."""
@@ -68,7 +72,7 @@ def check_cache(c: _Cases) -> list[Verdict]:
         return [_not_applicable(c, claim, "the workload has no dataset of its own: nothing is "
                                 "decoded", "loader.png")]
     base, cached = c.claim_case(spec.key, "base"), c.claim_case(spec.key)
-    pair = c.pairs.get("cache")
+    pair = c.pair("cache", base, cached)
     if (base is None or cached is None) and pair is None:
         return [_missing(c.model, claim, "loader.png", "cached and uncached on-disk data")]
     speed, basis = c.speed("cache", base, cached)
@@ -210,12 +214,12 @@ def check_storage(c: _Cases) -> list[Verdict]:
         return [_not_applicable(c, claim, "the workload has no dataset of its own: its batches "
                                 "are made in memory, nothing is read from a disk", "loader.png")]
     base = c.find()
+    # Each cold case the baseline's step on on-disk data, beside its warm twin (the same
+    # configuration in every field but ``cold``).
     colds = [] if base is None else sorted(c.where(
-        c.flag("cold") & ~c.flag("cached") & c.is_("micro_batch", base["micro_batch"])
-        & ~c.flag("pin_memory") & c.missing("prefetch_factor")
-        & ~c.flag("persistent_workers")), key=lambda r: int(r["num_workers"]))
-    pairs = [(cold, c.find(dataset=cold["dataset"], num_workers=int(cold["num_workers"]),
-                           micro_batch=int(cold["micro_batch"]))) for cold in colds]
+        c.like(base, vary=("dataset", "dataset_size", "num_workers", "cold"))
+        & c.flag("cold")), key=lambda r: int(r["num_workers"]))
+    pairs = [(cold, c.twin(cold, vary=("cold",))) for cold in colds]
     pairs = [(cold, warm) for cold, warm in pairs if warm is not None]
     if not pairs:
         return [_missing(c.model, claim, "loader.png",

@@ -62,11 +62,11 @@ def check_accumulation(c: _Cases) -> list[Verdict]:
     base = c.find()
     k = claim.new["accum_steps"]
     # The claim's case: k micro-batches at the baseline's effective batch (its micro-batch is
-    # the baseline's / k, found by the global batch so that a workload's minimum batch holds).
+    # the baseline's / k, found by the global batch so that a workload's minimum batch holds),
+    # the baseline's configuration in every other field.
     row = None if base is None else c.first(
-        c.is_("accum_steps", k) & c.is_("global_batch", base["global_batch"])
-        & c.is_("precision", "fp32") & c.is_("parallel", "single")
-        & c.is_("dataset", base.get("dataset")))
+        c.like(base, vary=("accum_steps", "micro_batch"))
+        & c.is_("accum_steps", k) & c.is_("global_batch", base["global_batch"]))
     if row is None:
         return [_missing(c.model, claim.text, "accumulation.png",
                          f"accumulation k={k} at constant batch")]
