@@ -73,7 +73,7 @@ def test_advice_says_when_its_cases_were_contended():
         return pd.Series({"rounds_s": [0.1, 0.11, 0.1, 0.12, 0.1, 0.1], "global_batch": 8,
                           "is_baseline": False, "contended": contended})
 
-    cases = types.SimpleNamespace(pairs={})
+    cases = types.SimpleNamespace(pair=lambda claim, base, new: None)  # no interleaved pair
     _, basis = _Cases.speed(cases, "claim", row(False), row(True))
     assert basis.endswith("(measured under contention)")
     _, basis = _Cases.speed(cases, "claim", row(False), row(pd.NA))
