@@ -14,6 +14,13 @@ runs of one commit on a shared machine differ by more than their rounds say, so 
 also exceed ``NOISE_SIGMAS`` times the between-run spread of its basis, estimated from the
 changes of all compared cases (most of which did not change); a shift common to all cases is
 said in one line (``common_shift``).
+
+With ``--confirm`` the gate has two stages (``confirm_regressions``): a lower limit,
+``SCREEN_SIGMAS`` spreads, flags cases, which are re-measured on the new code; a flagged case
+stays a regression only when the re-measurement alone is flagged again and the new and
+re-measured rounds pooled exceed ``CONFIRM_SIGMAS`` standard deviations of their pooled change.
+The base run's own noise is in both comparisons, so the second stage cannot be as low as the
+first comparison's would be alone.
 """
 
 from __future__ import annotations
@@ -40,9 +47,12 @@ from gpubench.util.tables import figures_table
 from gpubench.util.verdicts import (
     ALPHA,
     COMPARE_BASES,
+    CONFIRM_SIGMAS,
     MEMORY_THRESHOLD,
     MIN_NOISE_CASES,
     NOISE_SIGMAS,
+    SCREEN_SIGMAS,
+    SCREEN_THRESHOLD_SHARE,
     TIME_THRESHOLD,
     Kind,
 )
@@ -70,9 +80,13 @@ class Thresholds:
     """Significance level of the Mann-Whitney U test."""
     noise_sigmas: float = NOISE_SIGMAS
     """How many between-run spreads a time change must also exceed."""
+    screen_sigmas: float = SCREEN_SIGMAS
+    """With --confirm: how many between-run spreads flag a case for re-measurement."""
+    confirm_sigmas: float = CONFIRM_SIGMAS
+    """With --confirm: how many standard deviations of the pooled change confirm a flag."""
 
     def __post_init__(self) -> None:
-        for name in ("time", "memory", "noise_sigmas"):
+        for name in ("time", "memory", "noise_sigmas", "screen_sigmas", "confirm_sigmas"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} threshold must be a finite number >= 0, got {value!r}")
@@ -86,6 +100,33 @@ class Thresholds:
         if cases < MIN_NOISE_CASES or not math.isfinite(spread):
             return self.time
         return max(self.time, self.noise_sigmas * spread)
+
+    def screen_limit(self, spread: float, cases: int) -> float:
+        """With --confirm, the time change that flags a case for re-measurement:
+        ``screen_sigmas`` spreads, at least ``SCREEN_THRESHOLD_SHARE`` of the time threshold,
+        at most ``time_limit``; ``time_limit`` where no spread could be estimated."""
+        plain = self.time_limit(spread, cases)
+        if cases < MIN_NOISE_CASES or not math.isfinite(spread):
+            return plain
+        return min(plain, max(SCREEN_THRESHOLD_SHARE * self.time, self.screen_sigmas * spread))
+
+    def confirm_limit(self, spread: float, cases: int, factor: float) -> float:
+        """The pooled change (new and re-measured rounds against the base) that confirms a
+        flag: the time threshold, or ``confirm_sigmas`` times its standard deviation, ``factor``
+        (``pooled_spread_factor``) times the between-run spread, when that is larger."""
+        if cases < MIN_NOISE_CASES or not math.isfinite(spread):
+            return self.time
+        return max(self.time, self.confirm_sigmas * factor * spread)
+
+
+def pooled_spread_factor(base_runs: int, new_runs: int, again_runs: int) -> float:
+    """The standard deviation of a case's change with the new and re-measured runs pooled, over
+    the between-run spread (the spread of its change between the base and the new runs alone):
+    each run's level varies independently by the same amount, and a side's pooled runs by that
+    over their count, so the ratio is sqrt((1/B + 1/(N + R)) / (1/B + 1/N)). One base, one new
+    run and one re-measurement: 0.87, not 0.71: the base's noise is in both comparisons."""
+    b, n, r = (max(1, int(k)) for k in (base_runs, new_runs, again_runs))
+    return math.sqrt((1 / b + 1 / (n + r)) / (1 / b + 1 / n))
 
 
 def time_verdict(base: np.ndarray, new: np.ndarray, th: Thresholds,
@@ -101,6 +142,33 @@ def time_verdict(base: np.ndarray, new: np.ndarray, th: Thresholds,
     if p >= th.alpha or abs(change) < limit:
         return Kind.UNCHANGED, change, p
     return (Kind.REGRESSION if change > 0 else Kind.IMPROVEMENT), change, p
+
+
+def flag_time(base: np.ndarray, new: np.ndarray, th: Thresholds, limit: float,
+              screen: float | None = None) -> tuple[str, float, float]:
+    """``time_verdict`` beyond ``limit``, except that a slowdown counts beyond ``screen`` (the
+    first stage of --confirm: a flag to re-measure) where that is given and lower."""
+    verdict, change, p = time_verdict(base, new, th, limit)
+    if screen is not None and screen < limit and verdict == Kind.UNCHANGED and change > 0:
+        verdict = time_verdict(base, new, th, screen)[0]
+    return verdict, change, p
+
+
+def confirm_time(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
+                 spread: float, cases: int, runs: tuple[int, int, int]
+                 ) -> tuple[bool, float, float, float]:
+    """The second stage of --confirm for a case's time, from its rounds on one basis: the base
+    (pooled over its runs), the new run's and the re-measurement's (pooled over its runs), the
+    between-run spread of the comparison and how many cases it came from, and the number of
+    (base, new, re-measured) runs. (confirmed, re-measured change, pooled change, pooled
+    limit): confirmed when the re-measurement alone regresses beyond the first stage's limit
+    (``screen_limit``) and the new and re-measured rounds pooled regress beyond
+    ``confirm_limit``, both also significant."""
+    again_kind, again_change, _ = time_verdict(base, again, th, th.screen_limit(spread, cases))
+    limit = th.confirm_limit(spread, cases, pooled_spread_factor(*runs))
+    pooled_kind, pooled_change, _ = time_verdict(base, np.concatenate([new, again]), th, limit)
+    held = again_kind == pooled_kind == Kind.REGRESSION
+    return held, again_change, pooled_change, limit
 
 
 def memory_verdict(base: float, new: float, th: Thresholds) -> tuple[str, float]:
@@ -179,12 +247,13 @@ def _cases(df: pd.DataFrame) -> dict[tuple, dict]:
         case["median"].append(rounds / ref if ref is not None and ref > 0 else None)
         case["memory"].append(r["_memory"])
         case["kinds"].add(r["_memory_kind"])
+        case["records"] = case.get("records", 0) + 1
     cases = {}
     for key, case in parts.items():
         mem = [m for m in case["memory"] if not pd.isna(m)]
         cases[key] = {"raw": _pool(case["raw"]), "paired": _pool(case["paired"]),
                       "median": _pool(case["median"]), "kinds": case["kinds"],
-                      "baseline": case["baseline"],
+                      "baseline": case["baseline"], "records": case.get("records", 0),
                       "memory": float(np.median(mem)) if mem else float("nan")}
     return cases
 
@@ -209,7 +278,7 @@ def _change(b: dict, n: dict, on: str) -> float:
 
 
 def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresholds(),
-                 basis: str = "auto") -> pd.DataFrame:
+                 basis: str = "auto", screen: bool = False) -> pd.DataFrame:
     """One row per case (model, profile, device, case id) present in either side, with status
     and changes. ``base`` may hold several runs: a case's rounds are pooled across them.
 
@@ -218,7 +287,11 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
     between-run spread of that basis, the robust spread of the changes of every compared case
     on it (``stats.robust_spread``). Two runs of one commit differ by more than their rounds'
     spread says (the machine's state between runs), which a test of the rounds alone cannot
-    see; most cases of a comparison did not change, so their spread measures it."""
+    see; most cases of a comparison did not change, so their spread measures it.
+
+    ``screen``: the first stage of --confirm, a slowdown is flagged as a regression beyond
+    ``Thresholds.screen_limit`` (column ``screen_limit``), to be re-measured and decided by
+    ``confirm_regressions``; improvements keep the plain limit."""
     b_cases, n_cases = _cases(base), _cases(new)
     both = [k for k in b_cases if k in n_cases
             and b_cases[k]["raw"] is not None and n_cases[k]["raw"] is not None]
@@ -227,7 +300,8 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
         changes = [c for c in (_change(b_cases[k], n_cases[k], on) for k in both)
                    if math.isfinite(c)]
         spread = robust_spread(changes)
-        noise[on] = (spread, len(changes), th.time_limit(spread, len(changes)))
+        noise[on] = (spread, len(changes), th.time_limit(spread, len(changes)),
+                     th.screen_limit(spread, len(changes)) if screen else math.nan)
     rows = []
     for key in dict.fromkeys([*b_cases, *n_cases]):
         ident = dict(zip(KEY, key, strict=True))
@@ -245,8 +319,9 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
                 else "the base run" if b["raw"] is None else "the new run"))
             rows.append({**ident, "status": "skipped", "note": note})
             continue
-        spread, cases, limit = noise[on]
-        verdict, t_change, p = time_verdict(b[on], n[on], th, limit)
+        spread, cases, limit, screen_limit = noise[on]
+        verdict, t_change, p = flag_time(b[on], n[on], th, limit,
+                                         screen_limit if screen else None)
         if b["kinds"] == n["kinds"] and len(b["kinds"]) == 1:
             mem_verdict, m_change = memory_verdict(b["memory"], n["memory"], th)
         else:  # an exact sum against a process peak says nothing
@@ -256,8 +331,8 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
         rows.append({
             **ident, "status": status, "basis": on, "time_change": t_change, "p_value": p,
             "throughput_change": 1 / (1 + t_change) - 1, "memory_change": m_change,
-            "raw_change": _change(b, n, "raw"), "time_limit": limit, "spread": spread,
-            "spread_cases": cases,
+            "raw_change": _change(b, n, "raw"), "time_limit": limit,
+            "screen_limit": screen_limit, "spread": spread, "spread_cases": cases,
             "base_step_time_s": float(np.median(b["raw"])),
             "new_step_time_s": float(np.median(n["raw"])),
             "base_rounds": int(b[on].size), "new_rounds": int(n[on].size),
@@ -265,9 +340,10 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
         })
     return pd.DataFrame(rows, columns=[*KEY, "status", "basis", "time_change", "p_value",
                                        "throughput_change", "memory_change", "raw_change",
-                                       "time_limit", "spread", "spread_cases",
-                                       "base_step_time_s", "new_step_time_s", "base_rounds",
-                                       "new_rounds", "time_verdict", "memory_verdict", "note"])
+                                       "time_limit", "screen_limit", "spread",
+                                       "spread_cases", "base_step_time_s", "new_step_time_s",
+                                       "base_rounds", "new_rounds", "time_verdict",
+                                       "memory_verdict", "note"])
 
 
 BASIS_SHORT = {"paired": "paired", "raw": "raw", "median": "vs median"}
@@ -288,8 +364,17 @@ def noise_line(table: pd.DataFrame) -> str | None:
                   if r["spread_cases"] >= MIN_NOISE_CASES and math.isfinite(r["spread"])
                   else f"too few cases ({int(r['spread_cases'])}) for a between-run spread")
         cases = f"{len(rows)} case{'s' if len(rows) != 1 else ''}"
+        confirm = ""
+        if "screen_limit" in rows and math.isfinite(r["screen_limit"]):
+            confirm = f"; with --confirm, a slowdown flagged beyond {r['screen_limit']:.1%}"
+            limits = rows["confirm_limit"].dropna() if "confirm_limit" in rows else ()
+            if len(limits):
+                low, high = limits.min(), limits.max()
+                confirm += (" and confirmed beyond " + (f"{low:.1%}" if high - low < 5e-4 else
+                                                         f"{low:.1%}-{high:.1%}")
+                            + " with the re-measured rounds pooled")
         parts.append(f"{BASIS_WORDS[on]} ({cases}): beyond {r['time_limit']:.1%} "
-                     f"({spread})")
+                     f"({spread}{confirm})")
     return "a time change counted " + "; ".join(parts) if parts else None
 
 
@@ -465,13 +550,15 @@ def compare_markdown(table: pd.DataFrame) -> str:
     columns = dict(COMPARE_COLUMNS)
     if "confirmed" in table and table["confirmed"].notna().any():
         columns["confirm_change"] = "time re-measured"
+        columns["pooled_change"] = "time pooled"
         columns["confirmed"] = "confirmed"
     shown = table.reindex(columns=[*KEY, *columns]).copy()
     shown = shown.loc[:, ~shown.columns.duplicated()]
     if shown[["profile", "device"]].drop_duplicates().shape[0] > 1:
         shown["case_id"] = [f"{c} ({p}, {d})" for c, p, d in
                             zip(shown["case_id"], shown["profile"], shown["device"], strict=True)]
-    for col in ("time_change", "throughput_change", "memory_change", "confirm_change"):
+    for col in ("time_change", "throughput_change", "memory_change", "confirm_change",
+                "pooled_change"):
         if col in shown:
             shown[col] = shown[col].map(lambda v: "-" if pd.isna(v) else f"{100 * v:+.1f}%")
     if "confirmed" in shown:
@@ -494,34 +581,58 @@ def split_files(args: argparse.Namespace) -> tuple[list[str], str]:
     return list(args.files[:-1]), args.files[-1]
 
 
-def confirm_regressions(base: pd.DataFrame, table: pd.DataFrame, again: pd.DataFrame,
-                        th: Thresholds = Thresholds()) -> pd.DataFrame:
-    """``table`` with each regression decided again on ``again``, a re-measurement of the
-    flagged cases on the new code: a case stays a regression only when ``again`` regresses
-    too, on the same basis and against the same limit (``time_limit``: the between-run spread
-    of the first comparison, which the few re-measured cases cannot estimate). Its status
-    becomes *unchanged* (note: not confirmed) otherwise; a case ``again`` lacks stays a
-    regression (note: not re-measured). Adds ``confirm_change`` and ``confirmed``."""
-    b_cases, a_cases = _cases(base), _cases(again)
+def confirm_regressions(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFrame,
+                        again: pd.DataFrame | None, th: Thresholds = Thresholds()
+                        ) -> pd.DataFrame:
+    """``table`` (``compare_runs`` of ``base`` and ``new``, best with ``screen``) with each
+    regression decided again on ``again``, a re-measurement of the flagged cases on the new
+    code (one or more runs). A time regression stays one only when ``confirm_time`` holds: the
+    re-measurement alone is flagged again, and the new and re-measured rounds pooled regress
+    beyond ``Thresholds.confirm_limit`` (the between-run spread is the first comparison's,
+    which the few re-measured cases cannot estimate); a memory regression when the
+    re-measurement's memory regresses too. Its status becomes *unchanged* (note: not
+    confirmed) otherwise. A case ``again`` lacks (or ``again`` None: nothing re-measured) is
+    decided as measured, by the plain limit (``time_limit``). Adds ``confirm_change`` (the
+    re-measurement alone), ``pooled_change``, ``confirm_limit`` and ``confirmed``."""
+    b_cases, n_cases = _cases(base), _cases(new)
+    a_cases = _cases(again) if again is not None else {}
     table = table.copy()
-    table["confirm_change"] = math.nan
+    for col in ("confirm_change", "pooled_change", "confirm_limit"):
+        table[col] = math.nan
     table["confirmed"] = pd.Series([None] * len(table), index=table.index, dtype=object)
     table["note"] = table["note"].astype(object)
+    table["time_verdict"] = table["time_verdict"].astype(object)
     for i, row in table[table["status"] == Kind.REGRESSION].iterrows():
         key = tuple(row[k] for k in KEY)
-        a, b = a_cases.get(key), b_cases.get(key)
+        a, b, n = a_cases.get(key), b_cases.get(key), n_cases.get(key)
         on = row["basis"]
-        if a is None or b is None or a.get(on) is None or b.get(on) is None:
-            table.loc[i, ["confirmed", "note"]] = [False, "not re-measured: kept"]
+        time_flag = row["time_verdict"] == Kind.REGRESSION
+        mem_flag = row["memory_verdict"] == Kind.REGRESSION
+        if a is None or b is None or n is None or any(
+                side.get(on) is None for side in (a, b, n)):
+            # Decided as measured: a slowdown counts beyond the plain limit only.
+            plain = time_flag and row["time_change"] >= row["time_limit"]
+            if time_flag and not plain:
+                table.loc[i, "time_verdict"] = Kind.UNCHANGED
+            if plain or mem_flag:
+                table.loc[i, "note"] = "not re-measured: decided as measured"
+            else:
+                table.loc[i, ["status", "note"]] = [
+                    Kind.UNCHANGED, "flagged for re-measurement, not re-measured; within the "
+                    "plain limit"]
             continue
-        time_kind = Kind.UNCHANGED
-        if row["time_verdict"] == Kind.REGRESSION:
-            time_kind, change, _ = time_verdict(b[on], a[on], th, row["time_limit"])
-            table.loc[i, "confirm_change"] = change
-        mem_kind = Kind.UNCHANGED
-        if row["memory_verdict"] == Kind.REGRESSION and b["kinds"] == a["kinds"]:
-            mem_kind, _ = memory_verdict(b["memory"], a["memory"], th)
-        held = Kind.REGRESSION in (time_kind, mem_kind)
+        time_held = mem_held = False
+        if time_flag:
+            time_held, change, pooled, limit = confirm_time(
+                b[on], n[on], a[on], th, row["spread"], row["spread_cases"],
+                (b["records"], n["records"], a["records"]))
+            table.loc[i, ["confirm_change", "pooled_change", "confirm_limit"]] = [
+                change, pooled, limit]
+            if not time_held:
+                table.loc[i, "time_verdict"] = Kind.UNCHANGED
+        if mem_flag and b["kinds"] == a["kinds"]:
+            mem_held = memory_verdict(b["memory"], a["memory"], th)[0] == Kind.REGRESSION
+        held = time_held or mem_held
         table.loc[i, "confirmed"] = held
         if not held:
             table.loc[i, ["status", "note"]] = [Kind.UNCHANGED, "regression not confirmed "
@@ -603,11 +714,15 @@ def _prices(args: argparse.Namespace, sides: int):
 
 def compare_main(args: argparse.Namespace, remeasure=None) -> int:
     """Print the table; exit 1 on a significant regression (0 with --report-only) and 2 when
-    NEW holds no case comparable with BASE. With ``--confirm``, ``remeasure(new_file, rows)``
-    (the command line's: ``gpubench run`` of those cases alone) re-measures the regressions
-    on the new code, and only those that regress again count (``confirm_regressions``)."""
+    NEW holds no case comparable with BASE. With ``--confirm``, slowdowns are flagged beyond
+    the lower first-stage limit (``compare_runs(screen=True)``), ``remeasure(new_file, rows)``
+    (the command line's: ``gpubench run`` of those cases alone, ``--confirm-runs`` times)
+    re-measures the flagged cases on the new code and returns the result file(s), and only
+    those that regress again count (``confirm_regressions``)."""
     th = Thresholds(time=args.time_threshold, memory=args.memory_threshold, alpha=args.alpha,
-                    noise_sigmas=args.noise_sigmas)
+                    noise_sigmas=args.noise_sigmas,
+                    screen_sigmas=getattr(args, "screen_sigmas", SCREEN_SIGMAS),
+                    confirm_sigmas=getattr(args, "confirm_sigmas", CONFIRM_SIGMAS))
     bases, new_file = split_files(args)
     labels = ["base"] if len(bases) == 1 else [f"base{i + 1}" for i in range(len(bases))]
     with warnings.catch_warnings(record=True) as caught:
@@ -640,21 +755,28 @@ def compare_main(args: argparse.Namespace, remeasure=None) -> int:
             return 2
         print(f"\ncompared {len(across)} case(s) across two machines")
         return 0
-    table = compare_runs(base, new, th, basis="normalized" if args.normalized else args.basis)
+    confirming = bool(getattr(args, "confirm", False)) and remeasure is not None
+    table = compare_runs(base, new, th, basis="normalized" if args.normalized else args.basis,
+                         screen=confirming)
     if args.new_only:
         table = table[table["status"] != "removed"]
     flagged = table[table["status"] == Kind.REGRESSION]
-    if getattr(args, "confirm", False) and len(flagged) and remeasure is not None:
+    if confirming and len(flagged):
         print(f"gpubench compare: re-measuring {len(flagged)} flagged case(s) on the new code "
               "to confirm them", file=sys.stderr, flush=True)
-        again_file = remeasure(new_file, flagged)
-        if again_file is None:
+        again_files = remeasure(new_file, flagged)
+        if isinstance(again_files, str | Path):
+            again_files = [again_files]
+        again = None
+        if again_files:
+            again = load_results(list(again_files),
+                                 labels=[f"again{i + 1}" for i in range(len(again_files))])
+            print(f"gpubench compare: re-measured in {', '.join(map(str, again_files))}",
+                  file=sys.stderr)
+        else:
             print("warning: the re-measurement measured none of the flagged cases; they are "
                   "decided as measured", file=sys.stderr)
-        else:
-            again = load_results([again_file], labels=["again"])
-            table = confirm_regressions(base, table, again, th)
-            print(f"gpubench compare: re-measured in {again_file}", file=sys.stderr)
+        table = confirm_regressions(base, new, table, again, th)
     shift = common_shift(table, th)
     if shift:
         print(f"warning: {shift}", file=sys.stderr)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from gpubench.util.argtypes import bounded, non_negative
+from gpubench.util.argtypes import bounded, non_negative, positive_int
 from gpubench.util.verdicts import (
     ALPHA,
     COMPARE_BASES,
+    CONFIRM_RUNS,
+    CONFIRM_SIGMAS,
     MEMORY_THRESHOLD,
     NOISE_SIGMAS,
+    SCREEN_SIGMAS,
+    SCREEN_THRESHOLD_SHARE,
     TIME_THRESHOLD,
 )
 
@@ -73,9 +77,28 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--price-per-hour", action="append", type=price_per_hour, metavar="PRICE",
                    help=PRICE_HELP + "; once for every file, or once per file in order")
     p.add_argument("--confirm", action="store_true",
-                   help="re-measure the cases found to regress on the new code (gpubench run "
-                   "of those cases alone, in this checkout) and keep a regression only if it "
-                   "regresses again, against the same limit")
+                   help="a two-stage gate: flag slowdowns beyond --screen-sigmas between-run "
+                   "spreads, re-measure the flagged cases on the new code (gpubench run of "
+                   "those cases alone, in this checkout), and keep a regression only if the "
+                   "re-measurement is flagged again and the new and re-measured rounds pooled "
+                   "exceed --confirm-sigmas standard deviations of their change. Simulated at the "
+                   "defaults (140 cases whose changes between runs spread by 2.4%%, Gaussian): two "
+                   "runs of one "
+                   "commit fail 0.7%% of the time (plain: 19%%; heavier-tailed noise fails "
+                   "more), a 10%% slowdown is caught 70%% of the time with one base file, 91%% "
+                   "with two (docs: Tracking over time; scripts/gate_false_alarms.py)")
+    p.add_argument("--screen-sigmas", type=_threshold, default=SCREEN_SIGMAS,
+                   help="with --confirm: a slowdown beyond this many between-run spreads "
+                   f"(and {SCREEN_THRESHOLD_SHARE * 100:g}%% of --time-threshold; never more "
+                   f"than the plain limit) is re-measured (default {SCREEN_SIGMAS:g})")
+    p.add_argument("--confirm-sigmas", type=_threshold, default=CONFIRM_SIGMAS,
+                   help="with --confirm: the pooled change must exceed --time-threshold and "
+                   "this many of its standard deviations, the between-run spread scaled for "
+                   "the runs pooled on each side (default "
+                   f"{CONFIRM_SIGMAS:g}; 0: the time threshold alone)")
+    p.add_argument("--confirm-runs", type=positive_int, default=CONFIRM_RUNS, metavar="N",
+                   help="with --confirm: re-measure the flagged cases N times, pooled "
+                   f"(default {CONFIRM_RUNS})")
     p.add_argument("--confirm-args", default="", metavar="ARGS",
                    help="extra gpubench run options for the re-measurement, as one string "
                    "(e.g. \"--rounds 10\"; default: the profile's own)")
@@ -84,8 +107,9 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
 def remeasure_cases(args: argparse.Namespace):
     """The re-measurement ``compare --confirm`` runs: a function of (NEW file, the flagged
     rows) that runs ``gpubench run`` on those cases alone (same profile, device and workload
-    per model; ``-k`` by their test names) into a temporary folder beside NEW, and returns its
-    result file, or None when it measured none of them."""
+    per model; ``-k`` by their test names), ``--confirm-runs`` times, into a temporary folder
+    beside NEW, and returns one result file per run that measured any of them (none: an empty
+    list)."""
 
     def remeasure(new_file, rows):
         import json
@@ -101,31 +125,35 @@ def remeasure_cases(args: argparse.Namespace):
         names = {(b["extra_info"].get("model"), b["extra_info"].get("case_id")):
                  (b.get("name"), b["extra_info"].get("workload")) for b in records
                  if isinstance(b.get("extra_info"), dict)}
-        files = []
-        for (profile, device), group in rows.groupby(["profile", "device"]):
-            tests, workloads = [], []
-            for _, r in group.iterrows():
-                name, workload = names.get((r["model"], r["case_id"]),
-                                           (f"test_step[{r['case_id']}]", r["model"]))
-                tests.append(name[name.index("["):] if "[" in name else name)
-                workloads.append(workload or r["model"])
-            dest = out / f"{profile}-{device}"
-            cmd = [sys.executable, "-m", "gpubench", "run", "--profile", profile, "--device",
-                   device, "--models", ",".join(dict.fromkeys(workloads)), "-k",
-                   " or ".join(tests), "--no-charts", "--no-hygiene", "--out", str(dest),
-                   *extra]
-            print(f"gpubench compare: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
-            if (dest / "benchmark.json").is_file():
-                files.append(dest / "benchmark.json")
-        if not files:
-            return None  # nothing re-measured: decided as they were
-        if len(files) == 1:
-            return files[0]
-        merged = json.loads(files[0].read_text())
-        for f in files[1:]:
-            merged["benchmarks"] += json.loads(f.read_text())["benchmarks"]
-        (out / "benchmark.json").write_text(json.dumps(merged))
-        return out / "benchmark.json"
+        runs = getattr(args, "confirm_runs", 1) or 1
+        results = []
+        for run in range(1, runs + 1):
+            files = []
+            for (profile, device), group in rows.groupby(["profile", "device"]):
+                tests, workloads = [], []
+                for _, r in group.iterrows():
+                    name, workload = names.get((r["model"], r["case_id"]),
+                                               (f"test_step[{r['case_id']}]", r["model"]))
+                    tests.append(name[name.index("["):] if "[" in name else name)
+                    workloads.append(workload or r["model"])
+                dest = out / (f"{profile}-{device}" if runs == 1
+                              else f"run{run}-{profile}-{device}")
+                cmd = [sys.executable, "-m", "gpubench", "run", "--profile", profile,
+                       "--device", device, "--models", ",".join(dict.fromkeys(workloads)),
+                       "-k", " or ".join(tests), "--no-charts", "--no-hygiene",
+                       "--out", str(dest), *extra]
+                print(f"gpubench compare: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+                subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
+                if (dest / "benchmark.json").is_file():
+                    files.append(dest / "benchmark.json")
+            if len(files) > 1:  # one file per re-measurement run
+                merged = json.loads(files[0].read_text())
+                for f in files[1:]:
+                    merged["benchmarks"] += json.loads(f.read_text())["benchmarks"]
+                target = out / (f"run{run}.json" if runs > 1 else "benchmark.json")
+                target.write_text(json.dumps(merged))
+                files = [target]
+            results += files
+        return results  # empty: nothing re-measured, decided as they were
 
     return remeasure

@@ -76,6 +76,29 @@ NOISE_SIGMAS = 3.0
 """``gpubench compare``: a time change must also exceed this many between-run spreads of its
 basis (``--noise-sigmas``; 0: the time threshold alone)."""
 
+SCREEN_SIGMAS = 2.5
+"""``gpubench compare --confirm``, first stage: a time change beyond this many between-run
+spreads (and beyond ``SCREEN_THRESHOLD_SHARE`` of the time threshold; never beyond the plain
+limit) flags a case for re-measurement (``--screen-sigmas``). About 1 case in 160 of one
+commit is flagged, and re-measured, for nothing."""
+
+SCREEN_THRESHOLD_SHARE = 0.5
+"""``gpubench compare --confirm``: the share of the time threshold a flagged change must reach
+at least, so a quiet machine does not re-measure changes too small to ever count."""
+
+CONFIRM_SIGMAS = 4.2
+"""``gpubench compare --confirm``, second stage: a flagged case is a regression only when its
+re-measurement alone passes the first stage again and the new and re-measured rounds pooled
+differ from the base by more than the time threshold and this many standard deviations of that
+pooled change (``--confirm-sigmas``; the between-run spread scaled by
+``analysis.compare.pooled_spread_factor``). Chosen so that two runs of one commit with 140
+cases fail in under 1 comparison in 100 under Gaussian between-run noise: 0.74% (0.63-0.87%),
+while a 10% slowdown at a 2.4% between-run spread is caught in 70% of comparisons with one base
+run and 91% with two (``scripts/gate_false_alarms.py``; docs/history.md has its table)."""
+
+CONFIRM_RUNS = 1
+"""``gpubench compare --confirm-runs``: how many times the flagged cases are re-measured."""
+
 COMPARE_BASES = ("auto", "raw", "normalized")
 """``gpubench compare --basis``: what a case's round times are compared as
 (``analysis.compare.BASES`` says how)."""

@@ -1,0 +1,175 @@
+"""False-alarm and detection rates of ``gpubench compare``'s gate, plain and with ``--confirm``.
+
+Simulated pairs of runs of CASES cases compared over their paired baseline rounds: each run
+moves each case by its own factor, which its rounds do not show (the between-run noise: 1.5%,
+Gaussian, or Student-t with 5 or 3 degrees of freedom scaled to the same median absolute
+deviation, so the gate measures the same spread), and each case has 10 rounds spread by 2%
+within the run; the changes between two runs then spread by about 2.4%. The base is one run
+or several pooled (``compare OLD1 OLD2 NEW``), the re-measurement of the flagged cases one run
+or several. Counts the same-commit pairs in which any case fails the gate, and, in pairs where
+one case's new code is 10% slower (SLOW), how often that case fails it; 95% Wilson intervals.
+
+The decisions are the gate's own (``Thresholds``' limits, ``robust_spread``, ``flag_time``,
+``time_verdict``, ``confirm_time``), applied to the simulated rounds as ``compare_runs`` and
+``confirm_regressions`` apply them (``tests/test_history_gate.py`` checks that they agree).
+"Before" is the confirmation this gate replaced: the plain limit on the first comparison and
+again on the re-measurement alone.
+
+    python scripts/gate_false_alarms.py [--pairs 20000] [--slowed 2000] [--cases 140]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+from scipy import stats
+
+from gpubench.analysis.compare import Thresholds, confirm_time, flag_time, time_verdict
+from gpubench.util.stats import robust_spread
+from gpubench.util.verdicts import Kind
+
+ROUNDS = 10
+"""Rounds per case per run."""
+BETWEEN = 0.015
+"""Spread of a case's own factor per run (log), which its rounds do not show."""
+WITHIN = 0.02
+"""Spread of a case's rounds within a run (log)."""
+NOISES = ("gaussian", "t5", "t3")
+
+
+def own_factors(rng: np.random.Generator, shape: tuple, noise: str) -> np.ndarray:
+    """Each run's factor per case (log): Gaussian, or Student-t ("t5", "t3") scaled to the
+    Gaussian's median absolute deviation."""
+    if noise == "gaussian":
+        return rng.normal(0, BETWEEN, shape)
+    dof = int(noise[1:])
+    scale = BETWEEN * stats.norm.ppf(0.75) / stats.t(dof).ppf(0.75)
+    return scale * rng.standard_t(dof, shape)
+
+
+def runs(rng: np.random.Generator, pairs: int, cases: int, count: int, noise: str
+         ) -> np.ndarray:
+    """(pairs, cases, count x ROUNDS) per-round times over their paired baseline rounds of
+    ``count`` runs pooled."""
+    own = own_factors(rng, (pairs, cases, count, 1), noise)
+    rounds = np.exp(own + rng.normal(0, WITHIN, (pairs, cases, count, ROUNDS)))
+    return rounds.reshape(pairs, cases, count * ROUNDS)
+
+
+def simulate(rng: np.random.Generator, pairs: int, cases: int, *, noise: str = "gaussian",
+             base_runs: int = 1, again_runs: int = 1, slow: float = 1.0):
+    """(base, new, again) rounds of ``pairs`` comparisons; case 0 of the new code (new and
+    again) ``slow`` times slower."""
+    base = runs(rng, pairs, cases, base_runs, noise)
+    new, again = (runs(rng, pairs, cases, k, noise) for k in (1, again_runs))
+    new[:, 0] *= slow
+    again[:, 0] *= slow
+    return base, new, again
+
+
+def decide(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
+           base_runs: int, again_runs: int) -> dict[str, np.ndarray]:
+    """Per (pair, case): "plain" (the gate without --confirm fails it), "flagged" (re-measured
+    under --confirm), "confirmed" (--confirm fails it), "before" (the previous confirmation
+    fails it)."""
+    pairs, cases, _ = base.shape
+    changes = np.median(new, axis=2) / np.median(base, axis=2) - 1
+    out = {k: np.zeros((pairs, cases), bool) for k in ("plain", "flagged", "confirmed",
+                                                        "before")}
+    for p in range(pairs):
+        spread = robust_spread(changes[p])
+        plain = th.time_limit(spread, cases)
+        screen = th.screen_limit(spread, cases)
+        for c in np.flatnonzero(changes[p] >= min(plain, screen)):
+            b, n, a = base[p, c], new[p, c], again[p, c]
+            if time_verdict(b, n, th, plain)[0] == Kind.REGRESSION:
+                out["plain"][p, c] = True
+                out["before"][p, c] = time_verdict(b, a, th, plain)[0] == Kind.REGRESSION
+            if flag_time(b, n, th, plain, screen)[0] == Kind.REGRESSION:
+                out["flagged"][p, c] = True
+                out["confirmed"][p, c] = confirm_time(b, n, a, th, spread, cases,
+                                                      (base_runs, 1, again_runs))[0]
+    return out
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson interval of the rate k / n."""
+    if n == 0:
+        return math.nan, math.nan
+    p = k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def rate(k: int, n: int) -> str:
+    low, high = wilson(k, n)
+    return f"{k / n:.2%} ({low:.2%}-{high:.2%})"
+
+
+def measure(rng, pairs: int, slowed: int, cases: int, noise: str, base_runs: int,
+            again_runs: int, slow: float, th: Thresholds | None = None, chunk: int = 500
+            ) -> dict:
+    """Counts over ``pairs`` same-commit pairs and ``slowed`` pairs with case 0 slower."""
+    th = th or Thresholds()
+    failed = {"plain": 0, "before": 0, "confirmed": 0}
+    flagged = 0
+    for start in range(0, pairs, chunk):
+        size = min(chunk, pairs - start)
+        sides = simulate(rng, size, cases, noise=noise, base_runs=base_runs,
+                         again_runs=again_runs)
+        out = decide(*sides, th, base_runs, again_runs)
+        for k in failed:
+            failed[k] += int(out[k].any(axis=1).sum())
+        flagged += int(out["flagged"].sum())
+    caught = {"plain": 0, "before": 0, "confirmed": 0}
+    for start in range(0, slowed, chunk):
+        size = min(chunk, slowed - start)
+        sides = simulate(rng, size, cases, noise=noise, base_runs=base_runs,
+                         again_runs=again_runs, slow=slow)
+        out = decide(*sides, th, base_runs, again_runs)
+        for k in caught:
+            caught[k] += int(out[k][:, 0].sum())
+    return {"failed": failed, "caught": caught, "flagged": flagged, "pairs": pairs,
+            "slowed": slowed}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=int, default=20000,
+                   help="same-commit pairs per row (Gaussian; a quarter for the t rows)")
+    p.add_argument("--slowed", type=int, default=2000, help="pairs with a slower case per row")
+    p.add_argument("--cases", type=int, default=140)
+    p.add_argument("--slow", type=float, default=0.10)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    rng = np.random.default_rng(args.seed)
+    th = Thresholds()
+    print(f"{args.cases} cases; limits: plain {th.noise_sigmas:g} spreads; --confirm flags "
+          f"beyond {th.screen_sigmas:g} spreads, confirms beyond {th.confirm_sigmas:g} standard "
+          f"deviations of the pooled change; time threshold {th.time:.0%}\n")
+    print(f"| between-run noise | base runs | re-measurements | same-commit pairs that fail: "
+          f"plain | before | --confirm | cases re-measured per pair | {args.slow:.0%} slowdown "
+          "caught: plain | before | --confirm |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for noise in NOISES:
+        pairs = args.pairs if noise == "gaussian" else max(1, args.pairs // 4)
+        for base_runs, again_runs in ((1, 1), (1, 2), (2, 1), (3, 1)):
+            start = time.perf_counter()
+            m = measure(rng, pairs, args.slowed, args.cases, noise, base_runs, again_runs,
+                        1 + args.slow, th)
+            f, c = m["failed"], m["caught"]
+            print(f"| {noise} | {base_runs} | {again_runs} | "
+                  + " | ".join(rate(f[k], pairs) for k in ("plain", "before", "confirmed"))
+                  + f" | {m['flagged'] / pairs:.2f} | "
+                  + " | ".join(rate(c[k], args.slowed) for k in ("plain", "before",
+                                                                   "confirmed"))
+                  + " |", flush=True)
+            print(f"<!-- {time.perf_counter() - start:.0f} s -->", flush=True)
+
+
+if __name__ == "__main__":
+    main()
