@@ -18,6 +18,10 @@ def pytest_configure(config):
 
     from gpubench.measure.flops import PEAKS_ENV
 
+    # Where the suite's time goes, after every session: its slowest tests (5 s or more), unless
+    # --durations was given.
+    if config.option.durations is None:
+        config.option.durations, config.option.durations_min = 30, 5.0
     _SESSION_DIR = tempfile.mkdtemp(prefix="gpubench-tests-")
     os.environ["GPUBENCH_CACHE_DIR"] = os.path.join(_SESSION_DIR, "cache")
     os.environ[PEAKS_ENV] = os.path.join(_SESSION_DIR, "peaks.json")
