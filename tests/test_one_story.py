@@ -386,3 +386,38 @@ def test_the_report_lists_skipped_and_failed_cases_and_links_only_what_it_holds(
     assert "(parity.md)" not in md and "`parity.md`" in md
     for link in re.findall(r"\]\(([\w.-]+)\)", md):
         assert (out / link).exists(), link
+
+
+def _paired(case_id: str, step: float, beside: float, **fields) -> dict:
+    """A case paired with the baseline in its own process: its rounds about ``step`` s, the
+    baseline's rounds beside it about ``beside`` s."""
+    rounds = [step * (1 + 0.01 * (i % 3)) for i in range(12)]
+    base = [beside * (1 + 0.01 * (i % 3)) for i in range(12)]
+    ratio = beside / step
+    return step_record(case_id, rounds, is_baseline=False, paired_partner="this process",
+                       paired_baseline_rounds_s=base, baseline_step_time_s=beside,
+                       speedup_paired=ratio, speedup_paired_low=ratio * 0.98,
+                       speedup_paired_high=ratio * 1.02, speedup_paired_p=1e-6, **fields)
+
+
+def test_a_pairing_disturbed_in_its_process_is_flagged_and_never_the_answer(tmp_path):
+    """The baseline's rounds beside a case in its own process ran 50% slower than the baseline
+    case: the case's 1.5x is read against a slowed baseline. It is flagged, and the answer takes
+    the case whose baseline beside it ran as the baseline case did, saying why it passed over
+    the other."""
+    from gpubench.analysis.recommend import recommend
+    from gpubench.analysis.results import load_results, with_baseline_ratios
+
+    path = results_file(
+        tmp_path / "run.json",
+        step_record("bert-fp32", [0.1, 0.101, 0.102] * 4),
+        _paired("bert-fp32-zerofill", 0.1, 0.15, zero_grad_set_to_none=False),
+        _paired("bert-fp32-sgd_fused", 0.09, 0.101, optimizer_impl="fused"))
+    df = with_baseline_ratios(load_results([path])).set_index("case_id")
+    assert "disturbed pairing: the FP32 baseline beside it ran 49% slower than the baseline " \
+           "case" in df.loc["bert-fp32-zerofill", "flags"]
+    assert "disturbed" not in df.loc["bert-fp32-sgd_fused", "flags"]
+    (rec,) = recommend(load_results([path]))
+    assert rec.case_id == "bert-fp32-sgd_fused"
+    (passed,) = rec.passed_over
+    assert passed.case_id == "bert-fp32-zerofill" and passed.why.startswith("disturbed pairing")

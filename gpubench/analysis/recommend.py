@@ -9,7 +9,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from gpubench.analysis.results import compile_cost_words, numbers, with_baseline_ratios
+from gpubench.analysis.results import (
+    PARTNER_TOLERANCE,
+    compile_cost_words,
+    disturbed_words,
+    numbers,
+    partner_drift,
+    with_baseline_ratios,
+)
 from gpubench.analysis.speed import (
     SpeedComparison,
     _speed_vs_baseline,
@@ -17,7 +24,7 @@ from gpubench.analysis.speed import (
 )
 from gpubench.train.config import RunConfig, config_from_record, inert_techniques
 from gpubench.train.techniques import TECHNIQUES
-from gpubench.util.verdicts import ALPHA, MIN_EFFECT
+from gpubench.util.verdicts import ALPHA, MIN_EFFECT, Kind
 
 
 @dataclass(frozen=True)
@@ -138,7 +145,8 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
         if sub.empty:
             continue
         # A technique that does nothing on this device can only "win" by measurement noise.
-        # So can an emulated one: FP8 without FP8 units runs its casts in higher precision.
+        # So can an emulated one: FP8 without FP8 units runs its casts in higher precision. And
+        # a case whose baseline rounds beside it ran off the baseline case (``partner_drift``).
         inert = {}
         for _, r in sub.iterrows():
             does_nothing = inert_techniques(r.to_dict())
@@ -147,6 +155,10 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                                        "device: its gain is noise")
             elif r.get("fp8_emulated") is True:
                 inert[r["case_id"]] = "FP8 emulated without FP8 units (casts in bf16)"
+            elif (drift := partner_drift(r)) is not None and abs(drift) > PARTNER_TOLERANCE:
+                # Its speedup is read against a baseline its presence slowed (or sped).
+                inert[r["case_id"]] = (f"{Kind.DISTURBED}: {disturbed_words(drift)}, so its "
+                                       "speedup is not what switching gives")
         eligible = set(sub["case_id"])
         sub = sub[~sub["case_id"].isin(inert)]
         if budget_bytes is not None:

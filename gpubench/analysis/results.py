@@ -586,6 +586,31 @@ NOOP_TOLERANCE = 0.03
 SPREAD_LIMIT = 0.10
 """Baseline IQR / median above which a run's timings are flagged as noisy."""
 
+PARTNER_TOLERANCE = 0.10
+"""A case paired in its own process whose baseline rounds there ran more than this fraction off
+the baseline case's step time is flagged as a disturbed pairing (``partner_drift``): the case's
+presence (its memory, its loader workers) changed the baseline's speed, so the paired speedup is
+not what switching configuration gives, and the recommendation passes it over."""
+
+
+def disturbed_words(drift: float) -> str:
+    """A disturbed pairing in words (the summary's flag, the recommendation's why)."""
+    return (f"the FP32 baseline beside it ran {abs(drift):.0%} "
+            f"{'slower' if drift > 0 else 'faster'} than the baseline case")
+
+
+def partner_drift(row) -> float | None:
+    """How far the baseline's rounds beside a case in its own process ran from the baseline
+    case (their median step over the baseline case's, less 1; 0.5: 50% slower), from a row of
+    ``with_baseline_ratios``; None where the case was not paired in its own process. A worker
+    process's baseline is offset to the baseline case instead (``speedup_offset``)."""
+    if row.get("paired_partner") != "this process" or row.get("is_baseline") is True:
+        return None
+    own, base = row.get("baseline_step_time_s"), row.get("base_step_time_s")
+    if not (isinstance(own, float) and isinstance(base, float) and own == own and base > 0):
+        return None
+    return own / base - 1
+
 
 def _only_inert(flat: dict) -> bool:
     """Whether a record differs from its baseline only by techniques that do nothing on its
@@ -614,8 +639,9 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
     which numbers to distrust: a no-op technique off 1.0 by more than ``NOOP_TOLERANCE`` with an
     interval that excludes 1.0; a speedup above the device count for a parallel case (or above
     what the baseline's spread allows); scaling efficiency above 100%; and a noisy baseline
-    (IQR / median above ``SPREAD_LIMIT``); and a case timed while the machine was contended
-    (``contended``, see ``gpubench.measure.telemetry``)."""
+    (IQR / median above ``SPREAD_LIMIT``); a case timed while the machine was contended
+    (``contended``, see ``gpubench.measure.telemetry``); and a case whose baseline rounds in its
+    own process ran more than ``PARTNER_TOLERANCE`` off the baseline case (``partner_drift``)."""
     from gpubench.train.config import inert_techniques
 
     flags = []
@@ -648,6 +674,9 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
             out.append(f"{Kind.NOISY_BASELINE} (IQR {100 * iqr / median:.0f}% of the median)")
         if row.get("contended") is True:  # gpubench.measure.telemetry
             out.append(f"{Kind.CONTENDED}: {row.get('contention_reason')}")
+        drift = partner_drift(row)
+        if drift is not None and abs(drift) > PARTNER_TOLERANCE:
+            out.append(f"{Kind.DISTURBED}: {disturbed_words(drift)}")
         flags.append("; ".join(out))
     df["flags"] = flags
     return df

@@ -39,6 +39,7 @@ class Kind(StrEnum):
     MACHINE_NOISE = "machine noise"
     NOISY_BASELINE = "noisy baseline"
     CONTENDED = "measured under contention"
+    DISTURBED = "disturbed pairing"
 
     @property
     def tone(self) -> str:
@@ -53,7 +54,7 @@ _TONES = {
     Kind.NOT_TESTABLE: "na", Kind.NOT_APPLICABLE: "na",
     Kind.UNCHANGED: "neutral", Kind.NO_LEAK: "good", Kind.LEAKS: "bad", Kind.DOES_NOT_FIT: "na",
     Kind.IMPLAUSIBLE: "bad", Kind.MACHINE_NOISE: "unsure", Kind.NOISY_BASELINE: "unsure",
-    Kind.CONTENDED: "unsure",
+    Kind.CONTENDED: "unsure", Kind.DISTURBED: "unsure",
 }
 
 
