@@ -72,7 +72,7 @@ PASSED_OVER_SHOWN = 8
 
 
 def _passed_over(measured: pd.DataFrame, baseline: pd.Series, chosen: pd.Series, eligible: set,
-                 inert: dict, budget_bytes: float | None, alpha: float, n: int
+                 excluded: dict, budget_bytes: float | None, alpha: float, n: int
                  ) -> tuple[PassedOver, ...]:
     """Every measured case of the model faster than the ``chosen`` one (by the speedup
     column), with the first rule of ``recommend`` it fails."""
@@ -87,8 +87,8 @@ def _passed_over(measured: pd.DataFrame, baseline: pd.Series, chosen: pd.Series,
         factor = (float(gb) / float(base_gb) if pd.notna(gb) and pd.notna(base_gb)
                   else float("nan"))
         peak = budget_measure(row.to_frame().T).iloc[0]
-        if row["case_id"] in inert:
-            why = inert[row["case_id"]]
+        if row["case_id"] in excluded:
+            why = excluded[row["case_id"]]
         elif row["case_id"] not in eligible:
             parallel, ranks = row.get("parallel"), row.get("world_size")
             if isinstance(parallel, str) and parallel != "single":
@@ -147,20 +147,20 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
         # A technique that does nothing on this device can only "win" by measurement noise.
         # So can an emulated one: FP8 without FP8 units runs its casts in higher precision. And
         # a case whose baseline rounds beside it ran off the baseline case (``partner_drift``).
-        inert = {}
+        excluded = {}  # case id: why it is no candidate
         for _, r in sub.iterrows():
             does_nothing = inert_techniques(r.to_dict())
             if does_nothing:
-                inert[r["case_id"]] = (f"{', '.join(does_nothing)} does nothing on this "
+                excluded[r["case_id"]] = (f"{', '.join(does_nothing)} does nothing on this "
                                        "device: its gain is noise")
             elif r.get("fp8_emulated") is True:
-                inert[r["case_id"]] = "FP8 emulated without FP8 units (casts in bf16)"
+                excluded[r["case_id"]] = "FP8 emulated without FP8 units (casts in bf16)"
             elif (drift := partner_drift(r)) is not None and abs(drift) > PARTNER_TOLERANCE:
                 # Its speedup is read against a baseline its presence slowed (or sped).
-                inert[r["case_id"]] = (f"{Kind.DISTURBED}: {disturbed_words(drift)}, so its "
+                excluded[r["case_id"]] = (f"{Kind.DISTURBED}: {disturbed_words(drift)}, so its "
                                        "speedup is not what switching gives")
         eligible = set(sub["case_id"])
-        sub = sub[~sub["case_id"].isin(inert)]
+        sub = sub[~sub["case_id"].isin(excluded)]
         if budget_bytes is not None:
             sub = sub[budget_measure(sub) <= budget_bytes]
         base = sub[sub["is_baseline"] == True]  # noqa: E712
@@ -201,7 +201,7 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                       f"Bonferroni over {len(sub) - 1}) by {MIN_EFFECT:.0%} or more")
         if best is not baseline and pd.notna(best.get("compile_time_s")):
             note = "; ".join(filter(None, [compile_cost_words(best), note]))
-        passed = _passed_over(measured, baseline, best, eligible, inert,
+        passed = _passed_over(measured, baseline, best, eligible, excluded,
                               budget_bytes, alpha, len(sub) - 1)
         out.append(Recommendation(model, best["case_id"], best_speed.ratio, best_speed.low,
                                   best_speed.high, float(best["training_memory_bytes"]),
