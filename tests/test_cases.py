@@ -102,6 +102,25 @@ def test_emulated_precision_combinations_leave_the_cpu_profile():
     assert budget_reason(base.with_(device="cuda", precision="bf16", checkpointing=True)) is None
 
 
+@pytest.mark.parametrize("native", [set(), {"bf16"}, {"bf16", "fp16"}])
+def test_the_smoke_profile_runs_an_emulated_precision_on_its_last_workload_only(
+        monkeypatch, native):
+    from gpubench.suite import cases as module
+
+    monkeypatch.setattr(module, "native_cpu_precisions", lambda: set(native))
+    assert PROFILE_MODELS["smoke"] == ("resnet18", "bert")
+    ids = {c.id for c in profile_cases("smoke", "cpu")}
+    for precision in ("fp16", "bf16"):
+        # a precision the CPU has units for runs on every workload, an emulated one on bert
+        assert ("resnet18-" + precision in ids) == (precision in native)
+        assert "bert-" + precision in ids
+    assert {"resnet18-fp32", "resnet18-fp32-ckpt", "bert-fp32"} <= ids
+    alone = {c.id for c in profile_cases("smoke", "cpu", ("resnet18",))}
+    assert {"resnet18-fp16", "resnet18-bf16"} <= alone  # the run's last workload
+    gpu = {c.id for c in profile_cases("smoke", "cuda")}
+    assert {"resnet18-fp16", "bert-fp16"} <= gpu
+
+
 @pytest.mark.parametrize("option", ["--gpubench-min-time", "--gpubench-max-time",
                                     "--gpubench-rounds", "--gpubench-warmup"])
 def test_a_negative_round_budget_is_a_one_line_usage_error(option):
