@@ -79,6 +79,7 @@ class Options:
         self.threads = config.getoption("--gpubench-threads")
         self.timeout_s = config.getoption("--gpubench-timeout") or DEFAULT_TIMEOUT_S
         self.paired = not config.getoption("--gpubench-unpaired")
+        self.partner = config.getoption("--gpubench-partner") or "process"
         self.trace_dir = config.getoption("--gpubench-trace") or None
         self._baseline = None
         from gpubench.measure.runner import RankPool
@@ -99,7 +100,8 @@ class Options:
                 "max_time_s": self.max_time_s, "min_time_s": self.min_time_s,
                 "target_width": self.target_width,
                 "energy_block_s": self.energy_block_s,
-                "paired": self.paired, "slow": self.slow, "threads": self.threads,
+                "paired": self.paired, "partner": self.partner, "slow": self.slow,
+                "threads": self.threads,
                 "node": platform.node(), "torch": torch.__version__,
                 "gpubench": gpubench.__version__}
 
@@ -125,7 +127,8 @@ class Options:
         if self._baseline is None:
             from gpubench.measure.protocol import PairedBaseline
 
-            self._baseline = PairedBaseline(cfg, self.timeout_s, max(1, self.warmup), spare)
+            self._baseline = PairedBaseline(cfg, self.timeout_s, max(1, self.warmup), spare,
+                                            in_process=self.partner == "process")
         return self._baseline
 
     def close_baseline(self):
@@ -141,6 +144,9 @@ def pytest_configure(config):
             f"-n {workers}: the benchmark cases time the whole machine and must run one at a "
             "time; run them without pytest-xdist")
     config.gpubench = Options(config)
+    from gpubench.measure.memory import steady_malloc
+
+    steady_malloc()  # this process's and its workers' (the hand-written loops' too)
     data_dir = config.getoption("--gpubench-data-dir")
     if data_dir:
         os.environ["GPUBENCH_DATA_DIR"] = data_dir  # inherited by worker processes

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Does `gpubench compare --confirm` pass runs of one commit and still catch a planted slowdown?
 # TRIES+1 runs of one slice back to back; each run compared with the one before, with and
-# without --confirm; then a run with a 10% slowdown planted in one case (the bf16 case of
-# scripts/planted_slowdown_workload.py), compared with --confirm (its re-measurement keeps
-# the slowdown, as new code would).
+# without --confirm, and (from the third run) with --confirm against the two before pooled;
+# then a run with a 10% slowdown planted in one case (the bf16 case of
+# scripts/planted_slowdown_workload.py), compared with --confirm against the last run and
+# the last two (its re-measurement keeps the slowdown, as new code would).
 #   scripts/confirm_gate_trials.sh OUT [TRIES] [extra gpubench run options]
+# COMPARE_ONLY=1 redoes the comparisons on the runs already in OUT.
 set -uo pipefail
 OUT=${1:?usage: $0 OUT [TRIES] [run options]}
 TRIES=${2:-10}
@@ -13,21 +15,39 @@ MODEL=${MODEL:-scripts/planted_slowdown_workload.py:workload}
 RUN=(--profile cpu --model "$MODEL" --groups "${GROUPS_:-precision,optimizer}" --rounds 5
      --no-charts --no-hygiene "$@")
 mkdir -p "$OUT"
-gpubench run "${RUN[@]}" --out "$OUT/r0" > "$OUT/r0.log" 2>&1
+run() {  # run NAME: one run of the slice into OUT/NAME, unless only comparing
+  [ -n "${COMPARE_ONLY:-}" ] || gpubench run "${RUN[@]}" --out "$OUT/$1" > "$OUT/$1.log" 2>&1
+}
+rm -f "$OUT/trials.txt"
+run r0
 for i in $(seq 1 "$TRIES"); do
-  gpubench run "${RUN[@]}" --out "$OUT/r$i" > "$OUT/r$i.log" 2>&1
+  run "r$i"
   gpubench compare "$OUT/r$((i-1))/benchmark.json" "$OUT/r$i/benchmark.json" --new-only \
     > "$OUT/plain$i.txt" 2>&1
   plain=$?
   gpubench compare "$OUT/r$((i-1))/benchmark.json" "$OUT/r$i/benchmark.json" --new-only \
     --confirm --confirm-args "--rounds 5" > "$OUT/confirm$i.txt" 2>&1
-  echo "try $i: plain gate exit $plain, confirmed gate exit $?" | tee -a "$OUT/trials.txt"
+  confirmed=$?
+  two=-
+  if [ "$i" -ge 2 ]; then
+    gpubench compare "$OUT/r$((i-2))/benchmark.json" "$OUT/r$((i-1))/benchmark.json" \
+      "$OUT/r$i/benchmark.json" --new-only --confirm --confirm-args "--rounds 5" \
+      > "$OUT/confirm2-$i.txt" 2>&1
+    two=$?
+  fi
+  echo "try $i: plain gate exit $plain, confirmed gate exit $confirmed, confirmed on two base runs exit $two" \
+    | tee -a "$OUT/trials.txt"
 done
 SLOW=$(python -c "import json,sys; d=json.load(open(sys.argv[1])); print(0.10*next(
   b['extra_info']['step_time_s'] for b in d['benchmarks']
   if b['extra_info'].get('case_id','').endswith('-bf16')))" "$OUT/r$TRIES/benchmark.json")
 export GPUBENCH_PLANTED_SLOW_S=$SLOW
-gpubench run "${RUN[@]}" --out "$OUT/slow" > "$OUT/slow.log" 2>&1
+run slow
 gpubench compare "$OUT/r$TRIES/benchmark.json" "$OUT/slow/benchmark.json" --new-only \
   --confirm --confirm-args "--rounds 5" > "$OUT/confirm-slow.txt" 2>&1
-echo "planted ${SLOW}s (10% of the bf16 step): confirmed gate exit $?" | tee -a "$OUT/trials.txt"
+one=$?
+gpubench compare "$OUT/r$((TRIES-1))/benchmark.json" "$OUT/r$TRIES/benchmark.json" \
+  "$OUT/slow/benchmark.json" --new-only --confirm --confirm-args "--rounds 5" \
+  > "$OUT/confirm2-slow.txt" 2>&1
+echo "planted ${SLOW}s (10% of the bf16 step): confirmed gate exit $one, on two base runs exit $?" \
+  | tee -a "$OUT/trials.txt"

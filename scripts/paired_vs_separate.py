@@ -5,11 +5,16 @@ alone (``gpubench case`` in a fresh process, the baseline's and the variant's al
 ``--repeats`` times, the order swapped each time; the median of the per-pair ratios of median
 step times, times the ratio of global batches), and the paired figure of a run (``run_case``
 with a ``PairedBaseline``, the profile's target width and caps: what ``gpubench run`` records
-as ``speedup_paired``), measured in one process for all cases as a run does. Writes a markdown
-table with the difference.
+as ``speedup_paired``), measured in one process for all cases as a run does, in
+``--paired-processes`` fresh processes. Both figures are replicated over processes because a
+process is itself a source of error: on a shared VM the same configuration runs several percent
+faster or slower for a process's whole life, differently for different kernels (bf16's and
+fp32's), which no pairing inside one process can see. Writes a markdown table with each
+method's median, its spread over processes, and the difference.
 
     python scripts/paired_vs_separate.py [--profile cpu] [--repeats 3] [--rounds 20]
-        [--cases resnet18-fp32-adam,...] [--out results/cpu/paired_vs_separate.md]
+        [--paired-processes 3] [--cases resnet18-fp32-adam,...]
+        [--out results/cpu/paired_vs_separate.md]
 """
 
 from __future__ import annotations
@@ -77,13 +82,14 @@ def separate_speedup(cfg, rounds: int, repeats: int, tmp: Path) -> tuple[float, 
     return statistics.median(ratios), ratios
 
 
-def paired_speedup(cfg, profile) -> dict:
-    """The run's paired figure of ``cfg`` (``run_case`` as ``gpubench run`` calls it)."""
+def paired_speedup(cfg, profile, partner: str = "process") -> dict:
+    """The run's paired figure of ``cfg`` (``run_case`` as ``gpubench run`` calls it, with
+    its ``--partner``)."""
     from gpubench.measure.protocol import PairedBaseline
     from gpubench.measure.runner import run_case
     from gpubench.measure.standalone import StandaloneBenchmark
 
-    baseline = PairedBaseline(cfg, timeout_s=600)
+    baseline = PairedBaseline(cfg, timeout_s=600, in_process=partner == "process")
     try:
         return run_case(StandaloneBenchmark(cfg.id), cfg, rounds=profile.rounds,
                         warmup_rounds=profile.warmup, max_time_s=profile.max_time_s,
@@ -91,6 +97,43 @@ def paired_speedup(cfg, profile) -> dict:
                         target_width=profile.target_width)
     finally:
         baseline.close()
+
+
+PAIRED_FIELDS = ("speedup_paired", "speedup_paired_low", "speedup_paired_high", "rounds_stop",
+                 "paired_baseline_rounds_s")
+
+
+def paired_in_fresh_process(args, wanted: list[str], tmp: Path, i: int) -> dict[str, dict]:
+    """The paired figures of ``wanted``, all measured in one fresh process (this script with
+    ``--paired-only``), as ``gpubench run`` measures them."""
+    out = tmp / f"paired-{i}.json"
+    cmd = [sys.executable, __file__, "--profile", args.profile, "--device", args.device,
+           "--cases", ",".join(wanted), "--partner", args.partner, "--paired-only", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{shlex.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def read_separate(path: Path) -> dict[str, tuple[float, list[float]]]:
+    """The separate figures of a table this script wrote: case -> (median, pairs)."""
+    found = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or "(" not in cells[1]:
+            continue
+        median, pairs = cells[1].split("(", 1)
+        try:
+            found[cells[0]] = (float(median), [float(x) for x in pairs.rstrip(")").split(",")])
+        except ValueError:  # the header
+            continue
+    return found
+
+
+def spread(values: list[float]) -> str:
+    """The range of ``values`` over their median, as +-%."""
+    mid = statistics.median(values)
+    return f"{(max(values) - min(values)) / 2 / mid:.1%}"
 
 
 def main() -> None:
@@ -101,6 +144,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=20,
                         help="timed rounds of each separate process (default 20)")
+    parser.add_argument("--paired-processes", type=int, default=3,
+                        help="fresh processes measuring the paired figures (default 3)")
+    parser.add_argument("--partner", default="process", choices=("process", "worker"),
+                        help="where the paired baseline runs, as gpubench run --partner")
+    parser.add_argument("--separate", type=Path, default=None,
+                        help="a table this script wrote: take its separate figures instead of "
+                             "measuring them again")
+    parser.add_argument("--paired-only", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help="markdown table (default: stdout only)")
     args = parser.parse_args()
     from gpubench.suite.cases import profile_cases
@@ -113,21 +164,31 @@ def main() -> None:
     bad = [c for c in wanted if c not in cases]
     if bad:
         raise SystemExit(f"--cases: unknown case {', '.join(bad)}; valid: {', '.join(cases)}")
-    rows = []
-    started = time.time()
-    paired = {}
-    for cid in wanted:  # one process for all paired cases, as a run measures them
-        info = paired_speedup(cases[cid], budget)
-        paired[cid] = info
-        print(f"  paired {cid}: {info['speedup_paired']:.3f} "
-              f"[{info['speedup_paired_low']:.3f}-{info['speedup_paired_high']:.3f}] "
-              f"{len(info['paired_baseline_rounds_s'])} rounds, stopped by "
-              f"{info.get('rounds_stop')}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.paired_only:  # a child of the script: this process's paired figures
+        found = {}
         for cid in wanted:
-            sep, ratios = separate_speedup(cases[cid], args.rounds, args.repeats, Path(tmp))
-            info = paired[cid]
-            rows.append((cid, sep, ratios, info))
+            info = paired_speedup(cases[cid], budget, args.partner)
+            found[cid] = {k: info.get(k) for k in PAIRED_FIELDS}
+        Path(args.paired_only).write_text(json.dumps(found))
+        return
+    started = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paired = {cid: [] for cid in wanted}
+        for i in range(args.paired_processes):
+            for cid, info in paired_in_fresh_process(args, wanted, Path(tmp), i).items():
+                paired[cid].append(info)
+                print(f"  paired {cid} process {i + 1}: {info['speedup_paired']:.3f} "
+                      f"[{info['speedup_paired_low']:.3f}-{info['speedup_paired_high']:.3f}] "
+                      f"{len(info['paired_baseline_rounds_s'])} rounds, stopped by "
+                      f"{info['rounds_stop']}", flush=True)
+        earlier = read_separate(args.separate) if args.separate else {}
+        for cid in wanted:
+            if cid in earlier:
+                sep, ratios = earlier[cid]
+            else:
+                sep, ratios = separate_speedup(cases[cid], args.rounds, args.repeats, Path(tmp))
+            rows.append((cid, sep, ratios, paired[cid]))
     load = os.getloadavg()
     lines = [
         f"# Paired speedup against separate processes ({args.profile}, {args.device})",
@@ -137,22 +198,30 @@ def main() -> None:
         "(order swapped each time), median of the per-pair ratios of median step times. "
         "Paired: `speedup_paired` of `run_case` with the run's paired baseline and the "
         f"profile's stopping rule (target width {budget.target_width}), all cases in one "
-        "process as in `gpubench run`.",
+        f"process as in `gpubench run` (`--partner {args.partner}`), in "
+        f"{args.paired_processes} fresh processes. "
+        "Spread: half the range over the processes (pairs), over the median.",
         "",
-        "| case | separate (pairs) | paired [95% interval] | rounds, stop | difference |",
-        "|---|---|---|---|---|",
+        "| case | separate (pairs) | spread | paired (processes) | spread | "
+        "one process's interval (median half-width) | difference |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for cid, sep, ratios, info in rows:
-        diff = info["speedup_paired"] / sep - 1
+    worst = 0.0
+    for cid, sep, ratios, infos in rows:
+        figures = [i["speedup_paired"] for i in infos]
+        mid = statistics.median(figures)
+        width = statistics.median(
+            (i["speedup_paired_high"] - i["speedup_paired_low"]) / 2 / i["speedup_paired"]
+            for i in infos)
+        diff = mid / sep - 1
+        worst = max(worst, abs(diff))
         lines.append(
             f"| {cid} | {sep:.3f} ({', '.join(f'{r:.3f}' for r in ratios)}) | "
-            f"{info['speedup_paired']:.3f} [{info['speedup_paired_low']:.3f}-"
-            f"{info['speedup_paired_high']:.3f}] | {len(info['paired_baseline_rounds_s'])}, "
-            f"{info.get('rounds_stop')} | {diff:+.1%} |")
-    worst = max(abs(info["speedup_paired"] / sep - 1) for _, sep, _, info in rows)
+            f"{spread(ratios)} | {mid:.3f} ({', '.join(f'{f:.3f}' for f in figures)}) | "
+            f"{spread(figures)} | {width:.1%} | {diff:+.1%} |")
     lines += ["", f"Largest difference: {worst:.1%}. Took {time.time() - started:.0f} s; "
               f"load average at the end {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} on "
-              f"{os.cpu_count()} cores (other jobs shared the machine).", "",
+              f"{os.cpu_count()} cores.", "",
               "Made with: `python scripts/paired_vs_separate.py " + " ".join(sys.argv[1:]) + "`"]
     text = "\n".join(lines) + "\n"
     print(text)

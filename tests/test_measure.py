@@ -37,6 +37,31 @@ def test_an_in_process_case_pairs_in_its_own_process_and_keeps_its_own_peak():
 
 
 @pytest.mark.slow
+def test_partner_worker_pairs_an_in_process_case_with_a_baseline_process_of_its_own():
+    cfg = RunConfig(model="bert", profile="smoke", precision="tf32")
+    baseline = PairedBaseline(cfg, timeout_s=60, in_process=False)
+    try:
+        paired = _measure(cfg, baseline)
+        assert baseline.group is not None and baseline.group.alive  # the worker ran it
+        assert len(baseline.times) == len(paired["paired_baseline_rounds_s"])
+    finally:
+        baseline.close()
+    assert paired["paired_partner"] == "worker process"
+    assert paired["paired_baseline_case_id"] == "bert-fp32"
+    assert len(paired["paired_baseline_rounds_s"]) >= 6
+
+
+def test_gpubench_run_rejects_an_unknown_partner(capsys):
+    from gpubench.cli import main as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--partner", "elsewhere"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "elsewhere" in err and "process" in err and "worker" in err
+
+
+@pytest.mark.slow
 def test_the_next_models_baseline_is_built_in_the_previous_baseline_worker():
     first = PairedBaseline(RunConfig(model="resnet18", profile="smoke"), timeout_s=60)
     second = None

@@ -167,3 +167,34 @@ def test_the_cpu_base_follows_the_reference_gradients_the_check_caches_and_lets_
         assert case.program.base_bytes - before == added - 16 * 2**20
     finally:
         case.close()
+
+
+def _malloc_in_child(env: dict) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, os; from gpubench.measure.memory import steady_malloc; "
+            "got = steady_malloc(); "
+            "print(json.dumps([got, {k: os.environ.get(k) for k in "
+            "('MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_')}]))")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+def test_steady_malloc_fixes_the_thresholds_for_this_process_and_its_children():
+    from gpubench.measure.memory import MALLOC_ENV
+
+    got, env = _malloc_in_child({})
+    assert got["malloc_thresholds"] == "fixed by gpubench"
+    assert env == MALLOC_ENV  # what processes it starts inherit
+
+
+def test_the_users_malloc_settings_win():
+    got, env = _malloc_in_child({"MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert got == {"malloc_thresholds": "set by the environment",
+                   "MALLOC_MMAP_THRESHOLD_": "65536"}
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "65536" and env["MALLOC_TRIM_THRESHOLD_"] is None

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 GIVEN = {"groups": "memory,layout", "rounds": "7", "warmup": "2", "max_time": "1.5",
          "min_time": "0.25", "target_width": "0.03", "energy_block": "1.5", "timeout": "90",
-         "threads": "2", "data_dir": "/tmp/somewhere"}
+         "threads": "2", "data_dir": "/tmp/somewhere", "partner": "worker"}
 
 
 def _plugin_parser() -> argparse.ArgumentParser:

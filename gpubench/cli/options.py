@@ -138,6 +138,11 @@ SESSION_OPTIONS = (
                   "choice)", type=non_negative_int, default=0),
     SessionOption("unpaired", "no paired baseline round before each timed round (faster; "
                   "speedups then compare cases measured minutes apart)", flag=True),
+    SessionOption("partner", "where the paired baseline of a case measured in the benchmark "
+                  "process runs: process (built beside the case in that process) or worker (a "
+                  "process of its own, kept across the model's cases; multi-process cases "
+                  "always pair with a worker) (default: process)", default="process",
+                  choices=("process", "worker")),
     SessionOption("slow", "include slow cases (torch.compile)", flag=True),
     SessionOption("data_dir", "folder for generated on-disk datasets (default: "
                   "$GPUBENCH_DATA_DIR or ~/.cache/gpubench/data)"),

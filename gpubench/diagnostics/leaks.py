@@ -33,6 +33,7 @@ from gpubench.measure.memory import (
     cpu_peak_supported,
     release_free_memory,
     status_bytes,
+    steady_malloc,
     track_large_allocations,
 )
 from gpubench.train.build import Case
@@ -261,6 +262,7 @@ def check_loops(build_case: Callable[[], Case], steps: int = 12,
     finally:
         if not enabled:
             gc.disable()
+        steady_malloc()  # the measuring settings again, for cases after it in this process
     return results
 
 

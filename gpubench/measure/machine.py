@@ -9,6 +9,7 @@ import platform
 import torch
 
 from gpubench.measure.flops import fp8_peak_flops, matmul_peak_flops
+from gpubench.measure.memory import malloc_settings
 from gpubench.measure.provenance import source_commit
 from gpubench.train.config import FP8_PRECISIONS, PRECISIONS
 from gpubench.train.precision import fp8_units, unsupported_reason
@@ -129,6 +130,7 @@ def machine_info(device: str, storage_dir: str | os.PathLike | None = None) -> d
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "matmul_peak_tflops": measured_peaks_tflops(device),
+        **malloc_settings(),
         "fingerprint": fingerprint(device),
     }
     if storage_dir is not None:

@@ -50,10 +50,61 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 def track_large_allocations() -> None:
     """Make the resident size follow large allocations closely (glibc): blocks over 128 KiB are
     always mapped and unmapped on their own, instead of glibc raising that threshold as it sees
-    large frees and then keeping freed blocks in the heap. Used by leak detection on the CPU."""
+    large frees and then keeping freed blocks in the heap. Used by leak detection on the CPU
+    (``steady_malloc`` restores the measuring settings after it)."""
     if _LIBC is not None and hasattr(_LIBC, "mallopt"):
         _LIBC.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
         _LIBC.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+
+
+STEADY_MMAP_THRESHOLD = 32 * 2**20
+"""glibc's largest fixed mmap threshold (``HEAP_MAX_SIZE / 2`` on 64-bit): allocations up to it
+come from the heap."""
+STEADY_TRIM_THRESHOLD = 1 << 30
+"""Free memory at the heap's top kept rather than handed back after each step (``reset_peak``
+still hands it back, ``malloc_trim``, before each memory window)."""
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(STEADY_MMAP_THRESHOLD),
+              "MALLOC_TRIM_THRESHOLD_": str(STEADY_TRIM_THRESHOLD)}
+"""The same settings for processes started from this one (glibc reads them at start)."""
+
+
+def steady_malloc() -> dict:
+    """Fix glibc's malloc thresholds in this process (``mallopt``) and in the processes it
+    starts (``MALLOC_ENV``), unless the user set them (their ``MALLOC_*`` variables win);
+    returns what holds, for the record.
+
+    Why: by default glibc serves an allocation above its mmap threshold (128 KiB at first)
+    with a fresh mapping and unmaps it when freed, and raises the threshold to the size of each
+    such block freed. A CPU step's time then depends on what the process allocated before: the
+    cpu profile's GPT-2 bf16 step alone in a fresh process took 1,456 page faults a step
+    (25.5 ms); after an FP32 GPT-2 had run in that process, 13 (21.8 ms). The same step read
+    19-25 ms from process to process, and a speedup measured beside another model differed by
+    about 10% from each configuration run alone. With the thresholds fixed, allocations up to
+    ``STEADY_MMAP_THRESHOLD`` come from the heap in every process, whatever ran before. A
+    training loop can do the same (``MALLOC_MMAP_THRESHOLD_``, or jemalloc/tcmalloc)."""
+    import os
+
+    user = any(k in os.environ and os.environ[k] != v for k, v in MALLOC_ENV.items())
+    if not user and _LIBC is not None and hasattr(_LIBC, "mallopt"):
+        _LIBC.mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD)
+        _LIBC.mallopt(M_TRIM_THRESHOLD, STEADY_TRIM_THRESHOLD)
+        os.environ.update(MALLOC_ENV)
+    return malloc_settings()
+
+
+def malloc_settings() -> dict:
+    """The malloc thresholds this process's cases run with (``steady_malloc``), for the
+    record."""
+    import os
+
+    if _LIBC is None or not hasattr(_LIBC, "mallopt"):
+        return {"malloc_thresholds": "not glibc: the allocator's own"}
+    found = {k: os.environ[k] for k in MALLOC_ENV if k in os.environ}
+    if found == MALLOC_ENV:
+        return {"malloc_thresholds": "fixed by gpubench", **found}
+    if found:
+        return {"malloc_thresholds": "set by the environment", **found}
+    return {"malloc_thresholds": "glibc's dynamic defaults"}
 
 
 _FROZEN = False

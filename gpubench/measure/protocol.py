@@ -40,6 +40,7 @@ from gpubench.measure.memory import (
     reset_peak,
     resident_base,
     state_breakdown,
+    steady_malloc,
 )
 from gpubench.measure.telemetry import Sampler
 from gpubench.train.build import build
@@ -292,6 +293,7 @@ class CaseProgram:
             per_machine = local_world_size or world_size
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
         self.rank = rank
+        steady_malloc()  # a step's time must not depend on what this process ran before
         import_lazy_modules()
         freeze_long_lived()  # gc.collect() in every reset_peak scans only what cases create
         # The CPU peak's base, before the case's model: the suite's own state first (the
@@ -624,10 +626,12 @@ class PairedBaseline:
     baseline worker process, started on first use and kept while consecutive cases share it."""
 
     def __init__(self, cfg: RunConfig, timeout_s: float, warmup_rounds: int = 2,
-                 spare=None):
+                 spare=None, in_process: bool = True):
         """``spare``: the worker of a previous ``PairedBaseline`` (``handoff``), which builds
-        this baseline in place of starting a process of its own."""
+        this baseline in place of starting a process of its own. ``in_process`` False: an
+        in-process case pairs with the worker too (``--partner worker``)."""
         self.cfg = cfg.baseline
+        self.in_process = in_process
         self.timeout_s, self.warmup_rounds = timeout_s, max(1, warmup_rounds)
         self.group = None
         self.spare = spare
@@ -885,7 +889,7 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     phases.lap("check")
     counts = group.call("count")
     phases.lap("count")
-    local = baseline is not None and isinstance(group, InProcess)
+    local = baseline is not None and isinstance(group, InProcess) and baseline.in_process
     if local:
         # The case's memory window: its warm-up rounds, the case alone in this process.
         group.call("reset_peak")
