@@ -623,7 +623,10 @@ class PairedBaseline:
     stay the case's own: two processes running the very same step can differ by several percent
     for their whole lives on a shared machine (heap state, page placement), which no pairing
     of rounds removes. Multi-process cases (DDP, pipeline: fresh rank processes) pair with one
-    baseline worker process, started on first use and kept while consecutive cases share it."""
+    baseline worker process, started on first use and kept while consecutive cases share it;
+    with ``in_process`` False (``--partner worker``) in-process cases do too. Measured against
+    each configuration run alone (``scripts/paired_vs_separate.py``), the worker agreed no
+    better and its intervals were wider."""
 
     def __init__(self, cfg: RunConfig, timeout_s: float, warmup_rounds: int = 2,
                  spare=None, in_process: bool = True):
