@@ -421,3 +421,23 @@ def test_a_pairing_disturbed_in_its_process_is_flagged_and_never_the_answer(tmp_
     assert rec.case_id == "bert-fp32-sgd_fused"
     (passed,) = rec.passed_over
     assert passed.case_id == "bert-fp32-zerofill" and passed.why.startswith("disturbed pairing")
+
+
+
+def test_baseline_rounds_that_ran_faster_beside_a_case_are_no_disturbance(tmp_path):
+    """The baseline's rounds beside a case ran 20% faster than the baseline case (the machine
+    was faster while both sides ran): nothing of the case can speed its baseline up, and the
+    ratio of the two sides cancels the machine. Not flagged, and the case can be the answer."""
+    from gpubench.analysis.recommend import recommend
+    from gpubench.analysis.results import load_results, with_baseline_ratios
+
+    path = results_file(
+        tmp_path / "run.json",
+        step_record("bert-fp32", [0.1, 0.101, 0.102] * 4),
+        _paired("bert-fp32-sgd_fused", 0.0667, 0.08, optimizer_impl="fused"),  # 1.2x
+        _paired("bert-fp32-adam_fused", 0.09, 0.1, optimizer="adam", optimizer_impl="fused"))
+    df = with_baseline_ratios(load_results([path])).set_index("case_id")
+    assert "disturbed" not in df.loc["bert-fp32-sgd_fused", "flags"]
+    (rec,) = recommend(load_results([path]))
+    assert rec.case_id == "bert-fp32-sgd_fused"
+    assert not any(p.why.startswith("disturbed") for p in rec.passed_over)

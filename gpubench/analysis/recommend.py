@@ -155,8 +155,8 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                                        "device: its gain is noise")
             elif r.get("fp8_emulated") is True:
                 excluded[r["case_id"]] = "FP8 emulated without FP8 units (casts in bf16)"
-            elif (drift := partner_drift(r)) is not None and abs(drift) > PARTNER_TOLERANCE:
-                # Its speedup is read against a baseline its presence slowed (or sped).
+            elif (drift := partner_drift(r)) is not None and drift > PARTNER_TOLERANCE:
+                # Its speedup is read against a baseline its presence slowed, which flatters it.
                 excluded[r["case_id"]] = (f"{Kind.DISTURBED}: {disturbed_words(drift)}, so its "
                                        "speedup is not what switching gives")
         eligible = set(sub["case_id"])

@@ -587,10 +587,12 @@ SPREAD_LIMIT = 0.10
 """Baseline IQR / median above which a run's timings are flagged as noisy."""
 
 PARTNER_TOLERANCE = 0.10
-"""A case paired in its own process whose baseline rounds there ran more than this fraction off
-the baseline case's step time is flagged as a disturbed pairing (``partner_drift``): the case's
-presence (its memory, its loader workers) changed the baseline's speed, so the paired speedup is
-not what switching configuration gives, and the recommendation passes it over."""
+"""A case paired in its own process whose baseline rounds there ran more than this fraction
+slower than the baseline case's step is flagged as a disturbed pairing (``partner_drift``): the
+case's presence (its memory, its loader workers) may have slowed the baseline it is read against,
+which flatters its speedup, and the recommendation passes it over. Baseline rounds that ran
+faster are not flagged: no presence of the case speeds its baseline up, the machine was faster
+for both sides (their ratio cancels it), and such a speedup could only be understated."""
 
 
 def disturbed_words(drift: float) -> str:
@@ -641,7 +643,8 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
     what the baseline's spread allows); scaling efficiency above 100%; and a noisy baseline
     (IQR / median above ``SPREAD_LIMIT``); a case timed while the machine was contended
     (``contended``, see ``gpubench.measure.telemetry``); and a case whose baseline rounds in its
-    own process ran more than ``PARTNER_TOLERANCE`` off the baseline case (``partner_drift``)."""
+    own process ran more than ``PARTNER_TOLERANCE`` slower than the baseline case
+    (``partner_drift``)."""
     from gpubench.train.config import inert_techniques
 
     flags = []
@@ -675,7 +678,7 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
         if row.get("contended") is True:  # gpubench.measure.telemetry
             out.append(f"{Kind.CONTENDED}: {row.get('contention_reason')}")
         drift = partner_drift(row)
-        if drift is not None and abs(drift) > PARTNER_TOLERANCE:
+        if drift is not None and drift > PARTNER_TOLERANCE:
             out.append(f"{Kind.DISTURBED}: {disturbed_words(drift)}")
         flags.append("; ".join(out))
     df["flags"] = flags
