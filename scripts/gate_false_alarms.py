@@ -27,7 +27,14 @@ import time
 import numpy as np
 from scipy import stats
 
-from gpubench.analysis.compare import Thresholds, confirm_time, flag_time, time_verdict
+from gpubench.analysis.compare import (
+    Thresholds,
+    change_spread,
+    confirm_time,
+    flag_time,
+    own_spread,
+    time_verdict,
+)
 from gpubench.util.stats import robust_spread
 from gpubench.util.verdicts import Kind
 
@@ -50,24 +57,33 @@ def own_factors(rng: np.random.Generator, shape: tuple, noise: str) -> np.ndarra
     return scale * rng.standard_t(dof, shape)
 
 
-def runs(rng: np.random.Generator, pairs: int, cases: int, count: int, noise: str
-         ) -> np.ndarray:
+def runs(rng: np.random.Generator, pairs: int, cases: int, count: int, noise: str,
+         noisy: float = 1.0) -> np.ndarray:
     """(pairs, cases, count x ROUNDS) per-round times over their paired baseline rounds of
-    ``count`` runs pooled."""
+    ``count`` runs pooled; case 1's between-run factor ``noisy`` times the others' (a case
+    whose level moves between processes, as an emulated precision's does)."""
     own = own_factors(rng, (pairs, cases, count, 1), noise)
+    own[:, 1] *= noisy
     rounds = np.exp(own + rng.normal(0, WITHIN, (pairs, cases, count, ROUNDS)))
     return rounds.reshape(pairs, cases, count * ROUNDS)
 
 
 def simulate(rng: np.random.Generator, pairs: int, cases: int, *, noise: str = "gaussian",
-             base_runs: int = 1, again_runs: int = 1, slow: float = 1.0):
+             base_runs: int = 1, again_runs: int = 1, slow: float = 1.0, noisy: float = 1.0):
     """(base, new, again) rounds of ``pairs`` comparisons; case 0 of the new code (new and
-    again) ``slow`` times slower."""
-    base = runs(rng, pairs, cases, base_runs, noise)
-    new, again = (runs(rng, pairs, cases, k, noise) for k in (1, again_runs))
+    again) ``slow`` times slower; case 1 ``noisy`` (``runs``)."""
+    base = runs(rng, pairs, cases, base_runs, noise, noisy)
+    new, again = (runs(rng, pairs, cases, k, noise, noisy) for k in (1, again_runs))
     new[:, 0] *= slow
     again[:, 0] *= slow
     return base, new, again
+
+
+def _side(rounds: np.ndarray, count: int) -> dict:
+    """One side of a case as ``compare``'s ``_cases`` holds it: its level in each of its
+    ``count`` runs (their rounds in order) and how many runs."""
+    levels = np.median(rounds.reshape(count, -1), axis=1)
+    return {"levels": {"paired": levels.tolist()}, "records": count}
 
 
 def decide(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
@@ -85,13 +101,20 @@ def decide(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
         screen = th.screen_limit(spread, cases)
         for c in np.flatnonzero(changes[p] >= min(plain, screen)):
             b, n, a = base[p, c], new[p, c], again[p, c]
-            if time_verdict(b, n, th, plain)[0] == Kind.REGRESSION:
+            sides = [_side(x, k) for x, k in ((b, base_runs), (n, 1), (a, again_runs))]
+            case_plain, case_screen = plain, screen
+            own = change_spread(own_spread("paired", spread, cases, *sides[:2]), base_runs, 1)
+            if math.isfinite(own):  # the case's own spread between runs, as compare_runs
+                case_plain = max(plain, th.noise_sigmas * own)
+                case_screen = min(case_plain, max(screen, th.screen_sigmas * own))
+            if time_verdict(b, n, th, case_plain)[0] == Kind.REGRESSION:
                 out["plain"][p, c] = True
-                out["before"][p, c] = time_verdict(b, a, th, plain)[0] == Kind.REGRESSION
-            if flag_time(b, n, th, plain, screen)[0] == Kind.REGRESSION:
+                out["before"][p, c] = time_verdict(b, a, th, case_plain)[0] == Kind.REGRESSION
+            if flag_time(b, n, th, case_plain, case_screen)[0] == Kind.REGRESSION:
                 out["flagged"][p, c] = True
-                out["confirmed"][p, c] = confirm_time(b, n, a, th, spread, cases,
-                                                      (base_runs, 1, again_runs))[0]
+                out["confirmed"][p, c] = confirm_time(
+                    b, n, a, th, spread, cases, (base_runs, 1, again_runs),
+                    own_spread("paired", spread, cases, *sides))[0]
     return out
 
 
@@ -111,16 +134,17 @@ def rate(k: int, n: int) -> str:
 
 
 def measure(rng, pairs: int, slowed: int, cases: int, noise: str, base_runs: int,
-            again_runs: int, slow: float, th: Thresholds | None = None, chunk: int = 500
-            ) -> dict:
-    """Counts over ``pairs`` same-commit pairs and ``slowed`` pairs with case 0 slower."""
+            again_runs: int, slow: float, th: Thresholds | None = None, chunk: int = 500,
+            noisy: float = 1.0) -> dict:
+    """Counts over ``pairs`` same-commit pairs and ``slowed`` pairs with case 0 slower (case
+    1 ``noisy``, ``runs``)."""
     th = th or Thresholds()
     failed = {"plain": 0, "before": 0, "confirmed": 0}
     flagged = 0
     for start in range(0, pairs, chunk):
         size = min(chunk, pairs - start)
         sides = simulate(rng, size, cases, noise=noise, base_runs=base_runs,
-                         again_runs=again_runs)
+                         again_runs=again_runs, noisy=noisy)
         out = decide(*sides, th, base_runs, again_runs)
         for k in failed:
             failed[k] += int(out[k].any(axis=1).sum())
@@ -129,7 +153,7 @@ def measure(rng, pairs: int, slowed: int, cases: int, noise: str, base_runs: int
     for start in range(0, slowed, chunk):
         size = min(chunk, slowed - start)
         sides = simulate(rng, size, cases, noise=noise, base_runs=base_runs,
-                         again_runs=again_runs, slow=slow)
+                         again_runs=again_runs, slow=slow, noisy=noisy)
         out = decide(*sides, th, base_runs, again_runs)
         for k in caught:
             caught[k] += int(out[k][:, 0].sum())
@@ -145,22 +169,28 @@ def main() -> None:
     p.add_argument("--cases", type=int, default=140)
     p.add_argument("--slow", type=float, default=0.10)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--noisy", type=float, default=1.0, metavar="FACTOR",
+                   help="case 1's between-run spread, times the others' (default 1: none "
+                   "stands out; 10: an emulated precision's case)")
+    p.add_argument("--noises", default=",".join(NOISES),
+                   help=f"which between-run noises, comma-separated (default {','.join(NOISES)})")
     args = p.parse_args()
     rng = np.random.default_rng(args.seed)
     th = Thresholds()
     print(f"{args.cases} cases; limits: plain {th.noise_sigmas:g} spreads; --confirm flags "
           f"beyond {th.screen_sigmas:g} spreads, confirms beyond {th.confirm_sigmas:g} standard "
-          f"deviations of the pooled change; time threshold {th.time:.0%}\n")
+          f"deviations of the pooled change; time threshold {th.time:.0%}; case 1's "
+          f"between-run spread {args.noisy:g} times the others'\n")
     print(f"| between-run noise | base runs | re-measurements | same-commit pairs that fail: "
           f"plain | before | --confirm | cases re-measured per pair | {args.slow:.0%} slowdown "
           "caught: plain | before | --confirm |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for noise in NOISES:
+    for noise in args.noises.split(","):
         pairs = args.pairs if noise == "gaussian" else max(1, args.pairs // 4)
         for base_runs, again_runs in ((1, 1), (1, 2), (2, 1), (3, 1)):
             start = time.perf_counter()
             m = measure(rng, pairs, args.slowed, args.cases, noise, base_runs, again_runs,
-                        1 + args.slow, th)
+                        1 + args.slow, th, noisy=args.noisy)
             f, c = m["failed"], m["caught"]
             print(f"| {noise} | {base_runs} | {again_runs} | "
                   + " | ".join(rate(f[k], pairs) for k in ("plain", "before", "confirmed"))

@@ -19,6 +19,7 @@ from gpubench.analysis.compare import (
     compare_main,
     compare_runs,
     confirm_regressions,
+    noise_line,
     pooled_spread_factor,
 )
 from gpubench.analysis.results import load_results
@@ -230,3 +231,77 @@ def test_confirm_keeps_memory_regressions_that_repeat(tmp_path):
     assert table.loc[0, "status"] == Kind.REGRESSION
     assert confirm_regressions(base, new, table, new).loc[0, "status"] == Kind.REGRESSION
     assert confirm_regressions(base, new, table, base).loc[0, "status"] == Kind.UNCHANGED
+
+
+def test_a_case_whose_runs_spread_widely_is_judged_by_its_own_spread():
+    """Two base runs: a case whose level moved 40% between them (an emulated precision's step)
+    is not called slower by a change the typical case's spread would count, while a steady
+    case with the same change still is; the table says which limit was the case's own."""
+    rng = np.random.default_rng(11)
+    levels = np.exp(rng.normal(0, 0.01, (2, 12)))  # 12 cases, two base runs, 1% apart
+    levels[:, 0] = [1.0, 1.4]  # c0 swings between processes
+    new_levels = np.exp(rng.normal(0, 0.01, 12))
+    new_levels[0] = 1.2 * 1.3  # 30% above the base runs' middle
+    new_levels[1] = levels[:, 1].mean() * 1.3  # c1 steady, the same 30%
+
+    def rounds(level):
+        return level * np.exp(rng.normal(0, 0.005, (12, 10)))
+
+    base = _runs(np.concatenate([rounds(levels[0][:, None]), rounds(levels[1][:, None])],
+                                axis=1), 2, "base")
+    new = _frame(rounds(new_levels[:, None]), "new")
+    table = compare_runs(base, new).set_index("case_id")
+    assert table.loc["c1", "status"] == Kind.REGRESSION
+    assert not table.loc["c1", "own_limit"]
+    assert table.loc["c0", "status"] == Kind.UNCHANGED
+    assert table.loc["c0", "own_limit"] and table.loc["c0", "time_limit"] > 0.3
+    assert table.loc["c0", "case_spread_dof"] == 1
+    assert "1 case by its own spread between runs" in noise_line(table.reset_index())
+    # one base run: no case has two runs of one side, every limit is the basis's
+    one = compare_runs(_frame(rounds(levels[0][:, None]), "base"), new)
+    assert not one["own_limit"].any() and one["case_spread"].isna().all()
+    assert one.set_index("case_id").loc["c1", "status"] == Kind.REGRESSION
+
+
+def test_the_remeasurement_brings_the_cases_own_spread_to_the_confirmation():
+    """One base run: a flagged case whose re-measurement lands far from the new run (its level
+    moves between processes) is judged by the spread the two show; one whose re-measurement
+    repeats the new run is confirmed."""
+    rng = np.random.default_rng(5)
+    flat = np.exp(rng.normal(0, 0.01, (12, 1)))
+
+    def run(level_c0, name):
+        rounds = flat * np.exp(rng.normal(0, 0.005, (12, 10)))
+        rounds[0] *= level_c0
+        return _frame(rounds, name)
+
+    base = run(1.0, "base")
+    new, steady = run(1.25, "new"), run(1.24, "again")
+    screened = compare_runs(base, new, screen=True)
+    assert screened.loc[0, "status"] == Kind.REGRESSION
+    held = confirm_regressions(base, new, screened, steady)
+    assert held.loc[0, "status"] == Kind.REGRESSION
+    # 60% slower, re-measured 20% slower: without the case's own spread both stages pass
+    new, swinging = run(1.6, "new"), run(1.2, "again")
+    screened = compare_runs(base, new, screen=True)
+    dropped = confirm_regressions(base, new, screened, swinging)
+    assert dropped.loc[0, "status"] == Kind.UNCHANGED
+    assert dropped.loc[0, "confirm_limit"] > held.loc[0, "confirm_limit"] + 0.1
+
+
+def test_run_spread_and_its_moderation():
+    from gpubench.util.stats import moderated_spread, run_spread
+
+    spread, dof = run_spread([[1.0, np.e ** 0.2], [2.0]])  # logs 0 and 0.2: sd 0.1414
+    assert dof == 1 and spread == pytest.approx(np.expm1(0.2 / 2 ** 0.5))
+    assert run_spread([[1.0], [2.0]]) == (pytest.approx(np.nan, nan_ok=True), 0)
+    # two sides pool their squares about their own means: (2 x 0.1^2 + 2 x 0.1^2) / 2
+    assert run_spread([[np.e ** -0.1, np.e ** 0.1], [1, np.e ** 0.2]])[0] == pytest.approx(
+        np.expm1((0.04 / 2) ** 0.5))
+    typical = np.expm1(0.02)
+    # a chance difference of twice the typical spread moves a little, ten times most of the way
+    assert moderated_spread(np.expm1(0.04), 1, typical, 4) == pytest.approx(
+        np.expm1(((4 * 0.02 ** 2 + 0.04 ** 2) / 5) ** 0.5))
+    assert np.log1p(moderated_spread(np.expm1(0.2), 1, typical, 4)) > 0.08
+    assert moderated_spread(0.3, 1, np.nan, 4) == 0.3
+    assert np.isnan(moderated_spread(np.nan, 0, typical, 4))

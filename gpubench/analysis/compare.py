@@ -42,7 +42,14 @@ from gpubench.analysis.results import (
     training_memory,
 )
 from gpubench.util import atomic
-from gpubench.util.stats import can_reach_significance, mann_whitney_p, robust_spread
+from gpubench.util.stats import (
+    can_reach_significance,
+    mann_whitney_p,
+    moderated_spread,
+    robust_spread,
+    run_spread,
+    spread_excess_p,
+)
 from gpubench.util.tables import figures_table
 from gpubench.util.verdicts import (
     ALPHA,
@@ -51,6 +58,8 @@ from gpubench.util.verdicts import (
     MEMORY_THRESHOLD,
     MIN_NOISE_CASES,
     NOISE_SIGMAS,
+    OWN_SPREAD_ALPHA,
+    PRIOR_RUNS,
     SCREEN_SIGMAS,
     SCREEN_THRESHOLD_SHARE,
     TIME_THRESHOLD,
@@ -155,17 +164,24 @@ def flag_time(base: np.ndarray, new: np.ndarray, th: Thresholds, limit: float,
 
 
 def confirm_time(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
-                 spread: float, cases: int, runs: tuple[int, int, int]
-                 ) -> tuple[bool, float, float, float]:
+                 spread: float, cases: int, runs: tuple[int, int, int],
+                 own: float = math.nan) -> tuple[bool, float, float, float]:
     """The second stage of --confirm for a case's time, from its rounds on one basis: the base
     (pooled over its runs), the new run's and the re-measurement's (pooled over its runs), the
     between-run spread of the comparison and how many cases it came from, and the number of
     (base, new, re-measured) runs. (confirmed, re-measured change, pooled change, pooled
     limit): confirmed when the re-measurement alone regresses beyond the first stage's limit
     (``screen_limit``) and the new and re-measured rounds pooled regress beyond
-    ``confirm_limit``, both also significant."""
-    again_kind, again_change, _ = time_verdict(base, again, th, th.screen_limit(spread, cases))
+    ``confirm_limit``, both also significant. ``own``: the case's own spread between runs
+    (``own_spread`` over the base, new and re-measured runs; NaN where they give none): where
+    its change spreads are larger, both limits are the same numbers of them."""
+    b, n, r = runs
+    screen = th.screen_limit(spread, cases)
     limit = th.confirm_limit(spread, cases, pooled_spread_factor(*runs))
+    if math.isfinite(own):
+        screen = max(screen, th.screen_sigmas * change_spread(own, b, r))
+        limit = max(limit, th.confirm_sigmas * change_spread(own, b, n + r))
+    again_kind, again_change, _ = time_verdict(base, again, th, screen)
     pooled_kind, pooled_change, _ = time_verdict(base, np.concatenate([new, again]), th, limit)
     held = again_kind == pooled_kind == Kind.REGRESSION
     return held, again_change, pooled_change, limit
@@ -213,6 +229,44 @@ def _pool(parts: list[np.ndarray | None]) -> np.ndarray | None:
     return rounds if rounds.size else None
 
 
+def _levels(parts: list[np.ndarray | None]) -> list[float]:
+    """A case's level in each of its runs on one basis (the median of that run's rounds)."""
+    return [float(np.median(p)) for p in parts if p is not None and p.size]
+
+
+def case_run_spread(on: str, base: dict, *new: dict) -> tuple[float, int]:
+    """One case's own spread between runs on basis ``on``: ``stats.run_spread`` of its levels
+    in the base runs and in the new side's (the new run and any re-measurements, one code
+    version); (NaN, 0) when neither side has two runs of the case."""
+    return run_spread([base["levels"][on], [x for n in new for x in n["levels"][on]]])
+
+
+def change_spread(run: float, base_runs: int, new_runs: int) -> float:
+    """The spread of a change between ``new_runs`` pooled runs and ``base_runs`` pooled runs,
+    each run's level varying by ``run``: ``sqrt(1/B + 1/N)`` times it (on logs)."""
+    if not math.isfinite(run):
+        return math.nan
+    b, n = max(1, int(base_runs)), max(1, int(new_runs))
+    return float(np.expm1(math.log1p(run) * math.sqrt(1 / b + 1 / n)))
+
+
+def own_spread(on: str, spread: float, cases: int, base: dict, *new: dict) -> float:
+    """A case's own spread between runs on basis ``on`` (``case_run_spread``), where it is
+    significantly larger than the typical case's (``stats.spread_excess_p`` below
+    ``OWN_SPREAD_ALPHA``), shrunk towards that (``stats.moderated_spread`` with
+    ``PRIOR_RUNS``); the typical spread is the comparison's between-run ``spread`` over
+    ``cases`` cases, one base side against one new run, taken back to one run's. NaN where
+    neither side has two runs of the case, or where the case is not shown to spread more."""
+    run, dof = case_run_spread(on, base, *new)
+    typical = math.nan
+    if cases >= MIN_NOISE_CASES and math.isfinite(spread):
+        typical = float(np.expm1(math.log1p(spread)
+                                 / math.sqrt(1 / max(1, base["records"]) + 1)))
+        if not spread_excess_p(run, dof, typical) < OWN_SPREAD_ALPHA:
+            return math.nan
+    return moderated_spread(run, dof, typical, PRIOR_RUNS)
+
+
 def _cases(df: pd.DataFrame) -> dict[tuple, dict]:
     """KEY -> the case's pooled rounds of one side (one or more runs) on each basis it has
     (``raw``; ``paired``: each round over the paired baseline round taken right before it;
@@ -253,6 +307,7 @@ def _cases(df: pd.DataFrame) -> dict[tuple, dict]:
         mem = [m for m in case["memory"] if not pd.isna(m)]
         cases[key] = {"raw": _pool(case["raw"]), "paired": _pool(case["paired"]),
                       "median": _pool(case["median"]), "kinds": case["kinds"],
+                      "levels": {on: _levels(case[on]) for on in ("raw", "paired", "median")},
                       "baseline": case["baseline"], "records": case.get("records", 0),
                       "memory": float(np.median(mem)) if mem else float("nan")}
     return cases
@@ -320,6 +375,16 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
             rows.append({**ident, "status": "skipped", "note": note})
             continue
         spread, cases, limit, screen_limit = noise[on]
+        # A case whose runs spread more than the typical case's (the spread across cases) is
+        # judged by its own spread, where both sides' runs give one.
+        own = own_spread(on, spread, cases, b, n)
+        own_dof = case_run_spread(on, b, n)[1]
+        own_change = change_spread(own, b["records"], n["records"])
+        own_limit = math.isfinite(own_change) and th.noise_sigmas * own_change > limit
+        if math.isfinite(own_change):
+            limit = max(limit, th.noise_sigmas * own_change)
+            if screen:
+                screen_limit = min(limit, max(screen_limit, th.screen_sigmas * own_change))
         verdict, t_change, p = flag_time(b[on], n[on], th, limit,
                                          screen_limit if screen else None)
         if b["kinds"] == n["kinds"] and len(b["kinds"]) == 1:
@@ -333,6 +398,8 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
             "throughput_change": 1 / (1 + t_change) - 1, "memory_change": m_change,
             "raw_change": _change(b, n, "raw"), "time_limit": limit,
             "screen_limit": screen_limit, "spread": spread, "spread_cases": cases,
+            "case_spread": own, "case_spread_dof": own_dof, "own_limit": own_limit,
+            "basis_limit": noise[on][2],
             "base_step_time_s": float(np.median(b["raw"])),
             "new_step_time_s": float(np.median(n["raw"])),
             "base_rounds": int(b[on].size), "new_rounds": int(n[on].size),
@@ -341,8 +408,10 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
     return pd.DataFrame(rows, columns=[*KEY, "status", "basis", "time_change", "p_value",
                                        "throughput_change", "memory_change", "raw_change",
                                        "time_limit", "screen_limit", "spread",
-                                       "spread_cases", "base_step_time_s", "new_step_time_s",
-                                       "base_rounds", "new_rounds", "time_verdict",
+                                       "spread_cases", "case_spread", "case_spread_dof",
+                                       "own_limit", "basis_limit", "base_step_time_s",
+                                       "new_step_time_s", "base_rounds", "new_rounds",
+                                       "time_verdict",
                                        "memory_verdict", "note"])
 
 
@@ -359,7 +428,10 @@ def noise_line(table: pd.DataFrame) -> str | None:
     used = table.dropna(subset=["basis"]) if "basis" in table else table.iloc[:0]
     parts = []
     for on, rows in used.groupby("basis", sort=False):
+        own = (rows[rows["own_limit"] == True] if "own_limit" in rows  # noqa: E712
+               else rows.iloc[:0])
         r = rows.iloc[0]
+        common = r["basis_limit"] if "basis_limit" in r else r["time_limit"]
         spread = (f"between-run spread {r['spread']:.1%} over {int(r['spread_cases'])} cases"
                   if r["spread_cases"] >= MIN_NOISE_CASES and math.isfinite(r["spread"])
                   else f"too few cases ({int(r['spread_cases'])}) for a between-run spread")
@@ -373,8 +445,13 @@ def noise_line(table: pd.DataFrame) -> str | None:
                 confirm += (" and confirmed beyond " + (f"{low:.1%}" if high - low < 5e-4 else
                                                          f"{low:.1%}-{high:.1%}")
                             + " with the re-measured rounds pooled")
-        parts.append(f"{BASIS_WORDS[on]} ({cases}): beyond {r['time_limit']:.1%} "
-                     f"({spread}{confirm})")
+        if len(own):
+            low, high = own["time_limit"].min(), own["time_limit"].max()
+            many = len(own) > 1
+            spread += (f"; {len(own)} case{'s' if many else ''} by {'their' if many else 'its'}"
+                       " own spread between runs, beyond "
+                       + (f"{low:.1%}" if high - low < 5e-4 else f"{low:.1%}-{high:.1%}"))
+        parts.append(f"{BASIS_WORDS[on]} ({cases}): beyond {common:.1%} ({spread}{confirm})")
     return "a time change counted " + "; ".join(parts) if parts else None
 
 
@@ -625,7 +702,8 @@ def confirm_regressions(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFra
         if time_flag:
             time_held, change, pooled, limit = confirm_time(
                 b[on], n[on], a[on], th, row["spread"], row["spread_cases"],
-                (b["records"], n["records"], a["records"]))
+                (b["records"], n["records"], a["records"]),
+                own_spread(on, row["spread"], row["spread_cases"], b, n, a))
             table.loc[i, ["confirm_change", "pooled_change", "confirm_limit"]] = [
                 change, pooled, limit]
             if not time_held:

@@ -187,6 +187,52 @@ def compare_paired(a: ArrayLike, b: ArrayLike, *, confidence: float = CONFIDENCE
 
 
 
+def run_spread(sides: Sequence[ArrayLike]) -> tuple[float, int]:
+    """One case's own spread between runs, from its level (a median) in each run of one or more
+    sides, each side one code version (the base runs; the new run and its re-measurements): the
+    pooled standard deviation of the logs about each side's own mean, as a relative change
+    (``expm1``, like ``robust_spread``), and its degrees of freedom (runs minus sides, counting
+    only sides of two runs or more). (NaN, 0) when no side has two runs. A case whose level
+    moves more between processes than the others (an emulated precision's step) needs its own
+    figure: the spread across cases describes the typical case."""
+    squares, dof = 0.0, 0
+    for side in sides:
+        levels = _array(side)
+        logs = np.log(levels[np.isfinite(levels) & (levels > 0)])
+        if logs.size >= 2:
+            squares += float(np.sum((logs - logs.mean()) ** 2))
+            dof += logs.size - 1
+    if not dof:
+        return math.nan, 0
+    return float(np.expm1(math.sqrt(squares / dof))), dof
+
+
+def spread_excess_p(own: float, dof: int, typical: float) -> float:
+    """p-value of ``own`` (a spread with ``dof`` degrees of freedom, ``run_spread``) being no
+    larger than ``typical`` (taken as known: it comes from many cases): ``dof`` times the ratio
+    of their variances of logs against a chi-square with ``dof`` degrees of freedom. NaN where
+    either is missing."""
+    if not (math.isfinite(own) and math.isfinite(typical)) or not dof or typical <= 0:
+        return math.nan
+    ratio = (math.log1p(own) / math.log1p(typical)) ** 2
+    return float(stats.chi2.sf(dof * ratio, dof))
+
+
+def moderated_spread(own: float, dof: int, typical: float, prior_dof: float) -> float:
+    """``own`` (a spread with ``dof`` degrees of freedom, ``run_spread``) shrunk towards
+    ``typical`` (the spread of the typical case) as if that were ``prior_dof`` degrees of
+    freedom of the same quantity: the square root of the dof-weighted mean of the two variances
+    of the logs (the moderated variance of limma's empirical Bayes). A case whose few runs happen
+    to differ by two of their spreads moves a little; one whose runs differ ten times more than
+    the others' moves most of the way. ``own`` unchanged where ``typical`` is not finite."""
+    if not math.isfinite(own) or not dof:
+        return math.nan
+    if not math.isfinite(typical):
+        return own
+    var = (prior_dof * math.log1p(typical) ** 2 + dof * math.log1p(own) ** 2) / (prior_dof + dof)
+    return float(np.expm1(math.sqrt(var)))
+
+
 def robust_spread(changes: ArrayLike) -> float:
     """Spread of relative changes ``new / base - 1`` across cases, as a standard deviation of
     their logs estimated from the median absolute deviation (``scipy.stats.median_abs_deviation``

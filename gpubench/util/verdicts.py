@@ -97,7 +97,7 @@ cases fail in under 1 comparison in 100 under Gaussian between-run noise: 0.74% 
 while a 10% slowdown at a 2.4% between-run spread is caught in 70% of comparisons with one base
 run and 91% with two (``scripts/gate_false_alarms.py``; docs/history.md has its table)."""
 
-CONFIRM_RUNS = 1
+CONFIRM_RUNS = 2
 """``gpubench compare --confirm-runs``: how many times the flagged cases are re-measured."""
 
 COMPARE_BASES = ("auto", "raw", "normalized")
@@ -106,6 +106,17 @@ COMPARE_BASES = ("auto", "raw", "normalized")
 
 MIN_NOISE_CASES = 8
 """``gpubench compare``: fewest compared cases from which a between-run spread is estimated."""
+
+PRIOR_RUNS = 1
+"""``gpubench compare``: a case's own spread between runs (where two runs of one side give one)
+is shrunk towards the spread across cases as if that were this many degrees of freedom
+(``stats.moderated_spread``): two base runs alone cannot tell a noisy case from a chance
+difference, ten times the typical spread can."""
+
+OWN_SPREAD_ALPHA = 0.01
+"""``gpubench compare``: a case is judged by its own spread only where that spread is
+significantly larger than the typical case's (``stats.spread_excess_p`` below this): a case like
+the others keeps the spread estimated from all of them, and the gate its power."""
 
 
 def combine_parts(parts: dict[str, str]) -> str:
