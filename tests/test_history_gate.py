@@ -17,6 +17,7 @@ from records import results_file, step_record  # tests/ on sys.path
 from gpubench.analysis.compare import (
     Thresholds,
     compare_main,
+    compare_markdown,
     compare_runs,
     confirm_regressions,
     noise_line,
@@ -257,6 +258,10 @@ def test_a_case_whose_runs_spread_widely_is_judged_by_its_own_spread():
     assert table.loc["c0", "own_limit"] and table.loc["c0", "time_limit"] > 0.3
     assert table.loc["c0", "case_spread_dof"] == 1
     assert "1 case by its own spread between runs" in noise_line(table.reset_index())
+    shown = compare_markdown(table.reset_index())
+    assert "own spread between runs" in shown
+    assert re.search(r"\| c0 .*\|\s+\d+\.\d% \(limit \d+\.\d%\) \|$", shown, re.M)
+    assert re.search(r"\| c1 .*\|\s+- \|$", shown, re.M)
     # one base run: no case has two runs of one side, every limit is the basis's
     one = compare_runs(_frame(rounds(levels[0][:, None]), "base"), new)
     assert not one["own_limit"].any() and one["case_spread"].isna().all()

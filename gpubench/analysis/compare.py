@@ -629,8 +629,15 @@ def compare_markdown(table: pd.DataFrame) -> str:
         columns["confirm_change"] = "time re-measured"
         columns["pooled_change"] = "time pooled"
         columns["confirmed"] = "confirmed"
+    own = table["own_limit"] == True if "own_limit" in table else None  # noqa: E712
+    if own is not None and own.any():
+        columns["own_spread"] = "own spread between runs"
     shown = table.reindex(columns=[*KEY, *columns]).copy()
     shown = shown.loc[:, ~shown.columns.duplicated()]
+    if "own_spread" in columns:
+        shown["own_spread"] = [
+            f"{s:.1%} (limit {limit:.1%})" if mine else "-" for mine, s, limit in
+            zip(own, table["case_spread"], table["time_limit"], strict=True)]
     if shown[["profile", "device"]].drop_duplicates().shape[0] > 1:
         shown["case_id"] = [f"{c} ({p}, {d})" for c, p, d in
                             zip(shown["case_id"], shown["profile"], shown["device"], strict=True)]
