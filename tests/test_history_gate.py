@@ -205,9 +205,9 @@ def test_the_simulation_decides_as_compare_does():
 def test_confirmed_gate_false_alarms_and_power():
     """140 cases whose changes between two runs of one commit spread by about 2.4% over their
     paired rounds (scripts/gate_false_alarms.py's Gaussian noise; docs/history.md has the
-    full-size table): same-commit pairs fail --confirm in under 1 in 100 (0.74% there; plain:
-    19%), and a 10% slowdown of one case is caught in 9 of 10 pairs with two base runs (91%),
-    2 of 3 with one (70%)."""
+    full-size table): with one re-measurement, same-commit pairs fail --confirm in under 1 in
+    100 (0.72% there; plain: 19%), and a 10% slowdown of one case is caught in about 9 of 10
+    pairs with two base runs, 2 of 3 with one (69% there)."""
     sim = _gate_sim()
     rng = np.random.default_rng(7)
     one = sim.measure(rng, 1500, 300, 140, "gaussian", 1, 1, 1.10, chunk=300)

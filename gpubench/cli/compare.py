@@ -84,8 +84,8 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    "exceed --confirm-sigmas standard deviations of their change. Simulated at the "
                    "defaults (140 cases whose changes between runs spread by 2.4%%, Gaussian): two "
                    "runs of one "
-                   "commit fail 0.7%% of the time (plain: 19%%; heavier-tailed noise fails "
-                   "more), a 10%% slowdown is caught 70%% of the time with one base file, 91%% "
+                   "commit fail 0.6%% of the time (plain: 19%%; heavier-tailed noise fails "
+                   "more), a 10%% slowdown is caught 77%% of the time with one base file, 93%% "
                    "with two (docs: Tracking over time; scripts/gate_false_alarms.py)")
     p.add_argument("--screen-sigmas", type=_threshold, default=SCREEN_SIGMAS,
                    help="with --confirm: a slowdown beyond this many between-run spreads "

@@ -93,9 +93,10 @@ re-measurement alone passes the first stage again and the new and re-measured ro
 differ from the base by more than the time threshold and this many standard deviations of that
 pooled change (``--confirm-sigmas``; the between-run spread scaled by
 ``analysis.compare.pooled_spread_factor``). Chosen so that two runs of one commit with 140
-cases fail in under 1 comparison in 100 under Gaussian between-run noise: 0.74% (0.63-0.87%),
-while a 10% slowdown at a 2.4% between-run spread is caught in 70% of comparisons with one base
-run and 91% with two (``scripts/gate_false_alarms.py``; docs/history.md has its table)."""
+cases fail in under 1 comparison in 100 under Gaussian between-run noise: 0.63% (0.49-0.81%)
+with two re-measurements, while a 10% slowdown at a 2.4% between-run spread is caught in 77% of
+comparisons with one base run and 93% with two (``scripts/gate_false_alarms.py``;
+docs/history.md has its table)."""
 
 CONFIRM_RUNS = 2
 """``gpubench compare --confirm-runs``: how many times the flagged cases are re-measured."""
