@@ -192,6 +192,16 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: order.get(item.path.name, 1))
 
 
+def pytest_collection_finish(session):
+    """The cases this session will run: those its selection (``-k``, ``-m``) kept."""
+    opts = getattr(session.config, "gpubench", None)
+    if opts is not None:
+        cases = getattr(opts, "cases", {})
+        opts.selected = [cases[item.callspec.params["case_id"]] for item in session.items
+                         if "case_id" in getattr(getattr(item, "callspec", None), "params", {})
+                         and item.callspec.params["case_id"] in cases]
+
+
 def pytest_runtest_teardown(item, nextitem):
     """The paired baseline worker lives while consecutive cases share it; the rank processes
     of multi-process cases while the next case can run in them."""
@@ -242,8 +252,9 @@ def options(request) -> Options:
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    # The storage probe of the data folder, once per run, when a case read on-disk data.
-    cases = getattr(config.gpubench, "cases", {}).values()
+    # The storage probe of the data folder, once per run, when a case it ran reads on-disk
+    # data (not one that -k left out).
+    cases = getattr(config.gpubench, "selected", getattr(config.gpubench, "cases", {}).values())
     on_disk = any(c.cfg.loader.dataset not in GENERATED_DATASETS for c in cases)
     probe = on_disk and not config.getoption("--gpubench-no-storage-probe")
     machine_info["gpubench"] = describe_machine(config.gpubench.device,

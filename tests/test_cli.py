@@ -40,6 +40,7 @@ def test_run_writes_json_with_every_field(smoke_run):
     for key in ("torch", "cuda", "cudnn", "device_name", "cpu", "torch_threads"):
         assert key in info
     assert info["matmul_peak_tflops"]["fp32"] > 0
+    assert "storage_folder" in info["storage"]  # its cases read files: the disk was probed
     from gpubench.measure.version import SCHEMA_VERSION
 
     assert all(b["extra_info"]["schema"] == SCHEMA_VERSION for b in data["benchmarks"])
