@@ -29,6 +29,7 @@ from scipy import stats
 
 from gpubench.analysis.compare import (
     Thresholds,
+    case_limits,
     change_spread,
     confirm_time,
     flag_time,
@@ -102,11 +103,9 @@ def decide(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
         for c in np.flatnonzero(changes[p] >= min(plain, screen)):
             b, n, a = base[p, c], new[p, c], again[p, c]
             sides = [_side(x, k) for x, k in ((b, base_runs), (n, 1), (a, again_runs))]
-            case_plain, case_screen = plain, screen
-            own = change_spread(own_spread("paired", spread, cases, *sides[:2]), base_runs, 1)
-            if math.isfinite(own):  # the case's own spread between runs, as compare_runs
-                case_plain = max(plain, th.noise_sigmas * own)
-                case_screen = min(case_plain, max(screen, th.screen_sigmas * own))
+            own = own_spread("paired", spread, cases, *sides[:2])[0]
+            case_plain, case_screen, _ = case_limits(th, plain, screen,
+                                                     change_spread(own, base_runs, 1))
             if time_verdict(b, n, th, case_plain)[0] == Kind.REGRESSION:
                 out["plain"][p, c] = True
                 out["before"][p, c] = time_verdict(b, a, th, case_plain)[0] == Kind.REGRESSION
@@ -114,7 +113,7 @@ def decide(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
                 out["flagged"][p, c] = True
                 out["confirmed"][p, c] = confirm_time(
                     b, n, a, th, spread, cases, (base_runs, 1, again_runs),
-                    own_spread("paired", spread, cases, *sides))[0]
+                    own_spread("paired", spread, cases, *sides)[0])[0]
     return out
 
 

@@ -250,21 +250,38 @@ def change_spread(run: float, base_runs: int, new_runs: int) -> float:
     return float(np.expm1(math.log1p(run) * math.sqrt(1 / b + 1 / n)))
 
 
-def own_spread(on: str, spread: float, cases: int, base: dict, *new: dict) -> float:
+def own_spread(on: str, spread: float, cases: int, base: dict, *new: dict
+               ) -> tuple[float, int]:
     """A case's own spread between runs on basis ``on`` (``case_run_spread``), where it is
     significantly larger than the typical case's (``stats.spread_excess_p`` below
     ``OWN_SPREAD_ALPHA``), shrunk towards that (``stats.moderated_spread`` with
     ``PRIOR_RUNS``); the typical spread is the comparison's between-run ``spread`` over
-    ``cases`` cases, one base side against one new run, taken back to one run's. NaN where
-    neither side has two runs of the case, or where the case is not shown to spread more."""
+    ``cases`` cases, one base side against one new run, taken back to one run's. (spread, its
+    degrees of freedom); the spread NaN where neither side has two runs of the case, or where
+    the case is not shown to spread more."""
     run, dof = case_run_spread(on, base, *new)
     typical = math.nan
     if cases >= MIN_NOISE_CASES and math.isfinite(spread):
         typical = float(np.expm1(math.log1p(spread)
                                  / math.sqrt(1 / max(1, base["records"]) + 1)))
         if not spread_excess_p(run, dof, typical) < OWN_SPREAD_ALPHA:
-            return math.nan
-    return moderated_spread(run, dof, typical, PRIOR_RUNS)
+            return math.nan, dof
+    return moderated_spread(run, dof, typical, PRIOR_RUNS), dof
+
+
+def case_limits(th: Thresholds, limit: float, screen: float, own_change: float
+                ) -> tuple[float, float, bool]:
+    """A case's (plain limit, first-stage limit, whether its own spread set them) from its
+    basis's ``limit`` and ``screen`` limit (NaN without --confirm) and the spread of its change
+    that its own runs show (``own_spread`` through ``change_spread``; NaN where they show
+    none): the same numbers of its own spreads wherever those are larger."""
+    if not math.isfinite(own_change):
+        return limit, screen, False
+    own = th.noise_sigmas * own_change > limit
+    limit = max(limit, th.noise_sigmas * own_change)
+    if math.isfinite(screen):
+        screen = min(limit, max(screen, th.screen_sigmas * own_change))
+    return limit, screen, own
 
 
 def _cases(df: pd.DataFrame) -> dict[tuple, dict]:
@@ -377,14 +394,9 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, th: Thresholds = Thresho
         spread, cases, limit, screen_limit = noise[on]
         # A case whose runs spread more than the typical case's (the spread across cases) is
         # judged by its own spread, where both sides' runs give one.
-        own = own_spread(on, spread, cases, b, n)
-        own_dof = case_run_spread(on, b, n)[1]
-        own_change = change_spread(own, b["records"], n["records"])
-        own_limit = math.isfinite(own_change) and th.noise_sigmas * own_change > limit
-        if math.isfinite(own_change):
-            limit = max(limit, th.noise_sigmas * own_change)
-            if screen:
-                screen_limit = min(limit, max(screen_limit, th.screen_sigmas * own_change))
+        own, own_dof = own_spread(on, spread, cases, b, n)
+        limit, screen_limit, own_limit = case_limits(
+            th, limit, screen_limit, change_spread(own, b["records"], n["records"]))
         verdict, t_change, p = flag_time(b[on], n[on], th, limit,
                                          screen_limit if screen else None)
         if b["kinds"] == n["kinds"] and len(b["kinds"]) == 1:
@@ -710,7 +722,7 @@ def confirm_regressions(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFra
             time_held, change, pooled, limit = confirm_time(
                 b[on], n[on], a[on], th, row["spread"], row["spread_cases"],
                 (b["records"], n["records"], a["records"]),
-                own_spread(on, row["spread"], row["spread_cases"], b, n, a))
+                own_spread(on, row["spread"], row["spread_cases"], b, n, a)[0])
             table.loc[i, ["confirm_change", "pooled_change", "confirm_limit"]] = [
                 change, pooled, limit]
             if not time_held:
