@@ -174,6 +174,9 @@ def main() -> None:
     p.add_argument("--noises", default=",".join(NOISES),
                    help=f"which between-run noises, comma-separated (default {','.join(NOISES)})")
     args = p.parse_args()
+    bad = [n for n in args.noises.split(",") if n not in NOISES]
+    if bad:
+        p.error(f"--noises: {', '.join(map(repr, bad))} not one of {', '.join(NOISES)}")
     rng = np.random.default_rng(args.seed)
     th = Thresholds()
     print(f"{args.cases} cases; limits: plain {th.noise_sigmas:g} spreads; --confirm flags "
