@@ -31,6 +31,10 @@ def pytest_addoption(parser):
                     help="after each case's timed rounds, profile a few steps: a Chrome trace "
                     "per case (and rank) in DIR and the top operators in the record (default: "
                     "off, the profiler is never entered)")
+    group.addoption("--gpubench-hygiene", default="", metavar="FILE",
+                    help="after the cases, measure the no_grad / del hygiene of each model "
+                    "whose cases ran here and write it to FILE as JSON (gpubench run passes "
+                    "memory.json: this process has the models' libraries loaded already)")
     group.addoption("--gpubench-resume", action="store_true",
                     help="continue the run recorded in the journal beside --benchmark-json "
                     "(cases.jsonl): its passed cases are kept and not run again; refused when "
@@ -249,6 +253,37 @@ def bench_case(case_id, options):
 @pytest.fixture
 def options(request) -> Options:
     return request.config.gpubench
+
+
+def pytest_runtest_logreport(report):
+    """The models whose cases ran (``--gpubench-hygiene`` measures those)."""
+    if report.when == "call" and report.passed and "[" in report.nodeid and \
+            report.nodeid.split("::")[-1].startswith("test_step["):
+        _RAN.add(report.nodeid.split("[", 1)[1].rstrip("]"))
+
+
+_RAN: set[str] = set()
+"""Ids of the cases that passed in this session."""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """``--gpubench-hygiene FILE``: the no_grad / del measurements of each model whose cases ran
+    (``gpubench.cli.memory.hygiene_reports``), here, where the models' libraries are imported
+    already; a session stopped early (a signal, a full disk) leaves them to ``gpubench run``."""
+    opts = getattr(session.config, "gpubench", None)
+    path = session.config.getoption("--gpubench-hygiene", default="")
+    if opts is None or not path or session.shouldstop or session.shouldfail or \
+            exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        return
+    ran = {opts.cases[c].cfg.name for c in _RAN if c in getattr(opts, "cases", {})}
+    models = {name: spec for name, spec in zip(opts.model_names, opts.models, strict=True)
+              if name in ran}
+    if not models:
+        return
+    from gpubench.cli.memory import hygiene_reports
+    from gpubench.util import atomic
+
+    atomic.write_json(path, hygiene_reports(models, opts.profile, opts.device), indent=1)
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

@@ -107,3 +107,53 @@ def test_memory_report_records_hygiene_and_verdicts(monkeypatch, tmp_path, capsy
     (tmp_path / "bad.json").write_text("[1]")
     with pytest.raises(ResultsError, match="not a gpubench memory.json"):
         load_memory_reports([tmp_path / "bad.json"])
+
+
+def test_a_run_keeps_its_childs_hygiene_and_measures_only_the_models_it_lacks(tmp_path,
+                                                                              monkeypatch):
+    """``gpubench run``'s pytest child measures no_grad / del after its cases (its models'
+    libraries are loaded there); the parent measures only what the child left out (a child
+    stopped early, the cases a resumed run kept), and drops reports of models not in the run."""
+    from gpubench.cli import memory
+
+    child = [{"model": "bert", "hygiene": {"from": "child"}},
+             {"model": "gone", "hygiene": {"from": "child"}}]
+    (tmp_path / cli.HYGIENE_FILE).write_text(json.dumps(child))
+    measured = []
+
+    def here(models, profile, device):
+        measured.append(dict(models))
+        return [{"model": m, "hygiene": {"from": "parent"}} for m in models]
+
+    monkeypatch.setattr(memory, "hygiene_reports", here)
+    reports = cli.run_hygiene({"bert": "bert", "gpt2": "gpt2"}, tmp_path, "smoke", "cpu")
+    assert [(r["model"], r["hygiene"]["from"]) for r in reports] == [
+        ("bert", "child"), ("gpt2", "parent")]
+    assert measured == [{"gpt2": "gpt2"}]
+    assert not (tmp_path / cli.HYGIENE_FILE).exists()  # taken: a resumed run does not reread it
+    # no file from the child (killed before it measured): every model is measured here
+    assert [r["model"] for r in cli.run_hygiene({"bert": "bert"}, tmp_path, "smoke", "cpu")] \
+        == ["bert"] and measured[-1] == {"bert": "bert"}
+
+
+@pytest.mark.slow
+def test_the_benchmark_session_measures_the_hygiene_of_the_models_that_ran(tmp_path):
+    """The pytest plugin's ``--gpubench-hygiene FILE``: the reports of the models whose cases
+    passed in the session (bert's; resnet18's cases were deselected), as ``gpubench run``'s
+    memory.json holds them."""
+    import subprocess
+    import sys
+
+    from gpubench.cli.main import find_benchmarks_dir
+
+    out = tmp_path / "hygiene.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"{find_benchmarks_dir() / 'test_training_step.py'}::test_step[bert-fp32]",
+         "--gpubench-profile=smoke", "--gpubench-device=cpu", "--gpubench-models=resnet18,bert",
+         "--gpubench-rounds=3", "--benchmark-disable", f"--gpubench-hygiene={out}"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    reports = json.loads(out.read_text())
+    assert [r["model"] for r in reports] == ["bert"]
+    assert reports[0]["hygiene"]["evaluation"]["grad"]["saved_bytes"] > 0

@@ -33,19 +33,33 @@ class Side:
         return next(self.times)
 
 
-def test_blocks_run_in_abba_order_and_each_blocks_first_step_is_not_timed():
+class Switching(Side):
+    """A fake step that reads ``slow`` right after the other side's step (or first of all): a
+    switch's cost, which the block's untimed first step must absorb."""
+
+    def __init__(self, name: str, log: list, fast: float, slow: float):
+        super().__init__(name, log, itertools.repeat(fast))
+        self.slow = slow
+
+    def __call__(self) -> float:
+        switched = not self.log or self.log[-1] != self.name
+        fast = super().__call__()
+        return self.slow if switched else fast
+
+
+def test_blocks_run_in_abba_order_and_only_a_switchs_first_step_is_not_timed():
     log: list[str] = []
-    # each side's untimed first step of a block reads 10x slower: a switch's cost
-    case = Side("case", log, itertools.cycle([1.0, 0.1, 0.1, 0.1]))
-    base = Side("base", log, itertools.cycle([2.0, 0.2, 0.2, 0.2]))
-    rule = StoppingRule(0.0, 12, 12)
-    out = run_rounds(case, rule, base, block_steps=4)
+    case = Switching("case", log, 0.1, 1.0)
+    base = Switching("base", log, 0.2, 2.0)
+    out = run_rounds(case, StoppingRule(0.0, 12, 12), base, block_steps=4)
     assert block_order(6) == ["base", "case", "case", "base", "base", "case"]
-    blocks = [log[i:i + 4] for i in range(0, len(log), 4)]
-    assert [b[0] for b in blocks] == ["base", "case", "case", "base"] * 2
-    assert all(len(set(b)) == 1 for b in blocks)  # a block is one side's
-    assert out.case_s == [0.1] * 12 and out.base_s == [0.2] * 12  # the first steps left out
-    assert out.discarded == 8 and out.stop_reason == "rounds"
+    runs = [(side, len(list(steps))) for side, steps in itertools.groupby(log)]
+    # ABBA blocks of 3 timed steps; a block after the other side's starts with an untimed
+    # step, one after its own side's runs on: B C CC BB CC B
+    assert runs == [("base", 4), ("case", 7), ("base", 7), ("case", 7), ("base", 4)]
+    assert out.case_s == [0.1] * 12 and out.base_s == [0.2] * 12  # no switch was timed
+    assert out.discarded == 5 and out.stop_reason == "rounds"
+    assert len(log) == 24 + 5  # 8 untimed steps of 32 before; 5 of 29 now
 
 
 def test_the_rounds_stop_at_the_target_width_but_not_before_the_least_rounds():

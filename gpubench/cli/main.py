@@ -121,6 +121,8 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
         cmd.append(f"--gpubench-trace={json_path.parent / TRACES_DIR_NAME}")
     if args.k:
         cmd += ["-k", args.k]
+    if not getattr(args, "no_hygiene", False):
+        cmd.append(f"--gpubench-hygiene={json_path.parent / HYGIENE_FILE}")
     return cmd
 
 
@@ -449,14 +451,13 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     atomic.write_text(out / "summary.md", f"# gpubench {profile} on {device}\n\n{text}")
     from gpubench.analysis.advice import advice_markdown
     from gpubench.analysis.answer import tune_reports_beside
-    from gpubench.cli.memory import hygiene_reports
 
     named = df[df["model"].notna()]  # records of no model (loader workers' overhead)
     models = dict(zip(named["model"], named["workload"].fillna(named["model"]), strict=True))
     reports = None
     if not getattr(args, "no_hygiene", False):
         state["stage"] = "measuring no_grad and del"
-        reports = hygiene_reports(models, profile, device)
+        reports = run_hygiene(models, out, profile, device)
         atomic.write_json(out / "memory.json", reports, indent=1)
     state["stage"] = "writing the summary and charts"
     parity = None
@@ -486,6 +487,29 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
     if not args.no_charts:
         print(f"gpubench: charts and report in {out}/")
+
+
+HYGIENE_FILE = ".hygiene.json"
+"""Where a run's pytest child writes its no_grad / del measurements (``--gpubench-hygiene``)."""
+
+
+def run_hygiene(models: dict[str, str], out: Path, profile: str, device: str) -> list[dict]:
+    """The run's no_grad / del reports of ``models`` (name -> workload spec): those its pytest
+    child measured after its cases (``HYGIENE_FILE`` in ``out``, taken out), and what it did
+    not measure (a child stopped early, the cases a resumed run kept from before) measured
+    here."""
+    from gpubench.cli.memory import hygiene_reports
+
+    path = out / HYGIENE_FILE
+    try:
+        child = json.loads(path.read_text())
+    except (OSError, ValueError):
+        child = []
+    path.unlink(missing_ok=True)
+    reports = [r for r in child if isinstance(r, dict) and r.get("model") in models] \
+        if isinstance(child, list) else []
+    missing = {m: spec for m, spec in models.items() if m not in {r["model"] for r in reports}}
+    return reports + (hygiene_reports(missing, profile, device) if missing else [])
 
 
 def _run_cost_line(df, wall_s: float) -> str:

@@ -81,11 +81,14 @@ def budget_rounds(rounds: int, step_time_s: float, max_time_s: float | None,
 
 
 BLOCK_STEPS = 4
-"""Steps of one side in a block of paired rounds, the first of which is not timed. Alternating
-single steps of two models in one process slows both (each step starts on caches, allocator
-free lists and page mappings the other side's step left): the baseline paired that way ran
-5-14% slower than the baseline case itself, and the speedups moved by up to 11%. In blocks,
-the first step after a switch absorbs that; the others run as in a process of its own."""
+"""Steps of one side in a block of paired rounds that follows the other side's block, the
+first of which is not timed. Alternating single steps of two models in one process slows both
+(each step starts on caches, allocator free lists and page mappings the other side's step
+left): the baseline paired that way ran 5-14% slower than the baseline case itself, and the
+speedups moved by up to 11%. In blocks, the first step after a switch absorbs that; the others
+run as in a process of its own. A block that follows its own side's (the middle of ABBA's
+"case, case" and of "base, base" across two halves) has no switch to absorb: all of its
+``BLOCK_STEPS - 1`` steps are timed."""
 
 
 def block_order(blocks: int) -> list[str]:
@@ -153,7 +156,7 @@ class PairedRounds:
     stop_reason: str
     width: float
     discarded: int = 0
-    """Untimed first steps of blocks (both sides)."""
+    """Untimed first steps of blocks after a switch (both sides)."""
 
 
 def achieved_width(case_s: list[float], base_s: list[float] | None) -> float:
@@ -179,10 +182,11 @@ interval is computed once at the end with the full count."""
 def run_rounds(case_step, rule: StoppingRule, base_step=None,
                block_steps: int = BLOCK_STEPS, untimed=None) -> PairedRounds:
     """Timed rounds of ``case_step`` (a function of no arguments returning its seconds) until
-    ``rule`` stops them. With ``base_step`` (the baseline's), in blocks of ``block_steps``
-    steps per side in ABBA order (``block_order``), the first step of each block untimed
-    (``BLOCK_STEPS``): the k-th timed step of a case block is paired with the k-th of the
-    baseline block beside it. ``untimed`` wraps a function whose time the telemetry must not
+    ``rule`` stops them. With ``base_step`` (the baseline's), in blocks of ``block_steps - 1``
+    timed steps per side in ABBA order (``block_order``), each block that follows the other
+    side's after an untimed step of its own (``BLOCK_STEPS``; the first two blocks follow the
+    warm-up and the partner's build): the k-th timed step of a case block is paired with the
+    k-th of the baseline block beside it. ``untimed`` wraps a function whose time the telemetry must not
     count as the case's (``Sampler.untimed``). The rule is asked after every pair of blocks
     (a whole ABBA half), and without a baseline after every ``block_steps`` rounds."""
     untimed = untimed or (lambda fn: fn)
@@ -200,18 +204,19 @@ def run_rounds(case_step, rule: StoppingRule, base_step=None,
     base_discard = untimed(base_step)
     case_discard = untimed(case_step)
     base_timed = untimed(base_step)
-    blocks = 0
+    blocks, last = 0, None
     while True:
         # a block of each side, in ABBA order, then the rule
         want = min(per_block, max(1, rule.max_rounds - len(case_s)))
         for side in block_order(blocks + 2)[blocks:]:
+            if side != last:  # a switch: its first step absorbs it, untimed
+                (base_discard if side == "base" else case_discard)()
+                discarded += 1
             if side == "base":
-                base_discard()
                 base_s.extend(base_timed() for _ in range(want))
             else:
-                case_discard()
                 case_s.extend(case_step() for _ in range(want))
-            discarded += 1
+            last = side
         blocks += 2
         reason = _stop(rule, case_s, base_s)
         if reason:
