@@ -186,9 +186,10 @@ def run_rounds(case_step, rule: StoppingRule, base_step=None,
     timed steps per side in ABBA order (``block_order``), each block that follows the other
     side's after an untimed step of its own (``BLOCK_STEPS``; the first two blocks follow the
     warm-up and the partner's build): the k-th timed step of a case block is paired with the
-    k-th of the baseline block beside it. ``untimed`` wraps a function whose time the telemetry must not
-    count as the case's (``Sampler.untimed``). The rule is asked after every pair of blocks
-    (a whole ABBA half), and without a baseline after every ``block_steps`` rounds."""
+    k-th of the baseline block beside it. ``untimed`` wraps a function whose time the
+    telemetry must not count as the case's (``Sampler.untimed``). The rule is asked after
+    every pair of blocks (a whole ABBA half), and without a baseline after every
+    ``block_steps`` rounds."""
     untimed = untimed or (lambda fn: fn)
     case_s: list[float] = []
     base_s: list[float] = []
