@@ -38,7 +38,9 @@ def test_every_value_given_to_gpubench_run_reaches_the_pytest_child(tmp_path):
     assert {o.name for o in SESSION_OPTIONS if not o.flag} == {*GIVEN, "profile", "device"}
     args = build_parser().parse_args(argv)
     command = pytest_command(args, tmp_path / "run.json")
-    handed = [a for a in command if a.startswith("--gpubench-") and "models" not in a]
+    # the session's options; --gpubench-hygiene is the run's (its child's file)
+    handed = [a for a in command if a.startswith("--gpubench-") and "models" not in a
+              and not a.startswith("--gpubench-hygiene=")]
     child, rest = _plugin_parser().parse_known_args(handed)
     assert rest == []
     for option in SESSION_OPTIONS:
@@ -47,7 +49,8 @@ def test_every_value_given_to_gpubench_run_reaches_the_pytest_child(tmp_path):
     plain = pytest_command(build_parser().parse_args(["run", "--profile", "smoke", "--device",
                                                       "cpu"]), tmp_path / "run.json")
     assert [a for a in plain if a.startswith("--gpubench-")] == [
-        "--gpubench-profile=smoke", "--gpubench-device=cpu"]
+        "--gpubench-profile=smoke", "--gpubench-device=cpu",
+        f"--gpubench-hygiene={tmp_path / '.hygiene.json'}"]
 
 
 @pytest.mark.slow

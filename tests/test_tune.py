@@ -333,9 +333,9 @@ def test_the_snippets_math_settings_are_the_measured_cases(precision, matmul, cu
 
 
 def test_the_tuner_pairs_rounds_as_a_run_does(monkeypatch):
-    """A candidate's rounds alternate with the baseline's in ABBA blocks, the first step of each
-    block untimed (``run_rounds``, the run's own pairing), not one step each: a rung of 4
-    rounds is blocks of 3 timed steps, then of 1, each side, every block one step longer."""
+    """A candidate's rounds alternate with the baseline's in ABBA blocks, the first step after
+    each switch of side untimed (``run_rounds``, the run's own pairing), not one step each: a
+    rung of 4 rounds is blocks of 3 timed steps, then of 1, each side."""
     from itertools import groupby
 
     from gpubench.measure.protocol import StoppingRule
@@ -349,7 +349,8 @@ def test_the_tuner_pairs_rounds_as_a_run_does(monkeypatch):
                                              4)
     assert len(base_s) == len(new_s) == 4
     blocks = [(side, len(list(run))) for side, run in groupby(calls)]
-    assert blocks == [("base", 4), ("case", 6), ("base", 2)], blocks  # B A | A B: 1+3, 1+3 1+1, 1+1
+    # B A | A B: 1+3, 1+3 then 1 (no switch), 1+1
+    assert blocks == [("base", 4), ("case", 5), ("base", 2)], blocks
     assert tune.confirm_rule(RunConfig(model="bert", profile="smoke")) == StoppingRule(
         0.0, tune.CONFIRM_ROUNDS, tune.CONFIRM_ROUNDS)  # smoke sets no target: a fixed count
     rule = tune.confirm_rule(RunConfig(model="bert", profile="cpu"))

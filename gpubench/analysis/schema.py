@@ -95,9 +95,10 @@ METRICS: tuple[Metric, ...] = (
             "speedup_paired_test"), ("float>0", "float>0", "float>0", "float>=0", "str"),
            "ratio",
            "throughput relative to the FP32 baseline from paired rounds (blocks of each side "
-           "in ABBA order, each block's first step untimed, the k-th timed step of a case "
-           "block paired with the k-th of the baseline block beside it): the median per-round "
-           "ratio, its 95% interval, the p-value of the paired test and the test's name"),
+           "in ABBA order, the first step after each switch of side untimed, the k-th timed "
+           "step of a case block paired with the k-th of the baseline block beside it): the "
+           "median per-round ratio, its 95% interval, the p-value of the paired test and the "
+           "test's name"),
     Metric(("speedup_paired_width", "rounds_stop", "rounds_width", "rounds_target_width",
             "rounds_min", "rounds_max", "rounds_max_time_s", "warmup_steps",
             "paired_block_steps", "paired_order"), None, "",

@@ -313,8 +313,9 @@ def paired_ratios(base_case, cfg: RunConfig, rounds: int, *, check: bool = False
                   ) -> tuple[list[float], list[float], list[float], dict]:
     """Build ``cfg`` (its training check first, with ``check``), warm it up, then paired rounds
     with the baseline's case as a run pairs them (``gpubench.measure.protocol.run_rounds``:
-    blocks of each side in ABBA order, each block's first step untimed): exactly ``rounds``,
-    or until ``rule`` stops them (``confirm_rule``: the profile's target width and time cap).
+    blocks of each side in ABBA order, the first step after each switch untimed): exactly
+    ``rounds``, or until ``rule`` stops them (``confirm_rule``: the profile's target width and
+    time cap).
     Returns (ratios, baseline seconds, candidate seconds, facts: its training memory)."""
     with build(cfg) as case:
         if check:

@@ -169,8 +169,9 @@ PHASES = {
     "count": "FLOP and saved-activation count (where the check did not)",
     "warmup": "warm-up rounds (the in-process case's memory window)",
     "partner": "building the paired baseline beside the case",
-    "untimed_rounds": ("in the timed window, untimed (each ABBA block's first step, the stopping "
-                       "rule's intervals, the window's warm-up step, a baseline worker's start)"),
+    "untimed_rounds": ("in the timed window, untimed (the first step after each switch of "
+                       "side, the stopping rule's intervals, the window's warm-up step, a "
+                       "baseline worker's start)"),
     "finish": "all-reduce probe, records",
     "close": "closing cases",
     "trace": "profiling (--trace)",
