@@ -13,8 +13,13 @@ fp32's), which no pairing inside one process can see. Writes a markdown table wi
 method's median, its spread over processes, and the difference.
 
     python scripts/paired_vs_separate.py [--profile cpu] [--repeats 3] [--rounds 20]
-        [--paired-processes 3] [--cases resnet18-fp32-adam,...]
+        [--paired-processes 3] [--cases resnet18-fp32-adam,...] [--threads N]
         [--out results/cpu/paired_vs_separate.md]
+
+``--threads N`` runs every process at N torch threads (``OMP_NUM_THREADS``). On a VM whose
+host runs two-thread steps at two speeds from one process to the next
+(``scripts/host_modes.py``), a separate-process figure at two threads samples those speeds;
+at one thread it does not.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ def separate_step_s(cfg, rounds: int, tmp: Path) -> float:
     out = tmp / f"{cfg.id}-{time.monotonic_ns()}.json"
     cmd = [sys.executable, "-m", "gpubench", "case", *case_flags(cfg), "--rounds", str(rounds),
            "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     if done.returncode:
         raise SystemExit(f"{shlex.join(cmd)} failed:\n{done.stderr[-2000:]}")
     info = json.loads(out.read_text())["benchmarks"][0]["extra_info"]
@@ -80,6 +85,10 @@ def separate_speedup(cfg, rounds: int, repeats: int, tmp: Path) -> tuple[float, 
         ratios.append(times[cfg.baseline.id] / times[cfg.id] * batches)
         print(f"  separate {cfg.id} pair {i + 1}: {ratios[-1]:.3f}", flush=True)
     return statistics.median(ratios), ratios
+
+
+ENV = dict(os.environ)
+"""The environment of the processes this script starts (``--threads`` sets their threads)."""
 
 
 def paired_speedup(cfg, profile, partner: str = "process") -> dict:
@@ -109,7 +118,7 @@ def paired_in_fresh_process(args, wanted: list[str], tmp: Path, i: int) -> dict[
     out = tmp / f"paired-{i}.json"
     cmd = [sys.executable, __file__, "--profile", args.profile, "--device", args.device,
            "--cases", ",".join(wanted), "--partner", args.partner, "--paired-only", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     if done.returncode:
         raise SystemExit(f"{shlex.join(cmd)} failed:\n{done.stderr[-2000:]}")
     return json.loads(out.read_text())
@@ -151,9 +160,16 @@ def main() -> None:
     parser.add_argument("--separate", type=Path, default=None,
                         help="a table this script wrote: take its separate figures instead of "
                              "measuring them again")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of every process started (OMP_NUM_THREADS; "
+                             "default: torch's)")
     parser.add_argument("--paired-only", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help="markdown table (default: stdout only)")
     args = parser.parse_args()
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1; got {args.threads}")
+        ENV["OMP_NUM_THREADS"] = str(args.threads)
     from gpubench.suite.cases import profile_cases
     from gpubench.workloads.profiles import profile
 
@@ -199,7 +215,8 @@ def main() -> None:
         "Paired: `speedup_paired` of `run_case` with the run's paired baseline and the "
         f"profile's stopping rule (target width {budget.target_width}), all cases in one "
         f"process as in `gpubench run` (`--partner {args.partner}`), in "
-        f"{args.paired_processes} fresh processes. "
+        f"{args.paired_processes} fresh processes. Threads per process: "
+        f"{args.threads or 'torch default'}. "
         "Spread: half the range over the processes (pairs), over the median.",
         "",
         "| case | separate (pairs) | spread | paired (processes) | spread | "
