@@ -157,3 +157,40 @@ def test_the_benchmark_session_measures_the_hygiene_of_the_models_that_ran(tmp_p
     reports = json.loads(out.read_text())
     assert [r["model"] for r in reports] == ["bert"]
     assert reports[0]["hygiene"]["evaluation"]["grad"]["saved_bytes"] > 0
+
+
+def test_a_hygiene_file_it_cannot_write_is_one_warning_not_a_failed_session(tmp_path, capsys,
+                                                                           monkeypatch):
+    """The plugin's session end: where ``--gpubench-hygiene FILE`` cannot be written (a file
+    where its folder should be, a full disk), one warning line, and the session's outcome stands
+    (``gpubench run`` then measures the models itself)."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from gpubench.cli import memory
+    from gpubench.cli.main import find_benchmarks_dir
+
+    spec = importlib.util.spec_from_file_location("benchmarks_conftest",
+                                                  find_benchmarks_dir() / "conftest.py")
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    monkeypatch.setattr(memory, "hygiene_reports", lambda models, p, d: [{"model": "bert"}])
+    case = SimpleNamespace(cfg=SimpleNamespace(name="bert"))
+    opts = SimpleNamespace(cases={"bert-fp32": case}, model_names=("bert",), models=("bert",),
+                           profile="smoke", device="cpu")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the folder should be")
+    path = blocked / "hygiene.json"
+    config = SimpleNamespace(gpubench=opts, getoption=lambda name, default=None: str(path))
+    session = SimpleNamespace(config=config, shouldstop=False, shouldfail=False)
+    plugin._RAN.add("bert-fp32")
+    plugin.pytest_sessionfinish(session, pytest.ExitCode.OK)  # no exception
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpubench: warning: cannot write the no_grad/del")
+    assert blocked.is_file()
+    blocked.unlink()
+    plugin.pytest_sessionfinish(session, pytest.ExitCode.OK)
+    assert json.loads(path.read_text()) == [{"model": "bert"}]
+    path.unlink()
+    plugin.pytest_sessionfinish(session, pytest.ExitCode.INTERRUPTED)  # left to the parent
+    assert not path.exists()
