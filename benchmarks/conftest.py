@@ -90,6 +90,8 @@ class Options:
 
         self.ranks = RankPool()
         """Rank processes kept between consecutive multi-process cases."""
+        self.ran: set[str] = set()
+        """Ids of the cases that passed in this session."""
 
     def run_key(self) -> dict:
         """What makes two sessions one run (``--gpubench-resume`` checks it): the cases
@@ -255,15 +257,16 @@ def options(request) -> Options:
     return request.config.gpubench
 
 
-def pytest_runtest_logreport(report):
-    """The models whose cases ran (``--gpubench-hygiene`` measures those)."""
-    if report.when == "call" and report.passed and "[" in report.nodeid and \
-            report.nodeid.split("::")[-1].startswith("test_step["):
-        _RAN.add(report.nodeid.split("[", 1)[1].rstrip("]"))
-
-
-_RAN: set[str] = set()
-"""Ids of the cases that passed in this session."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The cases that passed (``Options.ran``; ``--gpubench-hygiene`` measures their models)."""
+    report = yield
+    opts = getattr(item.config, "gpubench", None)
+    if opts is not None and report.when == "call" and report.passed:
+        case_id = getattr(getattr(item, "callspec", None), "params", {}).get("case_id")
+        if case_id in getattr(opts, "cases", {}):
+            opts.ran.add(case_id)
+    return report
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -275,7 +278,7 @@ def pytest_sessionfinish(session, exitstatus):
     if opts is None or not path or session.shouldstop or session.shouldfail or \
             exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         return
-    ran = {opts.cases[c].cfg.name for c in _RAN if c in getattr(opts, "cases", {})}
+    ran = {opts.cases[c].cfg.name for c in opts.ran}
     models = {name: spec for name, spec in zip(opts.model_names, opts.models, strict=True)
               if name in ran}
     if not models:

@@ -9,8 +9,12 @@ as ``speedup_paired``), measured in one process for all cases as a run does, in
 ``--paired-processes`` fresh processes. Both figures are replicated over processes because a
 process is itself a source of error: on a shared VM the same configuration runs several percent
 faster or slower for a process's whole life, differently for different kernels (bf16's and
-fp32's), which no pairing inside one process can see. Writes a markdown table with each
-method's median, its spread over processes, and the difference.
+fp32's), which no pairing inside one process can see. The two methods are interleaved in
+time (paired process i, then separate pair i of each case), so both sample the same stretch of
+the machine's drift. Writes a markdown table with each method's median, its spread over
+processes, the difference of the medians, and the difference repetition by repetition (the
+median over i of paired figure i / separate pair i), in which drift between repetitions
+cancels.
 
     python scripts/paired_vs_separate.py [--profile cpu] [--repeats 3] [--rounds 20]
         [--paired-processes 3] [--cases resnet18-fp32-adam,...] [--threads N]
@@ -75,16 +79,15 @@ def separate_step_s(cfg, rounds: int, tmp: Path) -> float:
     return info["step_time_s"]
 
 
-def separate_speedup(cfg, rounds: int, repeats: int, tmp: Path) -> tuple[float, list[float]]:
-    """Median over ``repeats`` alternations of baseline step / case step (per sample)."""
-    ratios = []
+def separate_pair(cfg, rounds: int, i: int, tmp: Path) -> float:
+    """One alternation: baseline step / case step (per sample), each alone in a fresh
+    process, the baseline first on even ``i`` and second on odd."""
     batches = cfg.global_batch / cfg.baseline.global_batch
-    for i in range(repeats):
-        order = (cfg.baseline, cfg) if i % 2 == 0 else (cfg, cfg.baseline)
-        times = {c.id: separate_step_s(c, rounds, tmp) for c in order}
-        ratios.append(times[cfg.baseline.id] / times[cfg.id] * batches)
-        print(f"  separate {cfg.id} pair {i + 1}: {ratios[-1]:.3f}", flush=True)
-    return statistics.median(ratios), ratios
+    order = (cfg.baseline, cfg) if i % 2 == 0 else (cfg, cfg.baseline)
+    times = {c.id: separate_step_s(c, rounds, tmp) for c in order}
+    ratio = times[cfg.baseline.id] / times[cfg.id] * batches
+    print(f"  separate {cfg.id} pair {i + 1}: {ratio:.3f}", flush=True)
+    return ratio
 
 
 ENV = dict(os.environ)
@@ -139,6 +142,14 @@ def read_separate(path: Path) -> dict[str, tuple[float, list[float]]]:
     return found
 
 
+def local_difference(infos: list[dict], ratios: list[float]) -> float | None:
+    """Median over repetitions i of paired figure i / separate pair i - 1: the two methods
+    compared within the same stretch of time (paired process i ran just before separate pair
+    i), so drift between repetitions cancels; None with fewer than two repetitions of both."""
+    diffs = [info["speedup_paired"] / r - 1 for info, r in zip(infos, ratios, strict=False)]
+    return statistics.median(diffs) if len(diffs) >= 2 else None
+
+
 def spread(values: list[float]) -> str:
     """The range of ``values`` over their median, as +-%."""
     mid = statistics.median(values)
@@ -188,23 +199,27 @@ def main() -> None:
         Path(args.paired_only).write_text(json.dumps(found))
         return
     started = time.time()
-    rows = []
+    earlier = read_separate(args.separate) if args.separate else {}
+    paired: dict[str, list[dict]] = {cid: [] for cid in wanted}
+    ratios: dict[str, list[float]] = {cid: list(earlier.get(cid, (0, []))[1]) for cid in wanted}
     with tempfile.TemporaryDirectory() as tmp:
-        paired = {cid: [] for cid in wanted}
-        for i in range(args.paired_processes):
-            for cid, info in paired_in_fresh_process(args, wanted, Path(tmp), i).items():
-                paired[cid].append(info)
-                print(f"  paired {cid} process {i + 1}: {info['speedup_paired']:.3f} "
-                      f"[{info['speedup_paired_low']:.3f}-{info['speedup_paired_high']:.3f}] "
-                      f"{len(info['paired_baseline_rounds_s'])} rounds, stopped by "
-                      f"{info['rounds_stop']}", flush=True)
-        earlier = read_separate(args.separate) if args.separate else {}
-        for cid in wanted:
-            if cid in earlier:
-                sep, ratios = earlier[cid]
-            else:
-                sep, ratios = separate_speedup(cases[cid], args.rounds, args.repeats, Path(tmp))
-            rows.append((cid, sep, ratios, paired[cid]))
+        # Interleaved in time: paired process i, then separate pair i of every case, so both
+        # methods sample the same stretch of the machine's drift (``local_difference``).
+        for i in range(max(args.paired_processes, args.repeats)):
+            if i < args.paired_processes:
+                for cid, info in paired_in_fresh_process(args, wanted, Path(tmp), i).items():
+                    paired[cid].append(info)
+                    print(f"  paired {cid} process {i + 1}: {info['speedup_paired']:.3f} "
+                          f"[{info['speedup_paired_low']:.3f}-"
+                          f"{info['speedup_paired_high']:.3f}] "
+                          f"{len(info['paired_baseline_rounds_s'])} rounds, stopped by "
+                          f"{info['rounds_stop']}", flush=True)
+            for cid in wanted:
+                if cid not in earlier and i < args.repeats:
+                    ratios[cid].append(separate_pair(cases[cid], args.rounds, i, Path(tmp)))
+    rows = [(cid, statistics.median(ratios[cid]), ratios[cid], paired[cid],
+             None if cid in earlier else local_difference(paired[cid], ratios[cid]))
+            for cid in wanted]
     load = os.getloadavg()
     lines = [
         f"# Paired speedup against separate processes ({args.profile}, {args.device})",
@@ -220,11 +235,12 @@ def main() -> None:
         "Spread: half the range over the processes (pairs), over the median.",
         "",
         "| case | separate (pairs) | spread | paired (processes) | spread | "
-        "one process's interval (median half-width) | difference |",
-        "|---|---|---|---|---|---|---|",
+        "one process's interval (median half-width) | difference | "
+        "difference, repetition by repetition |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     worst = 0.0
-    for cid, sep, ratios, infos in rows:
+    for cid, sep, pairs, infos, local in rows:
         figures = [i["speedup_paired"] for i in infos]
         mid = statistics.median(figures)
         width = statistics.median(
@@ -233,9 +249,10 @@ def main() -> None:
         diff = mid / sep - 1
         worst = max(worst, abs(diff))
         lines.append(
-            f"| {cid} | {sep:.3f} ({', '.join(f'{r:.3f}' for r in ratios)}) | "
-            f"{spread(ratios)} | {mid:.3f} ({', '.join(f'{f:.3f}' for f in figures)}) | "
-            f"{spread(figures)} | {width:.1%} | {diff:+.1%} |")
+            f"| {cid} | {sep:.3f} ({', '.join(f'{r:.3f}' for r in pairs)}) | "
+            f"{spread(pairs)} | {mid:.3f} ({', '.join(f'{f:.3f}' for f in figures)}) | "
+            f"{spread(figures)} | {width:.1%} | {diff:+.1%} | "
+            f"{'-' if local is None else format(local, '+.1%')} |")
     lines += ["", f"Largest difference: {worst:.1%}. Took {time.time() - started:.0f} s; "
               f"load average at the end {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} on "
               f"{os.cpu_count()} cores.", "",

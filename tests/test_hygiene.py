@@ -118,7 +118,7 @@ def test_a_run_keeps_its_childs_hygiene_and_measures_only_the_models_it_lacks(tm
 
     child = [{"model": "bert", "hygiene": {"from": "child"}},
              {"model": "gone", "hygiene": {"from": "child"}}]
-    (tmp_path / cli.HYGIENE_FILE).write_text(json.dumps(child))
+    (tmp_path / memory.HYGIENE_FILE).write_text(json.dumps(child))
     measured = []
 
     def here(models, profile, device):
@@ -126,13 +126,13 @@ def test_a_run_keeps_its_childs_hygiene_and_measures_only_the_models_it_lacks(tm
         return [{"model": m, "hygiene": {"from": "parent"}} for m in models]
 
     monkeypatch.setattr(memory, "hygiene_reports", here)
-    reports = cli.run_hygiene({"bert": "bert", "gpt2": "gpt2"}, tmp_path, "smoke", "cpu")
+    reports = memory.run_hygiene({"bert": "bert", "gpt2": "gpt2"}, tmp_path, "smoke", "cpu")
     assert [(r["model"], r["hygiene"]["from"]) for r in reports] == [
         ("bert", "child"), ("gpt2", "parent")]
     assert measured == [{"gpt2": "gpt2"}]
-    assert not (tmp_path / cli.HYGIENE_FILE).exists()  # taken: a resumed run does not reread it
+    assert not (tmp_path / memory.HYGIENE_FILE).exists()  # taken: a resumed run does not reread it
     # no file from the child (killed before it measured): every model is measured here
-    assert [r["model"] for r in cli.run_hygiene({"bert": "bert"}, tmp_path, "smoke", "cpu")] \
+    assert [r["model"] for r in memory.run_hygiene({"bert": "bert"}, tmp_path, "smoke", "cpu")] \
         == ["bert"] and measured[-1] == {"bert": "bert"}
 
 
@@ -177,13 +177,12 @@ def test_a_hygiene_file_it_cannot_write_is_one_warning_not_a_failed_session(tmp_
     monkeypatch.setattr(memory, "hygiene_reports", lambda models, p, d: [{"model": "bert"}])
     case = SimpleNamespace(cfg=SimpleNamespace(name="bert"))
     opts = SimpleNamespace(cases={"bert-fp32": case}, model_names=("bert",), models=("bert",),
-                           profile="smoke", device="cpu")
+                           profile="smoke", device="cpu", ran={"bert-fp32"})
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the folder should be")
     path = blocked / "hygiene.json"
     config = SimpleNamespace(gpubench=opts, getoption=lambda name, default=None: str(path))
     session = SimpleNamespace(config=config, shouldstop=False, shouldfail=False)
-    plugin._RAN.add("bert-fp32")
     plugin.pytest_sessionfinish(session, pytest.ExitCode.OK)  # no exception
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpubench: warning: cannot write the no_grad/del")

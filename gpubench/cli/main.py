@@ -122,6 +122,8 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
     if args.k:
         cmd += ["-k", args.k]
     if not getattr(args, "no_hygiene", False):
+        from gpubench.cli.memory import HYGIENE_FILE
+
         cmd.append(f"--gpubench-hygiene={json_path.parent / HYGIENE_FILE}")
     return cmd
 
@@ -456,6 +458,8 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     models = dict(zip(named["model"], named["workload"].fillna(named["model"]), strict=True))
     reports = None
     if not getattr(args, "no_hygiene", False):
+        from gpubench.cli.memory import run_hygiene
+
         state["stage"] = "measuring no_grad and del"
         reports = run_hygiene(models, out, profile, device)
         atomic.write_json(out / "memory.json", reports, indent=1)
@@ -487,29 +491,6 @@ def _write_derived(args, state: dict, out: Path, json_path: Path, profile: str, 
     print(f"gpubench: verdicts on the common speed-up claims in {out}/advice.md")
     if not args.no_charts:
         print(f"gpubench: charts and report in {out}/")
-
-
-HYGIENE_FILE = ".hygiene.json"
-"""Where a run's pytest child writes its no_grad / del measurements (``--gpubench-hygiene``)."""
-
-
-def run_hygiene(models: dict[str, str], out: Path, profile: str, device: str) -> list[dict]:
-    """The run's no_grad / del reports of ``models`` (name -> workload spec): those its pytest
-    child measured after its cases (``HYGIENE_FILE`` in ``out``, taken out), and what it did
-    not measure (a child stopped early, the cases a resumed run kept from before) measured
-    here."""
-    from gpubench.cli.memory import hygiene_reports
-
-    path = out / HYGIENE_FILE
-    try:
-        child = json.loads(path.read_text())
-    except (OSError, ValueError):
-        child = []
-    path.unlink(missing_ok=True)
-    reports = [r for r in child if isinstance(r, dict) and r.get("model") in models] \
-        if isinstance(child, list) else []
-    missing = {m: spec for m, spec in models.items() if m not in {r["model"] for r in reports}}
-    return reports + (hygiene_reports(missing, profile, device) if missing else [])
 
 
 def _run_cost_line(df, wall_s: float) -> str:

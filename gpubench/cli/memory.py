@@ -8,6 +8,7 @@ run's results."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -66,6 +67,27 @@ def hygiene_reports(models: dict[str, str], profile: str, device: str) -> list[d
                         "budget_bytes": None, "frontier": [], "leaks": [], "hygiene": hygiene,
                         "allocator": None})
     return reports
+
+
+HYGIENE_FILE = ".hygiene.json"
+"""Where a run's pytest child writes its no_grad / del measurements (``--gpubench-hygiene``)."""
+
+
+def run_hygiene(models: dict[str, str], out: Path, profile: str, device: str) -> list[dict]:
+    """The run's no_grad / del reports of ``models`` (name -> workload spec): those its pytest
+    child measured after its cases (``HYGIENE_FILE`` in ``out``, taken out), and what it did
+    not measure (a child stopped early, the cases a resumed run kept from before) measured
+    here."""
+    path = out / HYGIENE_FILE
+    try:
+        child = json.loads(path.read_text())
+    except (OSError, ValueError):
+        child = []
+    path.unlink(missing_ok=True)
+    reports = [r for r in child if isinstance(r, dict) and r.get("model") in models] \
+        if isinstance(child, list) else []
+    missing = {m: spec for m, spec in models.items() if m not in {r["model"] for r in reports}}
+    return reports + (hygiene_reports(missing, profile, device) if missing else [])
 
 
 def _mib(n) -> str:
