@@ -7,6 +7,9 @@ import pytest
 import torch
 
 _SESSION_DIR = None
+_THREADS = 2
+"""torch threads of a test (``_threads``): 2 for the 2-core machine, a worker's share of the
+cores under pytest-xdist."""
 
 
 def pytest_configure(config):
@@ -22,6 +25,19 @@ def pytest_configure(config):
     # --durations was given.
     if config.option.durations is None:
         config.option.durations, config.option.durations_min = 30, 5.0
+    # Under pytest-xdist (``pytest -n 2``) a worker's environment names it a worker; the commands
+    # the tests start are not (pytest-benchmark would disable every benchmark of a ``pytest
+    # benchmarks/`` they start).
+    for name in [k for k in os.environ if k.startswith("PYTEST_XDIST_")]:
+        del os.environ[name]
+    global _THREADS
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:
+        # The workers share the machine's cores: each worker's torch, and every command it
+        # starts, takes its share (two workers on two cores: one thread each), not a thread
+        # per core each, whose spinning OpenMP threads would slow every step several times.
+        _THREADS = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
     _SESSION_DIR = tempfile.mkdtemp(prefix="gpubench-tests-")
     os.environ["GPUBENCH_CACHE_DIR"] = os.path.join(_SESSION_DIR, "cache")
     os.environ[PEAKS_ENV] = os.path.join(_SESSION_DIR, "peaks.json")
@@ -73,7 +89,7 @@ def _ctrl_c_reaches_the_commands():
 @pytest.fixture(autouse=True)
 def _threads():
     # Two cores: pin threads so tests do not oversubscribe the machine.
-    torch.set_num_threads(2)
+    torch.set_num_threads(_THREADS)
 
 
 def pytest_collection_modifyitems(items):
@@ -84,13 +100,28 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory):
+def smoke_run(tmp_path_factory, request):
     """One real ``gpubench run --profile smoke`` (every model, group and parallel form, three
-    rounds) for every test that reads a run's files: (its results folder, its stdout)."""
-    out = tmp_path_factory.mktemp("smoke")
+    rounds) for every test that reads a run's files: (its results folder, its stdout). Under
+    pytest-xdist the workers share it: the first to ask makes it (under a file lock), the
+    others read it."""
+    if not hasattr(request.config, "workerinput"):
+        return _smoke_run(tmp_path_factory.mktemp("smoke"), tmp_path_factory.mktemp("data"))
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent  # the session's folder, above each worker's
+    stdout = root / "smoke-stdout.txt"
+    with FileLock(str(root / "smoke.lock")):
+        if not stdout.exists():
+            _, text = _smoke_run(root / "smoke", root / "smoke-data")
+            stdout.write_text(text)
+    return root / "smoke", stdout.read_text()
+
+
+def _smoke_run(out, data):
     proc = subprocess.run(
         [sys.executable, "-m", "gpubench", "run", "--profile", "smoke", "--out", str(out),
-         "--rounds", "3", "--data-dir", str(tmp_path_factory.mktemp("data"))],
+         "--rounds", "3", "--data-dir", str(data)],
         capture_output=True, text=True, timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

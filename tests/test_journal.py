@@ -262,8 +262,11 @@ def test_out_on_another_filesystem_works(tmp_path, tmpfs, kind):
     if kind == "symlink":
         out.symlink_to(disk)
     (disk / "benchmark.json").write_text("{}")  # an earlier run
+    # Started as from inside a pytest-xdist worker (a test suite run with ``pytest -n``): the
+    # cases' pytest child is not handed the worker's variables, which would disable them.
+    env = {**ENV, "PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"}
     done = subprocess.run([sys.executable, "-m", "gpubench", *ONE_CASE, "--out", str(out)],
-                          capture_output=True, text=True, env=ENV, cwd=ROOT)
+                          capture_output=True, text=True, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert _cases_in(out) == 1 and (disk / "summary.md").is_file()
     assert not (disk / "memory.json").exists()  # --no-hygiene: no no_grad/del measurement

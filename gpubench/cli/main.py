@@ -349,6 +349,14 @@ def _prepare_out(args: argparse.Namespace, state: dict, out: Path, resume: bool)
     return moved
 
 
+def child_environment() -> dict[str, str]:
+    """This process's environment for the cases' pytest child, less pytest-xdist's worker
+    variables (``PYTEST_XDIST_*``): a ``gpubench run`` started inside an xdist worker (a test
+    suite run with ``pytest -n``) would otherwise hand them on, and pytest-benchmark, seeing
+    them, disables every benchmark, so no case would run."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+
+
 def _run_pytest_child(args: argparse.Namespace, state: dict, json_path: Path,
                       resume: bool) -> tuple[int, int | None]:
     """Run the cases in a pytest child; SIGINT too is forwarded as SIGTERM, which the plugin
@@ -366,7 +374,7 @@ def _run_pytest_child(args: argparse.Namespace, state: dict, json_path: Path,
     if resume:
         cmd.append("--gpubench-resume")
     code, signum = run_forwarding_signals(
-        cmd, env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
+        cmd, env={**child_environment(), PARENT_PID_ENV: str(os.getpid()),
                   LOCK_ENV: str(state["lock"].path), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         forward_as=signal.SIGTERM)
     if resume and code == 5:  # every case had finished: nothing left to run
