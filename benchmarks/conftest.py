@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,6 +151,11 @@ def pytest_configure(config):
             f"-n {workers}: the benchmark cases time the whole machine and must run one at a "
             "time; run them without pytest-xdist")
     config.gpubench = Options(config)
+    target = config.getoption("benchmark_json", None)
+    if target:  # the results folder is the run's output, not a change to the code measured
+        from gpubench.measure.provenance import ignore_in_commit
+
+        ignore_in_commit(Path(target).parent)
     from gpubench.measure.memory import steady_malloc
 
     steady_malloc()  # this process's and its workers' (the hand-written loops' too)
@@ -293,6 +299,16 @@ def pytest_sessionfinish(session, exitstatus):
     except OSError as err:  # gpubench run measures them itself; the cases' results stand
         print(f"gpubench: warning: cannot write the no_grad/del measurements to {path}: "
               f"{err.strerror or err}", file=sys.stderr)
+
+
+def pytest_benchmark_update_commit_info(config, commit_info):
+    """pytest-benchmark's ``dirty`` counts every tracked file; a run writing into a tracked
+    results folder would mark its own commit dirty: only changes outside it count
+    (``gpubench.measure.provenance.checkout_dirty``, from where pytest-benchmark asked git)."""
+    if commit_info.get("dirty"):
+        from gpubench.measure.provenance import checkout_dirty
+
+        commit_info["dirty"] = checkout_dirty(Path.cwd()) is not False
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

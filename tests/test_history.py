@@ -247,3 +247,34 @@ def test_library_changes_name_what_both_runs_record():
                            {"torch": "2.5.0", "cudnn": "92400", "numpy": "2.0"}) == (
         "torch 2.4.0 -> 2.5.0")
     assert library_changes({"torch": "2.4.0"}, {"torch": "2.4.0"}) == ""
+
+
+def test_a_runs_own_results_folder_does_not_make_its_commit_dirty(tmp_path, monkeypatch):
+    """A history keys on (commit, dirty): a run writing into a tracked results folder is still
+    a run of its commit; a changed source file, or a rename, makes it dirty."""
+    import subprocess
+
+    from gpubench.measure import provenance
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "benchmark.json").write_text("{}")
+    (tmp_path / "src.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    monkeypatch.setattr(provenance, "OUTPUT_FOLDERS", [])
+    assert provenance.checkout_dirty(tmp_path) is False
+    (tmp_path / "results" / "benchmark.json").write_text('{"new": 1}')
+    assert provenance.checkout_dirty(tmp_path) is True  # nothing set aside yet
+    provenance.ignore_in_commit(tmp_path / "results")
+    assert provenance.checkout_dirty(tmp_path) is False
+    assert provenance.checkout_dirty(tmp_path / "results") is False  # from inside too
+    (tmp_path / "src.py").write_text("x = 2\n")
+    assert provenance.checkout_dirty(tmp_path) is True
+    git("checkout", "-q", "src.py")
+    git("mv", "src.py", "moved.py")
+    assert provenance.checkout_dirty(tmp_path) is True
+    assert provenance.checkout_dirty(tmp_path.parent / "not-a-checkout-here") is None

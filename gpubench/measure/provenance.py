@@ -9,11 +9,58 @@ import functools
 import hashlib
 import json
 
+OUTPUT_FOLDERS: list = []
+"""Folders whose changes are a run's own output (its results folder, set by
+``ignore_in_commit``), not a change to the code it measured."""
+
+
+def ignore_in_commit(folder) -> None:
+    """Leave ``folder`` (a run's results folder) out of ``dirty``: a run that writes into a
+    tracked results folder (``results/cpu/`` here) would otherwise record its own commit as
+    dirty."""
+    from pathlib import Path
+
+    OUTPUT_FOLDERS.append(Path(folder).resolve())
+    source_commit.cache_clear()
+
+
+def checkout_dirty(where) -> bool | None:
+    """Whether the git checkout holding ``where`` has tracked files that differ from its commit,
+    outside ``OUTPUT_FOLDERS``; None outside a checkout."""
+    import subprocess
+    from pathlib import Path
+
+    try:
+        top = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"],
+                             text=True, capture_output=True, timeout=10)
+        if top.returncode != 0:
+            return None
+        status = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "-z",
+                                 "--untracked-files=no"], text=True, capture_output=True,
+                                timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    root = Path(top.stdout.strip())
+    entries = status.stdout.split("\0")
+    changed, i = [], 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        changed.append(root / entry[3:])
+        if entry[0] in "RC":  # a rename or copy: its source path follows
+            changed.append(root / entries[i])
+            i += 1
+    return any(not any(path.resolve().is_relative_to(out) for out in OUTPUT_FOLDERS)
+               for path in changed)
+
 
 @functools.cache
 def source_commit() -> str | None:
     """The git commit of the gpubench source that measured (with ``+dirty`` when its tracked
-    files differ from it), or None outside a git checkout."""
+    files differ from it, a run's own results folder aside: ``checkout_dirty``), or None
+    outside a git checkout."""
     import subprocess
     from pathlib import Path
 
@@ -21,14 +68,11 @@ def source_commit() -> str | None:
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], text=True,
                               capture_output=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no"], text=True, capture_output=True,
-                               timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if checkout_dirty(root) else "")
 
 
 FINGERPRINT_MACHINE = ("cpu", "cpu_count", "device", "device_name", "device_count", "driver")
