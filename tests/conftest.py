@@ -36,8 +36,9 @@ def pytest_configure(config):
         # The workers share the machine's cores: each worker's torch, and every command it
         # starts, takes its share (two workers on two cores: one thread each), not a thread
         # per core each, whose spinning OpenMP threads would slow every step several times.
-        _THREADS = max(1, (os.cpu_count() or 1) // workers)
-        os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+        _THREADS = max(1, min(2, (os.cpu_count() or 1) // workers))
+        os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))  # unless set already
+    torch.set_num_threads(_THREADS)  # before the session fixtures (the matmul peaks) run
     _SESSION_DIR = tempfile.mkdtemp(prefix="gpubench-tests-")
     os.environ["GPUBENCH_CACHE_DIR"] = os.path.join(_SESSION_DIR, "cache")
     os.environ[PEAKS_ENV] = os.path.join(_SESSION_DIR, "peaks.json")
@@ -110,10 +111,16 @@ def smoke_run(tmp_path_factory, request):
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp().parent  # the session's folder, above each worker's
-    stdout = root / "smoke-stdout.txt"
+    stdout, failed = root / "smoke-stdout.txt", root / "smoke-failed.txt"
     with FileLock(str(root / "smoke.lock")):
+        if failed.exists():  # another worker's run failed: the same failure, not a second run
+            pytest.fail(failed.read_text(), pytrace=False)
         if not stdout.exists():
-            _, text = _smoke_run(root / "smoke", root / "smoke-data")
+            try:
+                _, text = _smoke_run(root / "smoke", root / "smoke-data")
+            except AssertionError as err:
+                failed.write_text(f"the shared smoke run failed:\n{err}")
+                raise
             stdout.write_text(text)
     return root / "smoke", stdout.read_text()
 

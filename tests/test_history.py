@@ -251,30 +251,42 @@ def test_library_changes_name_what_both_runs_record():
 
 def test_a_runs_own_results_folder_does_not_make_its_commit_dirty(tmp_path, monkeypatch):
     """A history keys on (commit, dirty): a run writing into a tracked results folder is still
-    a run of its commit; a changed source file, or a rename, makes it dirty."""
+    a run of its commit; a changed source file, or one moved into the results folder, makes it
+    dirty, and a results file in the checkout's top folder sets nothing aside."""
     import subprocess
 
     from gpubench.measure import provenance
 
-    def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+    repo = tmp_path / "repo"
 
-    (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "benchmark.json").write_text("{}")
-    (tmp_path / "src.py").write_text("x = 1\n")
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    (repo / "results").mkdir(parents=True)
+    (repo / "results" / "benchmark.json").write_text("{}")
+    (repo / "src.py").write_text("x = 1\n")
     git("init", "-q")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
     monkeypatch.setattr(provenance, "OUTPUT_FOLDERS", [])
-    assert provenance.checkout_dirty(tmp_path) is False
-    (tmp_path / "results" / "benchmark.json").write_text('{"new": 1}')
-    assert provenance.checkout_dirty(tmp_path) is True  # nothing set aside yet
-    provenance.ignore_in_commit(tmp_path / "results")
-    assert provenance.checkout_dirty(tmp_path) is False
-    assert provenance.checkout_dirty(tmp_path / "results") is False  # from inside too
-    (tmp_path / "src.py").write_text("x = 2\n")
-    assert provenance.checkout_dirty(tmp_path) is True
+    assert provenance.checkout_dirty(repo) is False
+    (repo / "results" / "benchmark.json").write_text('{"new": 1}')
+    assert provenance.checkout_dirty(repo) is True  # nothing set aside yet
+    provenance.ignore_in_commit(repo / "results")
+    assert provenance.checkout_dirty(repo) is False
+    assert provenance.checkout_dirty(repo / "results") is False  # from inside too
+    git("mv", "results/benchmark.json", "results/previous.json")  # a rename inside it
+    assert provenance.checkout_dirty(repo) is False
+    git("reset", "-q", "--hard")
+    (repo / "src.py").write_text("x = 2\n")
+    assert provenance.checkout_dirty(repo) is True
     git("checkout", "-q", "src.py")
-    git("mv", "src.py", "moved.py")
-    assert provenance.checkout_dirty(tmp_path) is True
-    assert provenance.checkout_dirty(tmp_path.parent / "not-a-checkout-here") is None
+    git("mv", "src.py", "results/src.py")  # moved into the results folder: gone from outside
+    assert provenance.checkout_dirty(repo) is True
+    git("reset", "-q", "--hard")
+    (repo / "src.py").write_text("x = 3\n")
+    provenance.ignore_in_commit(repo)  # results written to the top folder: nothing set aside
+    assert provenance.checkout_dirty(repo) is True
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert provenance.checkout_dirty(plain) is None  # an existing folder, not a checkout

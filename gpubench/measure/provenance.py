@@ -26,7 +26,10 @@ def ignore_in_commit(folder) -> None:
 
 def checkout_dirty(where) -> bool | None:
     """Whether the git checkout holding ``where`` has tracked files that differ from its commit,
-    outside ``OUTPUT_FOLDERS``; None outside a checkout."""
+    outside ``OUTPUT_FOLDERS`` (those inside the checkout, below its top folder: a results file
+    written to the top folder sets nothing aside); None outside a checkout or where git
+    fails."""
+    import os
     import subprocess
     from pathlib import Path
 
@@ -36,12 +39,14 @@ def checkout_dirty(where) -> bool | None:
         if top.returncode != 0:
             return None
         status = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "-z",
-                                 "--untracked-files=no"], text=True, capture_output=True,
-                                timeout=10)
+                                 "--untracked-files=no"], capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    root = Path(top.stdout.strip())
-    entries = status.stdout.split("\0")
+    if status.returncode != 0:
+        return None
+    root = Path(top.stdout.strip()).resolve()
+    outputs = [o for o in OUTPUT_FOLDERS if o != root and o.is_relative_to(root)]
+    entries = [os.fsdecode(e) for e in status.stdout.split(b"\0")]
     changed, i = [], 0
     while i < len(entries):
         entry = entries[i]
@@ -49,10 +54,12 @@ def checkout_dirty(where) -> bool | None:
         if len(entry) < 4:
             continue
         changed.append(root / entry[3:])
-        if entry[0] in "RC":  # a rename or copy: its source path follows
+        if "R" in entry[:2] or "C" in entry[:2]:  # a rename or copy: its source path follows
             changed.append(root / entries[i])
             i += 1
-    return any(not any(path.resolve().is_relative_to(out) for out in OUTPUT_FOLDERS)
+    # The folder resolved, not the file: a changed symlink is a change where it sits.
+    return any(not any(path.parent.resolve().joinpath(path.name).is_relative_to(out)
+                       for out in outputs)
                for path in changed)
 
 
