@@ -177,9 +177,11 @@ def main() -> None:
     parser.add_argument("--paired-only", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help="markdown table (default: stdout only)")
     args = parser.parse_args()
+    for name in ("repeats", "rounds", "paired_processes", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1; got {value}")
     if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1; got {args.threads}")
         ENV["OMP_NUM_THREADS"] = str(args.threads)
     from gpubench.suite.cases import profile_cases
     from gpubench.workloads.profiles import profile
@@ -187,7 +189,10 @@ def main() -> None:
     budget = profile(args.profile)
     wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
     models = tuple(dict.fromkeys(c.split("-")[0] for c in wanted))
-    cases = {c.id: c.cfg for c in profile_cases(args.profile, args.device, models, None)}
+    try:
+        cases = {c.id: c.cfg for c in profile_cases(args.profile, args.device, models, None)}
+    except ValueError as err:  # an unknown model or profile (WorkloadError is one)
+        parser.error(f"--cases: {str(err).splitlines()[0]}")
     bad = [c for c in wanted if c not in cases]
     if bad:
         raise SystemExit(f"--cases: unknown case {', '.join(bad)}; valid: {', '.join(cases)}")
@@ -201,7 +206,8 @@ def main() -> None:
     started = time.time()
     earlier = read_separate(args.separate) if args.separate else {}
     paired: dict[str, list[dict]] = {cid: [] for cid in wanted}
-    ratios: dict[str, list[float]] = {cid: list(earlier.get(cid, (0, []))[1]) for cid in wanted}
+    ratios: dict[str, list[float]] = {cid: list(earlier[cid][1]) if cid in earlier else []
+                                      for cid in wanted}
     with tempfile.TemporaryDirectory() as tmp:
         # Interleaved in time: paired process i, then separate pair i of every case, so both
         # methods sample the same stretch of the machine's drift (``local_difference``).

@@ -20,8 +20,10 @@ def ignore_in_commit(folder) -> None:
     dirty."""
     from pathlib import Path
 
-    OUTPUT_FOLDERS.append(Path(folder).resolve())
-    source_commit.cache_clear()
+    folder = Path(folder).resolve()
+    if folder not in OUTPUT_FOLDERS:
+        OUTPUT_FOLDERS.append(folder)
+        source_commit.cache_clear()
 
 
 def checkout_dirty(where) -> bool | None:
