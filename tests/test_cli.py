@@ -116,12 +116,17 @@ def test_bad_profile_is_rejected(capsys):
 @pytest.mark.slow
 def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
     out = tmp_path / "ddp.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "gpubench", "dist", "--model", "bert", "--profile", "smoke", "--rounds", "3",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
+    # A rank that waits for the other past --timeout names it and ends the job, which then
+    # fails here with its reason instead of at the outer limit with nothing said.
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "2", "-m", "gpubench", "dist", "--model", "bert", "--profile", "smoke",
+             "--rounds", "3", "--timeout", "60", "--out", str(out)],
+            capture_output=True, text=True, timeout=240,
+        )
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"torchrun did not end within 240 s: {_tail(hung.stderr)}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     (bench,) = data["benchmarks"]
@@ -130,6 +135,12 @@ def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
     assert info["global_batch"] == 2 * info["micro_batch"]
     assert len(info["rank_step_time_s"]) == 2 and len(bench["stats"]["data"]) == 3
     assert info["check_losses"][-1] < info["check_losses"][0]
+
+
+def _tail(text: str | bytes | None, n: int = 3000) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return (text or "(nothing on stderr)")[-n:]
 
 
 def test_dist_outside_torchrun_explains(capsys):

@@ -34,6 +34,29 @@ def test_rebuild_replaces_each_ranks_program_in_the_same_processes():
         assert group.pids == pids and group.alive
 
 
+class LazyImports:
+    """A rank that imports what a case's process imports up front, then says what it holds."""
+
+    def __init__(self, rank, world_size):
+        from gpubench.measure.protocol import import_lazy_modules
+
+        import_lazy_modules()
+
+    def modules(self):
+        return sorted(name for name in ("scipy", "torch._dynamo") if name in sys.modules)
+
+
+def test_a_rank_process_does_not_import_what_only_the_rounds_process_needs():
+    """scipy (the stopping rule's interval) is imported where the rounds run, up front; a rank
+    only steps when told, and pays for torch's own lazy import alone."""
+    from gpubench.measure.protocol import import_lazy_modules
+
+    import_lazy_modules()
+    assert "scipy" in sys.modules and "torch._dynamo" in sys.modules
+    with WorkerGroup(1, LazyImports) as group:
+        assert group.call("modules") == [["torch._dynamo"]]
+
+
 def _run(cfg, pool):
     return run_case(StandaloneBenchmark(cfg.id), cfg, rounds=2, warmup_rounds=0,
                     timeout_s=120, ranks=pool)
