@@ -39,15 +39,28 @@ def pytest_configure(config):
         _THREADS = max(1, min(2, (os.cpu_count() or 1) // workers))
         os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))  # unless set already
     torch.set_num_threads(_THREADS)  # before the session fixtures (the matmul peaks) run
+    shared = os.environ.get(SHARED_DIR_ENV) if workers else None
+    if shared:
+        # pytest-xdist's workers inherit the controller's folder: one facts cache (each probe
+        # build once, not once per worker) and one peaks file; the controller removes it.
+        os.environ["GPUBENCH_CACHE_DIR"] = os.path.join(shared, "cache")
+        os.environ[PEAKS_ENV] = os.path.join(shared, "peaks.json")
+        return
     _SESSION_DIR = tempfile.mkdtemp(prefix="gpubench-tests-")
+    os.environ[SHARED_DIR_ENV] = _SESSION_DIR
     os.environ["GPUBENCH_CACHE_DIR"] = os.path.join(_SESSION_DIR, "cache")
     os.environ[PEAKS_ENV] = os.path.join(_SESSION_DIR, "peaks.json")
+
+
+SHARED_DIR_ENV = "GPUBENCH_TESTS_SESSION_DIR"
+"""The session's folder (facts cache, matmul peaks), set by the process that made it: the
+pytest-xdist controller hands it to its workers."""
 
 
 def pytest_unconfigure(config):
     import shutil
 
-    if _SESSION_DIR:
+    if _SESSION_DIR:  # the process that made it
         shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
@@ -56,13 +69,25 @@ def _matmul_peaks_measured_once():
     """The CPU's matmul peaks, measured once for the session and handed to every command the
     tests start (``GPUBENCH_MATMUL_PEAKS``, as ``scripts/gpu_check.sh`` hands them to its
     steps): each command would otherwise spend seconds measuring them again. This process
-    measures them itself (``test_flops`` checks the measurement)."""
+    measures them itself (``test_flops`` checks the measurement); pytest-xdist's workers share
+    one measurement."""
+    from filelock import FileLock
+
+    from gpubench.measure.flops import PEAKS_ENV
+
+    path = os.environ[PEAKS_ENV]
+    with FileLock(path + ".lock"):  # pytest-xdist's workers: the first measures them
+        if not os.path.exists(path):
+            _measure_peaks(path)
+
+
+def _measure_peaks(path: str) -> None:
     import json
 
     from gpubench.measure.flops import PEAKS_ENV, _fp8_peak, _matmul_peak, fp8_peak_flops
     from gpubench.measure.machine import measured_peaks_tflops
+    from gpubench.util import atomic
 
-    path = os.environ[PEAKS_ENV]
     del os.environ[PEAKS_ENV]  # measured here, not read
     try:
         _matmul_peak.cache_clear()
@@ -72,9 +97,9 @@ def _matmul_peaks_measured_once():
         fp8 = fp8_peak_flops("cpu")
     finally:
         os.environ[PEAKS_ENV] = path
-    with open(path, "w") as f:
-        json.dump({"device": "cpu", "device_name": "cpu", "peak_tflops": peaks,
-                   "fp8_tflops": None if fp8 is None else fp8 / 1e12}, f)
+    atomic.write_text(path, json.dumps({"device": "cpu", "device_name": "cpu",
+                                        "peak_tflops": peaks,
+                                        "fp8_tflops": None if fp8 is None else fp8 / 1e12}))
 
 
 @pytest.fixture(autouse=True, scope="session")

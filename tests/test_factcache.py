@@ -147,3 +147,35 @@ def test_a_transformers_config_file_keys_on_its_content(tmp_path):
     digest = factcache._code_digest(from_file)
     config.write_text('{"model_type": "llama", "vocab_size": 512}')
     assert digest and factcache._code_digest(from_file) not in ("", digest)
+
+
+def test_processes_that_miss_the_same_entry_wait_for_the_one_probing_it(cache):
+    """A job's ranks start together and all miss the entry: one probes, the others wait for
+    it and read it (a lock per entry). Here a thread holds the entry's lock as a probing
+    process would, and another asks for the facts meanwhile: it must not build the model."""
+    import threading
+    import time
+    from dataclasses import asdict, fields
+
+    workload = fresh()
+    key = factcache.facts_key(workload, tuple(f.name for f in fields(WorkloadFacts)))
+    asking = threading.Event()
+
+    def probing_process():
+        with factcache.probing(key):
+            holding.set()
+            asking.wait(10)
+            time.sleep(0.5)  # the other is at the lock by now (were it not, it reads the entry)
+            factcache.write_facts(key, asdict(workload._probe_facts()))
+
+    holding = threading.Event()
+    first = threading.Thread(target=probing_process)
+    first.start()
+    assert holding.wait(10)
+    other = fresh()
+    asking.set()
+    facts = other.facts  # waits for the lock, then reads what the first wrote
+    first.join(10)
+    assert BUILDS == ["smoke"]  # the first's probe only
+    assert facts == WorkloadFacts.from_json(factcache.read_facts(key))
+    assert len(list(cache.glob("*.json"))) == 1

@@ -183,16 +183,17 @@ class Workload:
         from gpubench.workloads import factcache
 
         key = factcache.facts_key(self, tuple(f.name for f in fields(WorkloadFacts)))
-        stored = None if key is None else factcache.read_facts(key)
-        if stored is not None:
-            try:
-                return WorkloadFacts.from_json(stored)
-            except (TypeError, ValueError):
-                pass  # an entry of another shape: probe again, and replace it
-        facts = self._probe_facts()
-        if key is not None:
-            factcache.write_facts(key, asdict(facts))
-        return facts
+        with factcache.probing(key):  # processes missing the same entry probe it once
+            stored = None if key is None else factcache.read_facts(key)
+            if stored is not None:
+                try:
+                    return WorkloadFacts.from_json(stored)
+                except (TypeError, ValueError):
+                    pass  # an entry of another shape: probe again, and replace it
+            facts = self._probe_facts()
+            if key is not None:
+                factcache.write_facts(key, asdict(facts))
+            return facts
 
     def _probe_facts(self) -> WorkloadFacts:
         """``facts`` from one probe build of the model and a batch of two samples."""

@@ -16,11 +16,13 @@ cannot be written (a read-only home) is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpubench.util import atomic
@@ -118,6 +120,36 @@ def read_facts(key: dict) -> dict | None:
         return None
     facts = entry.get("facts")
     return facts if isinstance(facts, dict) else None
+
+
+@contextlib.contextmanager
+def probing(key: dict | None) -> Iterator[None]:
+    """Held while this process reads ``key``'s entry and, if absent, probes and stores it: the
+    processes that start together (a job's ranks under torchrun or srun, the workers of a test
+    suite) and miss the same entry wait for the one that probes it, then read it, instead of
+    each building the model at once. An exclusive ``flock`` on a file beside the entry, let go
+    when the holder ends however it ends; where the cache folder cannot be written or the
+    filesystem has no locks, each process probes for itself, as without the cache."""
+    if key is None:
+        yield
+        return
+    try:
+        import fcntl
+
+        path = _path(key).with_suffix(".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 - closed below, after the lock is let go
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            pass  # no locks here: probe unlocked
+        yield
+    finally:
+        handle.close()  # lets the lock go
 
 
 def write_facts(key: dict, facts: dict) -> None:
