@@ -94,6 +94,34 @@ def test_each_remeasurement_run_is_its_own_file(tmp_path, monkeypatch):
     assert len({Path(f).parent for f in files}) == 2
     assert [c[c.index("-k") + 1] for c in commands] == ["[bert-bf16]"] * 2
     assert remeasure_cases(_args(str(new), str(new)))(new, rows[1:])[0].is_file()
+    assert all("--threads" not in c for c in commands)  # NEW does not say its threads
+
+
+def test_the_remeasurement_runs_at_the_new_runs_threads(tmp_path, monkeypatch):
+    """A run measured at --threads 1 is re-measured at one thread, not at torch's default;
+    --confirm-args can still set them."""
+    import subprocess
+
+    from records import MACHINE
+
+    from gpubench.cli.compare import remeasure_cases
+
+    machine = {**MACHINE, "gpubench": {**MACHINE["gpubench"], "torch_threads": 1}}
+    new = results_file(tmp_path / "new.json", _record("bert-fp32", 1.0, 1, baseline=True),
+                       _record("bert-bf16", 0.8, 2), machine=machine)
+    commands = []
+
+    def fake_run(cmd, **kwargs):
+        commands.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    rows = compare_runs(load_results([new]), load_results([new]))
+    remeasure_cases(_args(str(new), str(new)))(new, rows[1:])
+    assert commands[-1][commands[-1].index("--threads") + 1] == "1"
+    remeasure_cases(_args(str(new), str(new), "--confirm-args", "--threads 2"))(new, rows[1:])
+    assert [a for a in commands[-1] if a == "--threads"] == ["--threads"]
+    assert commands[-1][commands[-1].index("--threads") + 1] == "2"
 
 
 def test_the_two_stages_limits():

@@ -107,7 +107,8 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
 def remeasure_cases(args: argparse.Namespace):
     """The re-measurement ``compare --confirm`` runs: a function of (NEW file, the flagged
     rows) that runs ``gpubench run`` on those cases alone (same profile, device and workload
-    per model; ``-k`` by their test names), ``--confirm-runs`` times, into a temporary folder
+    per model, and NEW's torch threads unless ``--confirm-args`` sets them; ``-k`` by their
+    test names), ``--confirm-runs`` times, into a temporary folder
     beside NEW, and returns one result file per run that measured any of them (none: an empty
     list)."""
 
@@ -121,7 +122,14 @@ def remeasure_cases(args: argparse.Namespace):
 
         extra = shlex.split(args.confirm_args or "")
         out = Path(tempfile.mkdtemp(prefix="confirm-", dir=Path(new_file).parent))
-        records = json.loads(Path(new_file).read_text())["benchmarks"]
+        data = json.loads(Path(new_file).read_text())
+        records = data["benchmarks"]
+        threads = ((data.get("machine_info") or {}).get("gpubench") or {}).get("torch_threads")
+        if isinstance(threads, int) and threads > 0 and not any(
+                a == "--threads" or a.startswith("--threads=") for a in extra):
+            # at NEW's torch threads: a run at --threads 1 re-measured at the default would
+            # compare two settings (on a 2-core VM, two host levels apart)
+            extra = ["--threads", str(threads), *extra]
         names = {(b["extra_info"].get("model"), b["extra_info"].get("case_id")):
                  (b.get("name"), b["extra_info"].get("workload")) for b in records
                  if isinstance(b.get("extra_info"), dict)}
