@@ -827,27 +827,16 @@ def is_steady(times: list[float], tolerance: float = STEADY_TOLERANCE) -> bool:
     return abs(a - b) <= tolerance * min(a, b)
 
 
-def warm_up(step, most: int, tolerance: float = STEADY_TOLERANCE,
-            before: float | None = None) -> list[float]:
+def warm_up(step, most: int, tolerance: float = STEADY_TOLERANCE) -> list[float]:
     """Run ``step`` (returning its seconds) until it is steady (``is_steady``: the first
     steps of a case fault in memory, fill caches and autotune) or ``most`` times (at least
-    one); the times. ``before``: the seconds of the same step run just before (the training
-    check's last), which the first step may agree with: a case the check's steps left steady
-    warms up in one step."""
+    one); the times."""
     times: list[float] = []
-    seen = [] if before is None else [before]
     while len(times) < max(1, most):
         times.append(step())
-        seen.append(times[-1])
-        if is_steady(seen, tolerance):
+        if is_steady(times, tolerance):
             break
     return times
-
-
-def _last_check_step(checks: list[dict]) -> float | None:
-    """Seconds of the training check's last step (the slowest rank's), or None."""
-    last = [c["step_times_s"][-1] for c in checks if c.get("step_times_s")]
-    return max(last) if last else None
 
 
 def _timed_call(group) -> float:
@@ -918,10 +907,9 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     if local:
         # The case's memory window: its warm-up rounds, the case alone in this process.
         group.call("reset_peak")
-    # Warm-up rounds until the step is steady (``warm_up``, from the check's last step: the
-    # same step on the fixed batches, so a loader's first waits still count), the last of
-    # which sizes the timed rounds.
-    warm = warm_up(lambda: _timed_call(group), warmup_rounds, before=_last_check_step(checks))
+    # Warm-up rounds until the step is steady (``warm_up``; the check's steps ran on other
+    # code paths' state), the last of which sizes the timed rounds.
+    warm = warm_up(lambda: _timed_call(group), warmup_rounds)
     warm_step_s = warm[-1]
     rule = StoppingRule.for_case(rounds, warm_step_s, max_time_s, min_time_s, target_width)
     partner, memory = baseline, None
