@@ -162,8 +162,10 @@ def pytest_configure(config):
     data_dir = config.getoption("--gpubench-data-dir")
     if data_dir:
         os.environ["GPUBENCH_DATA_DIR"] = data_dir  # inherited by worker processes
-    if config.gpubench.threads:
-        torch.set_num_threads(config.gpubench.threads)
+    if config.gpubench.threads:  # here and in the run's worker processes
+        from gpubench.launchers.workers import set_run_threads
+
+        set_run_threads(config.gpubench.threads)
     # Keep the raw per-round times in the JSON: comparisons use a statistical test on them.
     if hasattr(config.option, "benchmark_save_data"):
         config.option.benchmark_save_data = True

@@ -40,7 +40,7 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))  # unless set already
     torch.set_num_threads(_THREADS)  # before the session fixtures (the matmul peaks) run
     shared = os.environ.get(SHARED_DIR_ENV) if workers else None
-    if shared:
+    if shared and os.path.isdir(shared):
         # pytest-xdist's workers inherit the controller's folder: one facts cache (each probe
         # build once, not once per worker) and one peaks file; the controller removes it.
         os.environ["GPUBENCH_CACHE_DIR"] = os.path.join(shared, "cache")
@@ -68,9 +68,9 @@ def pytest_unconfigure(config):
 def _matmul_peaks_measured_once():
     """The CPU's matmul peaks, measured once for the session and handed to every command the
     tests start (``GPUBENCH_MATMUL_PEAKS``, as ``scripts/gpu_check.sh`` hands them to its
-    steps): each command would otherwise spend seconds measuring them again. This process
-    measures them itself (``test_flops`` checks the measurement); pytest-xdist's workers share
-    one measurement."""
+    steps): each command would otherwise spend seconds measuring them again. The session
+    measures them itself (``test_flops`` checks the measurement): under pytest-xdist the first
+    worker to get here, the others read its file."""
     from filelock import FileLock
 
     from gpubench.measure.flops import PEAKS_ENV

@@ -1,6 +1,8 @@
 """End to end: ``gpubench run`` on the smoke profile, then summary, report and compare on it."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -117,17 +119,21 @@ def test_bad_profile_is_rejected(capsys):
 def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
     out = tmp_path / "ddp.json"
     # A rank that waits for the other past --timeout names it and ends the job, which then
-    # fails here with its reason instead of at the outer limit with nothing said.
+    # fails here with its reason; past the outer limit the whole job (torchrun and its ranks,
+    # a session of their own) is killed and the failure says what it wrote.
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", "-m", "gpubench", "dist", "--model", "bert", "--profile", "smoke",
+         "--rounds", "3", "--timeout", "60", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-             "2", "-m", "gpubench", "dist", "--model", "bert", "--profile", "smoke",
-             "--rounds", "3", "--timeout", "60", "--out", str(out)],
-            capture_output=True, text=True, timeout=240,
-        )
-    except subprocess.TimeoutExpired as hung:
-        pytest.fail(f"torchrun did not end within 240 s: {_tail(hung.stderr)}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        _, stderr = job.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        _, stderr = job.communicate()
+        pytest.fail(f"torchrun did not end within 300 s: {_tail(stderr)}")
+    assert job.returncode == 0, stderr[-3000:]
     data = json.loads(out.read_text())
     (bench,) = data["benchmarks"]
     info = bench["extra_info"]

@@ -149,26 +149,48 @@ def test_a_transformers_config_file_keys_on_its_content(tmp_path):
     assert digest and factcache._code_digest(from_file) not in ("", digest)
 
 
+def _key(workload: Workload) -> dict:
+    from dataclasses import fields
+
+    return factcache.facts_key(workload, tuple(f.name for f in fields(WorkloadFacts)))
+
+
+def test_the_probing_lock_is_exclusive_and_a_waiter_gives_up_after_its_wait(cache):
+    import fcntl
+
+    key = _key(fresh())
+    with factcache.probing(key, 1.0):
+        lock = factcache._path(key).with_suffix(".lock")
+        with open(lock, "a") as other:  # another process's handle on the same entry
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # held elsewhere: a waiter probes without it once its wait is over
+            with factcache.probing(key, 0.1):
+                pass
+    with open(lock, "a") as other:  # let go at the end of the block
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def test_processes_that_miss_the_same_entry_wait_for_the_one_probing_it(cache):
     """A job's ranks start together and all miss the entry: one probes, the others wait for
-    it and read it (a lock per entry). Here a thread holds the entry's lock as a probing
-    process would, and another asks for the facts meanwhile: it must not build the model."""
+    it and read it. Here a thread holds the entry's lock as a probing process would, and the
+    test asks for the facts meanwhile: it must not build the model."""
     import threading
     import time
-    from dataclasses import asdict, fields
+    from dataclasses import asdict
 
     workload = fresh()
-    key = factcache.facts_key(workload, tuple(f.name for f in fields(WorkloadFacts)))
-    asking = threading.Event()
+    key = _key(workload)
+    holding, asking, wrote = threading.Event(), threading.Event(), threading.Event()
 
     def probing_process():
-        with factcache.probing(key):
+        with factcache.probing(key, 30.0):
             holding.set()
             asking.wait(10)
             time.sleep(0.5)  # the other is at the lock by now (were it not, it reads the entry)
             factcache.write_facts(key, asdict(workload._probe_facts()))
+            wrote.set()
 
-    holding = threading.Event()
     first = threading.Thread(target=probing_process)
     first.start()
     assert holding.wait(10)
@@ -176,6 +198,22 @@ def test_processes_that_miss_the_same_entry_wait_for_the_one_probing_it(cache):
     asking.set()
     facts = other.facts  # waits for the lock, then reads what the first wrote
     first.join(10)
+    assert not first.is_alive() and wrote.is_set()
     assert BUILDS == ["smoke"]  # the first's probe only
     assert facts == WorkloadFacts.from_json(factcache.read_facts(key))
     assert len(list(cache.glob("*.json"))) == 1
+
+
+def test_a_cache_folder_that_cannot_be_made_still_gives_the_facts(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(blocker))  # facts/ cannot be made under it
+    BUILDS.clear()
+    resolve.cache_clear()
+    factcache._environment.cache_clear()
+    try:
+        assert fresh().facts.batch_norm and fresh().facts.batch_norm
+        assert BUILDS == ["smoke", "smoke"]  # nothing stored: each process probes
+    finally:
+        resolve.cache_clear()
+        factcache._environment.cache_clear()

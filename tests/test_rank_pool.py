@@ -46,15 +46,47 @@ class LazyImports:
         return sorted(name for name in ("scipy", "torch._dynamo") if name in sys.modules)
 
 
+@pytest.mark.slow
 def test_a_rank_process_does_not_import_what_only_the_rounds_process_needs():
-    """scipy (the stopping rule's interval) is imported where the rounds run, up front; a rank
-    only steps when told, and pays for torch's own lazy import alone."""
+    """scipy (the stopping rule's interval) is imported where the rounds run, up front; a
+    WorkerGroup rank only steps when its host tells it, and pays for torch's own lazy import
+    alone."""
     from gpubench.measure.protocol import import_lazy_modules
 
     import_lazy_modules()
     assert "scipy" in sys.modules and "torch._dynamo" in sys.modules
     with WorkerGroup(1, LazyImports) as group:
         assert group.call("modules") == [["torch._dynamo"]]
+
+
+class Threads:
+    def __init__(self, rank, world_size):
+        pass
+
+    def threads(self):
+        import torch
+
+        return torch.get_num_threads()
+
+
+@pytest.mark.slow
+def test_the_runs_threads_reach_the_worker_processes_it_starts(monkeypatch):
+    """--threads 1 (``set_run_threads``): a multi-process case's paired baseline worker and a
+    case in a process of its own step at one thread too, not at torch's default: the paired
+    ratio of a DDP case would otherwise compare a 2-thread baseline with 1-thread ranks."""
+    import torch
+
+    from gpubench.launchers.workers import set_run_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # restored after
+    before = torch.get_num_threads()
+    try:
+        set_run_threads(1)
+        assert torch.get_num_threads() == 1
+        with WorkerGroup(1, Threads) as group:
+            assert group.call("threads") == [1]
+    finally:
+        torch.set_num_threads(before)
 
 
 def _run(cfg, pool):

@@ -101,7 +101,8 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    f"(default {CONFIRM_RUNS})")
     p.add_argument("--confirm-args", default="", metavar="ARGS",
                    help="extra gpubench run options for the re-measurement, as one string "
-                   "(e.g. \"--rounds 10\"; default: the profile's own)")
+                   "(e.g. \"--rounds 10\"; default: the profile's own, at NEW's torch "
+                   "threads)")
 
 
 def remeasure_cases(args: argparse.Namespace):

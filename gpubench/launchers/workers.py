@@ -119,9 +119,33 @@ def rank_device(backend: str, rank: int) -> dict:
     return {"device_id": torch.device("cuda", rank)}
 
 
+def set_run_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)`` here and in every worker process started after
+    (``OMP_NUM_THREADS``, which torch reads as it starts): a multi-process case's paired
+    baseline worker, a case in a process of its own. A multi-process case's ranks split the
+    machine's cores instead (``CaseProgram``)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+_COMMANDED = False
+"""True in a ``WorkerGroup``'s rank process: it runs the commands its host sends, and the host
+runs the timed rounds (``commanded``)."""
+
+
+def commanded() -> bool:
+    """Whether this process is a ``WorkerGroup`` rank, stepped by its host (the rounds, their
+    stopping rule and statistics run there, not here)."""
+    return _COMMANDED
+
+
 def _rank_main(conn, payload: bytes) -> None:
     """A rank, once ``guarded_call`` has armed its parent-death watch: join the process group,
     build ``factory(rank, world_size, *args)``, then run commands until "stop"."""
+    global _COMMANDED
+    _COMMANDED = True
     try:
         rank, world_size, port, backend, factory, args, timeout_s = pickle.loads(payload)
         pin_to_loopback()

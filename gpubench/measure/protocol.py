@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gpubench.launchers.workers import DEFAULT_TIMEOUT_S, WorkerTimeout
+from gpubench.launchers.workers import DEFAULT_TIMEOUT_S, WorkerTimeout, commanded
 from gpubench.measure.flops import counting_flops, fp8_gemm_fraction
 from gpubench.measure.memory import (
     SavedActivations,
@@ -525,16 +525,15 @@ def import_lazy_modules() -> None:
     """Import what a case imports on first use, before its time limit is armed and before the
     CPU training peak's base is taken: torch's optimizers import ``torch._dynamo`` when the
     first one is made (about 2 s and 150 MB resident on a 2-core CPU), and the stopping rule's
-    interval imports scipy between timed rounds (60 MB), in the process that runs the rounds:
-    not in a worker process (a rank, a baseline worker), which only steps when told (0.7 s of
-    a 2-core CPU less per process started). A limit that fires inside an import leaves modules
-    half made (every later case of the process would fail on an unrelated
-    ``AttributeError``), and an import inside the memory window would count as the case's."""
-    import multiprocessing
-
+    interval imports scipy between timed rounds (60 MB) in the process that runs the rounds:
+    every process but a ``WorkerGroup`` rank (``commanded``: a DDP rank or baseline worker
+    stepped by its host), which saves 0.7 s of a 2-core CPU per rank started. A limit that
+    fires inside an import leaves modules half made (every later case of the process would
+    fail on an unrelated ``AttributeError``), and an import inside the memory window would
+    count as the case's."""
     import torch._dynamo  # noqa: F401
 
-    if multiprocessing.parent_process() is None:  # not a spawned worker
+    if not commanded():
         import gpubench.util.stats  # noqa: F401  (scipy)
 
 

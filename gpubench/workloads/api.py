@@ -53,6 +53,25 @@ def probe_timeout_s() -> float:
     return _probe_timeout_s
 
 
+PROBE_LOCK_GRACE_S = 10.0
+"""How much longer than a probe's own limit a process waits for another's probe of the same
+facts before probing itself (``factcache.probing``)."""
+
+
+def _stored_facts(key: dict | None) -> WorkloadFacts | None:
+    """The facts the cache holds under ``key``, or None (none, or an entry of another shape,
+    which the next probe replaces)."""
+    from gpubench.workloads import factcache
+
+    stored = None if key is None else factcache.read_facts(key)
+    if stored is None:
+        return None
+    try:
+        return WorkloadFacts.from_json(stored)
+    except (TypeError, ValueError):
+        return None
+
+
 class WorkloadError(ValueError):
     """A workload spec that cannot be resolved, or a workload that breaks the contract."""
 
@@ -183,13 +202,14 @@ class Workload:
         from gpubench.workloads import factcache
 
         key = factcache.facts_key(self, tuple(f.name for f in fields(WorkloadFacts)))
-        with factcache.probing(key):  # processes missing the same entry probe it once
-            stored = None if key is None else factcache.read_facts(key)
+        stored = _stored_facts(key)
+        if stored is not None:
+            return stored
+        # Missed: one process of those missing it at once probes, the others read its entry.
+        with factcache.probing(key, probe_timeout_s() + PROBE_LOCK_GRACE_S):
+            stored = _stored_facts(key)
             if stored is not None:
-                try:
-                    return WorkloadFacts.from_json(stored)
-                except (TypeError, ValueError):
-                    pass  # an entry of another shape: probe again, and replace it
+                return stored
             facts = self._probe_facts()
             if key is not None:
                 factcache.write_facts(key, asdict(facts))

@@ -11,12 +11,14 @@ transformers and timm, and the facts' own fields. A change in any of them is a n
 old entry is never read again. A workload whose code no key can follow (``MODULE:FACTORY`` and
 entry-point specs, a ``Workload`` made without ``resolve``) is probed in every process, as
 before. An entry that cannot be read or does not match its key counts as absent; one that
-cannot be written (a read-only home) is skipped.
+cannot be written (a read-only home) is skipped. Processes that miss the same entry at once
+probe it once (``probing``: a lock file per entry beside it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -123,33 +125,68 @@ def read_facts(key: dict) -> dict | None:
 
 
 @contextlib.contextmanager
-def probing(key: dict | None) -> Iterator[None]:
-    """Held while this process reads ``key``'s entry and, if absent, probes and stores it: the
-    processes that start together (a job's ranks under torchrun or srun, the workers of a test
-    suite) and miss the same entry wait for the one that probes it, then read it, instead of
-    each building the model at once. An exclusive ``flock`` on a file beside the entry, let go
-    when the holder ends however it ends; where the cache folder cannot be written or the
-    filesystem has no locks, each process probes for itself, as without the cache."""
-    if key is None:
-        yield
-        return
+def probing(key: dict | None, wait_s: float) -> Iterator[None]:
+    """Held while this process, having missed ``key``'s entry, reads it once more and, if still
+    absent, probes and stores it: the processes that start together (a job's ranks under
+    torchrun or srun, the workers of a test suite) and miss the same entry wait for the one
+    that probes it, then read it, instead of each building the model at once. An exclusive
+    ``flock`` on ``<entry>.lock`` beside the entry (the lock files stay in the folder), let go
+    when the holder ends however it ends. After ``wait_s`` (a holder stopped, a probe slower
+    than its limit), where the folder cannot be written or the filesystem has no locks, this
+    process probes without it, as without the cache."""
+    handle = _lock_file(key)
     try:
-        import fcntl
-
-        path = _path(key).with_suffix(".lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a")  # noqa: SIM115 - closed below, after the lock is let go
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError:
-            pass  # no locks here: probe unlocked
+        if handle is not None and not _lock(handle, wait_s):
+            handle.close()
+            handle = None
         yield
     finally:
-        handle.close()  # lets the lock go
+        if handle is not None:
+            handle.close()  # lets the lock go
+
+
+NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+"""``flock``'s errors on a filesystem that has no locks: probe without one."""
+
+LOCK_POLL_S = 0.05
+
+
+def _lock_file(key: dict | None):
+    """An open handle on ``key``'s lock file, or None (no key, no ``fcntl``, a folder that
+    cannot be written)."""
+    if key is None:
+        return None
+    try:
+        import fcntl  # noqa: F401 - POSIX only
+    except ImportError:
+        return None
+    path = _path(key).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a")  # noqa: SIM115 - ``probing`` closes it
+    except OSError:
+        return None
+
+
+def _lock(handle, wait_s: float) -> bool:
+    """Take the exclusive lock on ``handle`` within ``wait_s`` seconds (polled, so that a time
+    limit's stop is not held up); False when it cannot be had."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:  # another process holds it
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCK_POLL_S)
+        except OSError as err:
+            if err.errno in NO_LOCKS:
+                return False
+            raise
 
 
 def write_facts(key: dict, facts: dict) -> None:
