@@ -132,7 +132,7 @@ def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)
         _, stderr = job.communicate()
-        pytest.fail(f"torchrun did not end within 300 s: {_tail(stderr)}")
+        pytest.fail(f"torchrun did not end within 300 s: {(stderr or '(no stderr)')[-3000:]}")
     assert job.returncode == 0, stderr[-3000:]
     data = json.loads(out.read_text())
     (bench,) = data["benchmarks"]
@@ -141,12 +141,6 @@ def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
     assert info["global_batch"] == 2 * info["micro_batch"]
     assert len(info["rank_step_time_s"]) == 2 and len(bench["stats"]["data"]) == 3
     assert info["check_losses"][-1] < info["check_losses"][0]
-
-
-def _tail(text: str | bytes | None, n: int = 3000) -> str:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
-    return (text or "(nothing on stderr)")[-n:]
 
 
 def test_dist_outside_torchrun_explains(capsys):
