@@ -226,6 +226,10 @@ def test_summary_shows_scaling_across_nodes(tmp_path):
 # Against a real Slurm
 
 
+# A node busy with another test's job (under xdist) still takes jobs: they queue.
+USABLE_NODE_STATES = {"idle", "mixed", "allocated", "completing"}
+
+
 def _slurm_reason() -> str | None:
     if shutil.which("sinfo") is None:
         return "Slurm is not installed (sinfo not found; .ci/run starts one)"
@@ -233,8 +237,9 @@ def _slurm_reason() -> str | None:
                          timeout=30)
     if out.returncode:
         return f"Slurm does not answer: {out.stderr.strip()}"
-    if "idle" not in out.stdout and "mix" not in out.stdout:
-        return f"no idle Slurm node (states: {' '.join(out.stdout.split())})"
+    states = out.stdout.split()
+    if not any(state.rstrip("*~#!%$@^-") in USABLE_NODE_STATES for state in states):
+        return f"no Slurm node that takes jobs (states: {' '.join(states) or 'none'})"
     return None
 
 
@@ -264,6 +269,20 @@ def test_without_slurm_the_tests_skip_and_in_ci_fail(monkeypatch):
     monkeypatch.setenv("GPUBENCH_REQUIRE_SLURM", "1")
     with pytest.raises(pytest.fail.Exception, match="GPUBENCH_REQUIRE_SLURM=1 but Slurm is"):
         require_slurm()
+
+
+def test_a_node_busy_with_another_job_counts_and_a_down_one_does_not(monkeypatch):
+    def sinfo(states):
+        done = subprocess.CompletedProcess([], 0, stdout=states, stderr="")
+        monkeypatch.setattr(subprocess, "run", lambda *a, **k: done)
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/sinfo")
+    for states in ("idle\n", "allocated\n", "mixed\n", "completing\n", "down*\nidle~\n"):
+        sinfo(states)
+        assert _slurm_reason() is None, states
+    for states in ("down*\n", "drained\n", ""):
+        sinfo(states)
+        assert "no Slurm node that takes jobs" in _slurm_reason(), states
 
 
 def records(path: Path) -> list[dict]:
