@@ -11,7 +11,9 @@
 #                (MODEL=SPEC and GROUPS_=a,b choose another model and groups)
 #   PROFILE=cpu  the whole cpu profile at its defaults (resnet18, bert, gpt2, every group;
 #                charts off), the slowdown planted in bert-bf16 through a bert that can sleep
-# COMPARE_ONLY=1 redoes the comparisons on the runs already in OUT.
+# COMPARE_ONLY=1 redoes the comparisons on the runs already in OUT; ONE_BASE=1 skips the tries'
+# comparisons against two base runs (each --confirm re-measures the flagged cases on the base
+# code and the new code, alternating: a minute or two a comparison).
 set -uo pipefail
 OUT=${1:?usage: $0 OUT [TRIES] [run options]}
 TRIES=${2:-10}
@@ -48,7 +50,7 @@ for i in $(seq 1 "$TRIES"); do
     "${CONFIRM[@]}" > "$OUT/confirm$i.txt" 2>&1
   confirmed=$?
   two=-
-  if [ "$i" -ge 2 ]; then
+  if [ "$i" -ge 2 ] && [ -z "${ONE_BASE:-}" ]; then
     gpubench compare "$OUT/r$((i-2))/benchmark.json" "$OUT/r$((i-1))/benchmark.json" \
       "$OUT/r$i/benchmark.json" --new-only "${CONFIRM[@]}" > "$OUT/confirm2-$i.txt" 2>&1
     two=$?

@@ -53,7 +53,7 @@ def test_confirm_drops_a_flag_the_remeasurement_does_not_repeat(tmp_path, capsys
     asked = []
 
     def remeasure(again):
-        def run(new_file, rows):
+        def run(new_file, rows, base_file):
             asked.append(sorted(rows["case_id"]))
             return again
         return run
@@ -67,7 +67,7 @@ def test_confirm_drops_a_flag_the_remeasurement_does_not_repeat(tmp_path, capsys
     assert compare_main(_args(str(base), str(new), "--confirm"), remeasure(slow)) == 1
     assert re.search(r"\|\s+yes\s+\|", capsys.readouterr().out)
     # nothing re-measured: the flag stands
-    assert compare_main(_args(str(base), str(new), "--confirm"), lambda f, r: None) == 1
+    assert compare_main(_args(str(base), str(new), "--confirm"), lambda f, r, b: None) == 1
 
 
 def test_each_remeasurement_run_is_its_own_file(tmp_path, monkeypatch):
@@ -89,11 +89,11 @@ def test_each_remeasurement_run_is_its_own_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     rows = compare_runs(load_results([new]), load_results([new]))
-    files = remeasure_cases(_args(str(new), str(new), "--confirm-runs", "2"))(new, rows[1:])
+    files = remeasure_cases(_args(str(new), str(new), "--confirm-runs", "2"))(new, rows[1:]).new
     assert len(files) == 2 and all(Path(f).is_file() for f in files)
     assert len({Path(f).parent for f in files}) == 2
     assert [c[c.index("-k") + 1] for c in commands] == ["[bert-bf16]"] * 2
-    assert remeasure_cases(_args(str(new), str(new)))(new, rows[1:])[0].is_file()
+    assert remeasure_cases(_args(str(new), str(new)))(new, rows[1:]).new[0].is_file()
     assert all("--threads" not in c for c in commands)  # NEW does not say its threads
 
 
@@ -122,6 +122,171 @@ def test_the_remeasurement_runs_at_the_new_runs_threads(tmp_path, monkeypatch):
     remeasure_cases(_args(str(new), str(new), "--confirm-args", "--threads 2"))(new, rows[1:])
     assert [a for a in commands[-1] if a == "--threads"] == ["--threads"]
     assert commands[-1][commands[-1].index("--threads") + 1] == "2"
+
+
+def _git(repo: Path, *argv: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), *argv], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _scratch_repo(tmp_path: Path) -> tuple[Path, str, str]:
+    """A repository with two commits (a file ``code`` reading "A", then "B"); (its folder,
+    the first commit, the second), checked out at the second."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@t")
+    _git(repo, "config", "user.name", "t")
+    ids = []
+    for text in ("A", "B"):
+        (repo / "code").write_text(text)
+        _git(repo, "add", "code")
+        _git(repo, "commit", "-qm", text)
+        ids.append(_git(repo, "rev-parse", "HEAD"))
+    return repo, ids[0], ids[1]
+
+
+def _with_commit(path: Path, commit: dict | None, workload: str = "bert") -> Path:
+    import json
+
+    path = _run(path, 1.0, 1)
+    data = json.loads(path.read_text())
+    if commit is not None:
+        data["commit_info"] = commit
+    for b in data["benchmarks"]:
+        b["extra_info"]["workload"] = workload
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_base_code_is_remeasured_alternating_with_the_new_code(tmp_path, monkeypatch):
+    """--confirm re-measures the base's code too: its commit checked out in a worktree (the
+    code as it was there), in runs alternating with the new code's (base, new, new, base),
+    each side with its own run's workloads; the worktree is gone afterwards."""
+    import subprocess
+
+    from gpubench.cli.compare import remeasure_cases
+
+    repo, first, second = _scratch_repo(tmp_path)
+    (repo / "sub").mkdir()
+    monkeypatch.chdir(repo / "sub")
+    real_run = subprocess.run
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        if cmd[1:3] != ["-m", "gpubench"]:  # git, and what get_commit_info asks
+            return real_run(cmd, **kwargs)
+        cwd = Path(kwargs["cwd"])
+        seen.append((cmd[cmd.index("--models") + 1], (cwd.parent / "code").read_text(), cwd))
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        _run(out / "benchmark.json", 1.0, len(seen))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    new = _with_commit(tmp_path / "new.json", {"id": second, "dirty": False}, "planted.py:bert")
+    base = _with_commit(tmp_path / "base.json", {"id": first, "dirty": False})
+    rows = compare_runs(load_results([new]), load_results([new]))[1:]
+    done = remeasure_cases(_args(str(base), str(new), "--confirm"))(new, rows, base)
+    assert [(models, code) for models, code, _ in seen] == [
+        ("bert", "A"), ("planted.py:bert", "B"), ("planted.py:bert", "B"), ("bert", "A")]
+    assert seen[1][2] == repo / "sub" and seen[0][2].name == "sub"  # the same folder below
+    assert not seen[0][2].exists()  # the worktree is removed
+    assert len(done.new) == len(done.base) == 2 and done.base_note is None
+    # The base at this checkout's own commit runs here; --confirm-against run: the new code only.
+    seen.clear()
+    same = _with_commit(tmp_path / "same.json", {"id": second, "dirty": False})
+    remeasure_cases(_args(str(same), str(new), "--confirm"))(new, rows, same)
+    assert {cwd for _, _, cwd in seen} == {repo / "sub"} and len(seen) == 4
+    seen.clear()
+    done = remeasure_cases(_args(str(base), str(new), "--confirm", "--confirm-against", "run"))(
+        new, rows, base)
+    assert len(seen) == 2 and not done.base
+
+
+@pytest.mark.parametrize("commit, why", [
+    (None, "records no commit"),
+    ({"id": "unversioned", "dirty": False}, "records no commit"),
+    ({"id": "FIRST", "dirty": True}, "uncommitted changes"),
+    ({"id": "0" * 40, "dirty": False}, "not in this repository"),
+])
+def test_a_base_that_cannot_be_run_again_says_why(tmp_path, monkeypatch, capsys, commit, why):
+    """A base whose code cannot be checked out is not re-measured; compare says why in one
+    line and decides by the new code's re-measurement against the base run."""
+    import subprocess
+
+    from gpubench.cli.compare import remeasure_cases
+
+    repo, first, _ = _scratch_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    real_run = subprocess.run
+    models = []
+
+    def fake_run(cmd, **kwargs):
+        if cmd[1:3] != ["-m", "gpubench"]:  # git, and what get_commit_info asks
+            return real_run(cmd, **kwargs)
+        models.append(cmd[cmd.index("--models") + 1])
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        _run(out / "benchmark.json", 1.5, len(models))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    if commit is not None and commit["id"] == "FIRST":
+        commit = {**commit, "id": first}
+    base = _with_commit(tmp_path / "base.json", commit)
+    new = _run(tmp_path / "new.json", 1.5, 3)
+    rows = compare_runs(load_results([base]), load_results([new]), screen=True)
+    done = remeasure_cases(_args(str(base), str(new), "--confirm"))(new, rows[1:], base)
+    assert why in done.base_note and not done.base and len(done.new) == 2
+    capsys.readouterr()
+    assert compare_main(_args(str(base), str(new), "--confirm"),
+                        remeasure_cases(_args(str(base), str(new), "--confirm"))) == 1
+    warning = [line for line in capsys.readouterr().err.splitlines() if "base code" in line]
+    assert len(warning) == 1 and why in warning[0] and "compared with the base run" in warning[0]
+
+
+def test_the_alternated_remeasurement_decides_a_flag():
+    """A flag whose new-code re-measurement is as slow as the new run, but no slower than the
+    base code re-measured beside it (the machine slowed since the base run), is dropped; a
+    slowdown the base code does not share is confirmed; memory likewise, against the base code
+    re-measured."""
+    rng = np.random.default_rng(0)
+
+    def frame(scale: float, runs: int, label: str) -> pd.DataFrame:
+        records = []
+        for _ in range(runs):
+            for case, s in (("bert-fp32", 1.0), ("bert-bf16", 0.8 * scale)):
+                paired = np.exp(rng.normal(0, 0.01, 12))
+                rounds = paired * s * np.exp(rng.normal(0, 0.01, 12))
+                records.append(step_record(case, rounds, is_baseline=case == "bert-fp32",
+                                           paired_baseline_rounds_s=paired.tolist()))
+        return pd.concat([load_results([results_file(
+            Path(pytest_tmp) / f"{label}{i}.json", *records[2 * i:2 * i + 2])],
+            labels=[f"{label}{i}"]) for i in range(runs)])
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as pytest_tmp:
+        base, new = frame(1.0, 1, "base"), frame(1.2, 1, "new")
+        table = compare_runs(base, new, screen=True)
+        assert (table["status"] == Kind.REGRESSION).sum() == 1
+        slow_machine = confirm_regressions(base, new, table, frame(1.2, 2, "again"),
+                                           again_base=frame(1.18, 2, "again_base"))
+        row = slow_machine.set_index("case_id").loc["bert-bf16"]
+        assert row["status"] == Kind.UNCHANGED and row["confirmed"] is False
+        assert row["confirm_against"] == "base code, re-measured"
+        assert abs(row["confirm_change"] - (1.2 / 1.18 - 1)) < 0.02
+        # the same re-measurement against the base run alone confirms it
+        assert confirm_regressions(base, new, table, frame(1.2, 2, "again")).set_index(
+            "case_id").loc["bert-bf16", "status"] == Kind.REGRESSION
+        real = confirm_regressions(base, new, table, frame(1.2, 2, "again"),
+                                   again_base=frame(1.0, 2, "again_base"))
+        row = real.set_index("case_id").loc["bert-bf16"]
+        assert row["status"] == Kind.REGRESSION and row["confirmed"] is True
+        assert "re-measured against" in compare_markdown(real)
 
 
 def test_the_two_stages_limits():

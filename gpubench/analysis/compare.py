@@ -20,7 +20,12 @@ With ``--confirm`` the gate has two stages (``confirm_regressions``): a lower li
 stays a regression only when the re-measurement alone is flagged again and the new and
 re-measured rounds pooled exceed ``CONFIRM_SIGMAS`` standard deviations of their pooled change.
 The base run's own noise is in both comparisons, so the second stage cannot be as low as the
-first comparison's would be alone.
+first comparison's would be alone. Where the base's code can be run again (its commit, checked
+out), it is re-measured too, in runs alternating with the new code's (base, new, new, base):
+a flagged case then stays a regression only when the new code's re-measurement regresses
+against the base code's beyond ``CONFIRM_SIGMAS`` standard deviations of that change
+(``confirm_alternated``). A machine that changed speed between the base run and the new one
+(a slower host, a noisy neighbour) slows both sides of that comparison alike.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import argparse
 import math
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +190,30 @@ def confirm_time(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thres
     pooled_kind, pooled_change, _ = time_verdict(base, np.concatenate([new, again]), th, limit)
     held = again_kind == pooled_kind == Kind.REGRESSION
     return held, again_change, pooled_change, limit
+
+
+def confirm_alternated(base_again: np.ndarray, again: np.ndarray, th: Thresholds,
+                       spread: float, cases: int, runs: tuple[int, int, int],
+                       own: float = math.nan) -> tuple[bool, float, float]:
+    """The second stage of --confirm where the base code was re-measured too, in runs
+    alternating with the new code's: (confirmed, change, limit). ``base_again`` and ``again``
+    are a case's rounds on one basis from the base code's and the new code's re-measurements
+    (each pooled over its runs); ``spread`` and ``cases`` the first comparison's between-run
+    spread and its case count; ``runs`` the (base, re-measured base, re-measured new) run
+    counts. Confirmed when the new code regresses against the base code, significantly and
+    beyond the time threshold and ``confirm_sigmas`` standard deviations of that change: one
+    run's spread (the between-run spread taken back to one run against one, as ``own_spread``
+    does) scaled for the runs pooled on each side (``change_spread``), or the case's own
+    spread where that is larger."""
+    b, rb, rn = runs
+    limit = th.time
+    if cases >= MIN_NOISE_CASES and math.isfinite(spread):
+        run = float(np.expm1(math.log1p(spread) / math.sqrt(1 / max(1, b) + 1)))
+        limit = max(limit, th.confirm_sigmas * change_spread(run, rb, rn))
+    if math.isfinite(own):
+        limit = max(limit, th.confirm_sigmas * change_spread(own, rb, rn))
+    kind, change, _ = time_verdict(base_again, again, th, limit)
+    return kind == Kind.REGRESSION, change, limit
 
 
 def memory_verdict(base: float, new: float, th: Thresholds) -> tuple[str, float]:
@@ -640,6 +669,9 @@ def compare_markdown(table: pd.DataFrame) -> str:
     if "confirmed" in table and table["confirmed"].notna().any():
         columns["confirm_change"] = "time re-measured"
         columns["pooled_change"] = "time pooled"
+        if "confirm_against" in table and (
+                table["confirm_against"] == "base code, re-measured").any():
+            columns["confirm_against"] = "re-measured against"
         columns["confirmed"] = "confirmed"
     own = table["own_limit"] == True if "own_limit" in table else None  # noqa: E712
     if own is not None and own.any():
@@ -677,9 +709,20 @@ def split_files(args: argparse.Namespace) -> tuple[list[str], str]:
     return list(args.files[:-1]), args.files[-1]
 
 
+@dataclass
+class Remeasurement:
+    """What ``compare --confirm``'s re-measurement brought back: the new code's result files
+    (one per run), the base code's (run alternating with them; empty where the base was not
+    re-measured) and, where it was not, why."""
+
+    new: list
+    base: list = field(default_factory=list)
+    base_note: str | None = None
+
+
 def confirm_regressions(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFrame,
-                        again: pd.DataFrame | None, th: Thresholds = Thresholds()
-                        ) -> pd.DataFrame:
+                        again: pd.DataFrame | None, th: Thresholds = Thresholds(),
+                        again_base: pd.DataFrame | None = None) -> pd.DataFrame:
     """``table`` (``compare_runs`` of ``base`` and ``new``, best with ``screen``) with each
     regression decided again on ``again``, a re-measurement of the flagged cases on the new
     code (one or more runs). A time regression stays one only when ``confirm_time`` holds: the
@@ -688,13 +731,19 @@ def confirm_regressions(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFra
     which the few re-measured cases cannot estimate); a memory regression when the
     re-measurement's memory regresses too. Its status becomes *unchanged* (note: not
     confirmed) otherwise. A case ``again`` lacks (or ``again`` None: nothing re-measured) is
-    decided as measured, by the plain limit (``time_limit``). Adds ``confirm_change`` (the
-    re-measurement alone), ``pooled_change``, ``confirm_limit`` and ``confirmed``."""
+    decided as measured, by the plain limit (``time_limit``). ``again_base``: the base code
+    re-measured in runs alternating with ``again``'s; a case both re-measured is decided by
+    ``confirm_alternated`` (the new code's re-measurement against the base code's) instead,
+    its memory by the two re-measurements' too. Adds ``confirm_change`` (the re-measurement
+    alone; alternated: against the base code's), ``pooled_change``, ``confirm_limit``,
+    ``confirm_against`` and ``confirmed``."""
     b_cases, n_cases = _cases(base), _cases(new)
     a_cases = _cases(again) if again is not None else {}
+    ab_cases = _cases(again_base) if again_base is not None else {}
     table = table.copy()
     for col in ("confirm_change", "pooled_change", "confirm_limit"):
         table[col] = math.nan
+    table["confirm_against"] = pd.Series([None] * len(table), index=table.index, dtype=object)
     table["confirmed"] = pd.Series([None] * len(table), index=table.index, dtype=object)
     table["note"] = table["note"].astype(object)
     table["time_verdict"] = table["time_verdict"].astype(object)
@@ -717,18 +766,29 @@ def confirm_regressions(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFra
                     Kind.UNCHANGED, "flagged for re-measurement, not re-measured; within the "
                     "plain limit"]
             continue
+        ab = ab_cases.get(key)
+        alternated = ab is not None and ab.get(on) is not None
         time_held = mem_held = False
         if time_flag:
-            time_held, change, pooled, limit = confirm_time(
-                b[on], n[on], a[on], th, row["spread"], row["spread_cases"],
-                (b["records"], n["records"], a["records"]),
-                own_spread(on, row["spread"], row["spread_cases"], b, n, a)[0])
+            own = own_spread(on, row["spread"], row["spread_cases"], b, n, a)[0]
+            if alternated:
+                time_held, change, limit = confirm_alternated(
+                    ab[on], a[on], th, row["spread"], row["spread_cases"],
+                    (b["records"], ab["records"], a["records"]), own)
+                pooled = math.nan
+            else:
+                time_held, change, pooled, limit = confirm_time(
+                    b[on], n[on], a[on], th, row["spread"], row["spread_cases"],
+                    (b["records"], n["records"], a["records"]), own)
             table.loc[i, ["confirm_change", "pooled_change", "confirm_limit"]] = [
                 change, pooled, limit]
             if not time_held:
                 table.loc[i, "time_verdict"] = Kind.UNCHANGED
-        if mem_flag and b["kinds"] == a["kinds"]:
-            mem_held = memory_verdict(b["memory"], a["memory"], th)[0] == Kind.REGRESSION
+        table.loc[i, "confirm_against"] = ("base code, re-measured" if alternated
+                                           else "base run")
+        mem_base = ab if alternated else b
+        if mem_flag and mem_base["kinds"] == a["kinds"]:
+            mem_held = memory_verdict(mem_base["memory"], a["memory"], th)[0] == Kind.REGRESSION
         held = time_held or mem_held
         table.loc[i, "confirmed"] = held
         if not held:
@@ -812,10 +872,11 @@ def _prices(args: argparse.Namespace, sides: int):
 def compare_main(args: argparse.Namespace, remeasure=None) -> int:
     """Print the table; exit 1 on a significant regression (0 with --report-only) and 2 when
     NEW holds no case comparable with BASE. With ``--confirm``, slowdowns are flagged beyond
-    the lower first-stage limit (``compare_runs(screen=True)``), ``remeasure(new_file, rows)``
-    (the command line's: ``gpubench run`` of those cases alone, ``--confirm-runs`` times)
-    re-measures the flagged cases on the new code and returns the result file(s), and only
-    those that regress again count (``confirm_regressions``)."""
+    the lower first-stage limit (``compare_runs(screen=True)``), ``remeasure(new_file, rows,
+    base_file)`` (the command line's: ``gpubench run`` of those cases alone, ``--confirm-runs``
+    times, alternating with the base code's where it can be checked out) re-measures them and
+    returns a ``Remeasurement`` (or the new code's result file(s) alone), and only those that
+    regress again count (``confirm_regressions``)."""
     th = Thresholds(time=args.time_threshold, memory=args.memory_threshold, alpha=args.alpha,
                     noise_sigmas=args.noise_sigmas,
                     screen_sigmas=getattr(args, "screen_sigmas", SCREEN_SIGMAS),
@@ -859,21 +920,30 @@ def compare_main(args: argparse.Namespace, remeasure=None) -> int:
         table = table[table["status"] != "removed"]
     flagged = table[table["status"] == Kind.REGRESSION]
     if confirming and len(flagged):
-        print(f"gpubench compare: re-measuring {len(flagged)} flagged case(s) on the new code "
-              "to confirm them", file=sys.stderr, flush=True)
-        again_files = remeasure(new_file, flagged)
-        if isinstance(again_files, str | Path):
-            again_files = [again_files]
-        again = None
-        if again_files:
-            again = load_results(list(again_files),
-                                 labels=[f"again{i + 1}" for i in range(len(again_files))])
-            print(f"gpubench compare: re-measured in {', '.join(map(str, again_files))}",
+        print(f"gpubench compare: re-measuring {len(flagged)} flagged case(s) to confirm "
+              "them", file=sys.stderr, flush=True)
+        done = remeasure(new_file, flagged, bases[-1])
+        if not isinstance(done, Remeasurement):  # the new code's file(s) alone
+            done = Remeasurement(new=[done] if isinstance(done, str | Path) else
+                                 list(done or []))
+        again = again_base = None
+        if done.new:
+            again = load_results(list(done.new),
+                                 labels=[f"again{i + 1}" for i in range(len(done.new))])
+            print(f"gpubench compare: re-measured in {', '.join(map(str, done.new))}",
                   file=sys.stderr)
         else:
             print("warning: the re-measurement measured none of the flagged cases; they are "
                   "decided as measured", file=sys.stderr)
-        table = confirm_regressions(base, new, table, again, th)
+        if done.new and done.base:
+            again_base = load_results(list(done.base), labels=[
+                f"again_base{i + 1}" for i in range(len(done.base))])
+            print(f"gpubench compare: the base code re-measured in "
+                  f"{', '.join(map(str, done.base))}", file=sys.stderr)
+        elif done.base_note:
+            print(f"warning: the base code was not re-measured ({done.base_note}); the "
+                  "re-measurement is compared with the base run", file=sys.stderr)
+        table = confirm_regressions(base, new, table, again, th, again_base)
     shift = common_shift(table, th)
     if shift:
         print(f"warning: {shift}", file=sys.stderr)
