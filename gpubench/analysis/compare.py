@@ -483,9 +483,13 @@ def noise_line(table: pd.DataFrame) -> str | None:
             limits = rows["confirm_limit"].dropna() if "confirm_limit" in rows else ()
             if len(limits):
                 low, high = limits.min(), limits.max()
+                against = (rows.loc[limits.index, "confirm_against"]
+                           if "confirm_against" in rows else pd.Series(dtype=object))
                 confirm += (" and confirmed beyond " + (f"{low:.1%}" if high - low < 5e-4 else
                                                          f"{low:.1%}-{high:.1%}")
-                            + " with the re-measured rounds pooled")
+                            + (" against the base code re-measured beside the new"
+                               if (against == "base code, re-measured").all() and len(against)
+                               else " with the re-measured rounds pooled"))
         if len(own):
             low, high = own["time_limit"].min(), own["time_limit"].max()
             many = len(own) > 1
