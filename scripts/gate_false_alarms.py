@@ -8,6 +8,12 @@ within the run; the changes between two runs then spread by about 2.4%. The base
 or several pooled (``compare OLD1 OLD2 NEW``), the re-measurement of the flagged cases one run
 or several. Counts the same-commit pairs in which any case fails the gate, and, in pairs where
 one case's new code is 10% slower (SLOW), how often that case fails it; 95% Wilson intervals.
+"Alternated" is ``--confirm`` as it runs where the base's code can be checked out: the base code
+re-measured as often as the new code, a flag decided by the one against the other run by run
+(``confirm_alternated``), and a confirmed one again after each of ``CONFIRM_EXTRA_PAIRS`` more
+pairs of runs. ``--drift S`` adds what a shared machine does between runs: a factor
+per case (log spread S) that the new run and every re-measurement share and the base run does
+not (the host moved to another speed since the base ran, for minutes).
 
 The decisions are the gate's own (``Thresholds``' limits, ``robust_spread``, ``flag_time``,
 ``time_verdict``, ``confirm_time``), applied to the simulated rounds as ``compare_runs`` and
@@ -16,6 +22,7 @@ The decisions are the gate's own (``Thresholds``' limits, ``robust_spread``, ``f
 again on the re-measurement alone.
 
     python scripts/gate_false_alarms.py [--pairs 20000] [--slowed 2000] [--cases 140]
+        [--drift 0.03]
 """
 
 from __future__ import annotations
@@ -31,13 +38,14 @@ from gpubench.analysis.compare import (
     Thresholds,
     case_limits,
     change_spread,
+    confirm_alternated,
     confirm_time,
     flag_time,
     own_spread,
     time_verdict,
 )
 from gpubench.util.stats import robust_spread
-from gpubench.util.verdicts import Kind
+from gpubench.util.verdicts import CONFIRM_EXTRA_PAIRS, Kind
 
 ROUNDS = 10
 """Rounds per case per run."""
@@ -70,14 +78,25 @@ def runs(rng: np.random.Generator, pairs: int, cases: int, count: int, noise: st
 
 
 def simulate(rng: np.random.Generator, pairs: int, cases: int, *, noise: str = "gaussian",
-             base_runs: int = 1, again_runs: int = 1, slow: float = 1.0, noisy: float = 1.0):
-    """(base, new, again) rounds of ``pairs`` comparisons; case 0 of the new code (new and
-    again) ``slow`` times slower; case 1 ``noisy`` (``runs``)."""
+             base_runs: int = 1, again_runs: int = 1, slow: float = 1.0, noisy: float = 1.0,
+             drift: float = 0.0):
+    """(base, new, again, again_base, again_more) rounds of ``pairs`` comparisons: the base
+    run(s), the new run, the new code's ``again_runs`` re-measurements, the base code's
+    ``again_runs + CONFIRM_EXTRA_PAIRS`` and the new code's ``CONFIRM_EXTRA_PAIRS`` more
+    (the extra pairs); case 0 of the new code ``slow`` times slower; case 1 ``noisy``
+    (``runs``); each case moved by a factor of log spread ``drift`` in everything after the
+    base run."""
     base = runs(rng, pairs, cases, base_runs, noise, noisy)
-    new, again = (runs(rng, pairs, cases, k, noise, noisy) for k in (1, again_runs))
-    new[:, 0] *= slow
-    again[:, 0] *= slow
-    return base, new, again
+    new, again, again_base, again_more = (
+        runs(rng, pairs, cases, k, noise, noisy)
+        for k in (1, again_runs, again_runs + CONFIRM_EXTRA_PAIRS, CONFIRM_EXTRA_PAIRS))
+    for side in (new, again, again_more):
+        side[:, 0] *= slow
+    if drift:
+        moved = np.exp(rng.normal(0, drift, (pairs, cases, 1)))
+        new, again, again_base, again_more = (x * moved for x in (new, again, again_base,
+                                                                  again_more))
+    return base, new, again, again_base, again_more
 
 
 def _side(rounds: np.ndarray, count: int) -> dict:
@@ -87,15 +106,22 @@ def _side(rounds: np.ndarray, count: int) -> dict:
     return {"levels": {"paired": levels.tolist()}, "records": count}
 
 
-def decide(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
-           base_runs: int, again_runs: int) -> dict[str, np.ndarray]:
+def levels(rounds: np.ndarray, count: int) -> list[float]:
+    """Each of ``count`` runs' level (the median of its rounds, in order)."""
+    return np.median(rounds.reshape(count, -1), axis=1).tolist()
+
+
+def decide(base: np.ndarray, new: np.ndarray, again: np.ndarray, again_base: np.ndarray,
+           again_more: np.ndarray, th: Thresholds, base_runs: int, again_runs: int,
+           extra_pairs: int = CONFIRM_EXTRA_PAIRS) -> dict[str, np.ndarray]:
     """Per (pair, case): "plain" (the gate without --confirm fails it), "flagged" (re-measured
-    under --confirm), "confirmed" (--confirm fails it), "before" (the previous confirmation
-    fails it)."""
+    under --confirm), "confirmed" (--confirm against the base run fails it), "alternated"
+    (--confirm against the base code re-measured fails it: after ``again_runs`` runs a side
+    and each of ``extra_pairs`` more), "before" (the previous confirmation fails it)."""
     pairs, cases, _ = base.shape
     changes = np.median(new, axis=2) / np.median(base, axis=2) - 1
     out = {k: np.zeros((pairs, cases), bool) for k in ("plain", "flagged", "confirmed",
-                                                        "before")}
+                                                        "alternated", "before")}
     for p in range(pairs):
         spread = robust_spread(changes[p])
         plain = th.time_limit(spread, cases)
@@ -111,9 +137,19 @@ def decide(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thresholds,
                 out["before"][p, c] = time_verdict(b, a, th, case_plain)[0] == Kind.REGRESSION
             if flag_time(b, n, th, case_plain, case_screen)[0] == Kind.REGRESSION:
                 out["flagged"][p, c] = True
+                own = own_spread("paired", spread, cases, *sides)[0]
                 out["confirmed"][p, c] = confirm_time(
-                    b, n, a, th, spread, cases, (base_runs, 1, again_runs),
-                    own_spread("paired", spread, cases, *sides)[0])[0]
+                    b, n, a, th, spread, cases, (base_runs, 1, again_runs), own)[0]
+                runs_b = levels(again_base[p, c], again_runs + CONFIRM_EXTRA_PAIRS)
+                runs_n = [*levels(a, again_runs), *levels(again_more[p, c],
+                                                          CONFIRM_EXTRA_PAIRS)]
+                held = False
+                for k in range(again_runs, again_runs + extra_pairs + 1):
+                    held = confirm_alternated(runs_b[:k], runs_n[:k], th, spread, cases,
+                                              base_runs)[0]
+                    if not held:
+                        break
+                out["alternated"][p, c] = held
     return out
 
 
@@ -134,25 +170,25 @@ def rate(k: int, n: int) -> str:
 
 def measure(rng, pairs: int, slowed: int, cases: int, noise: str, base_runs: int,
             again_runs: int, slow: float, th: Thresholds | None = None, chunk: int = 500,
-            noisy: float = 1.0) -> dict:
+            noisy: float = 1.0, drift: float = 0.0) -> dict:
     """Counts over ``pairs`` same-commit pairs and ``slowed`` pairs with case 0 slower (case
     1 ``noisy``, ``runs``)."""
     th = th or Thresholds()
-    failed = {"plain": 0, "before": 0, "confirmed": 0}
+    failed = {"plain": 0, "before": 0, "confirmed": 0, "alternated": 0}
     flagged = 0
     for start in range(0, pairs, chunk):
         size = min(chunk, pairs - start)
         sides = simulate(rng, size, cases, noise=noise, base_runs=base_runs,
-                         again_runs=again_runs, noisy=noisy)
+                         again_runs=again_runs, noisy=noisy, drift=drift)
         out = decide(*sides, th, base_runs, again_runs)
         for k in failed:
             failed[k] += int(out[k].any(axis=1).sum())
         flagged += int(out["flagged"].sum())
-    caught = {"plain": 0, "before": 0, "confirmed": 0}
+    caught = {"plain": 0, "before": 0, "confirmed": 0, "alternated": 0}
     for start in range(0, slowed, chunk):
         size = min(chunk, slowed - start)
         sides = simulate(rng, size, cases, noise=noise, base_runs=base_runs,
-                         again_runs=again_runs, slow=slow, noisy=noisy)
+                         again_runs=again_runs, slow=slow, noisy=noisy, drift=drift)
         out = decide(*sides, th, base_runs, again_runs)
         for k in caught:
             caught[k] += int(out[k][:, 0].sum())
@@ -171,6 +207,9 @@ def main() -> None:
     p.add_argument("--noisy", type=float, default=1.0, metavar="FACTOR",
                    help="case 1's between-run spread, times the others' (default 1: none "
                    "stands out; 10: an emulated precision's case)")
+    p.add_argument("--drift", type=float, default=0.0, metavar="S",
+                   help="log spread of a per-case factor the new run and the re-measurements "
+                   "share and the base run does not (default 0: runs independent)")
     p.add_argument("--noises", default=",".join(NOISES),
                    help=f"which between-run noises, comma-separated (default {','.join(NOISES)})")
     args = p.parse_args()
@@ -182,23 +221,26 @@ def main() -> None:
     print(f"{args.cases} cases; limits: plain {th.noise_sigmas:g} spreads; --confirm flags "
           f"beyond {th.screen_sigmas:g} spreads, confirms beyond {th.confirm_sigmas:g} standard "
           f"deviations of the pooled change; time threshold {th.time:.0%}; case 1's "
-          f"between-run spread {args.noisy:g} times the others'\n")
+          f"between-run spread {args.noisy:g} times the others'; drift after the base run "
+          f"{args.drift:.1%}\n")
     print(f"| between-run noise | base runs | re-measurements | same-commit pairs that fail: "
-          f"plain | before | --confirm | cases re-measured per pair | {args.slow:.0%} slowdown "
-          "caught: plain | before | --confirm |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"plain | before | --confirm against the base run | alternated | cases re-measured "
+          f"per pair | {args.slow:.0%} slowdown caught: plain | before | --confirm against the "
+          "base run | alternated |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for noise in args.noises.split(","):
         pairs = args.pairs if noise == "gaussian" else max(1, args.pairs // 4)
         for base_runs, again_runs in ((1, 1), (1, 2), (2, 2), (3, 2)):
             start = time.perf_counter()
             m = measure(rng, pairs, args.slowed, args.cases, noise, base_runs, again_runs,
-                        1 + args.slow, th, noisy=args.noisy)
+                        1 + args.slow, th, noisy=args.noisy, drift=args.drift)
             f, c = m["failed"], m["caught"]
             print(f"| {noise} | {base_runs} | {again_runs} | "
-                  + " | ".join(rate(f[k], pairs) for k in ("plain", "before", "confirmed"))
+                  + " | ".join(rate(f[k], pairs) for k in ("plain", "before", "confirmed",
+                                                           "alternated"))
                   + f" | {m['flagged'] / pairs:.2f} | "
                   + " | ".join(rate(c[k], args.slowed) for k in ("plain", "before",
-                                                                   "confirmed"))
+                                                                   "confirmed", "alternated"))
                   + " |", flush=True)
             print(f"<!-- {time.perf_counter() - start:.0f} s -->", flush=True)
 

@@ -289,6 +289,55 @@ def test_the_alternated_remeasurement_decides_a_flag():
         assert "re-measured against" in compare_markdown(real)
 
 
+@pytest.mark.parametrize("later, calls, code", [(1.0, 2, 0), (1.5, 3, 1)])
+def test_a_flag_confirmed_against_the_base_code_gets_more_pairs_of_runs(
+        tmp_path, capsys, later, calls, code):
+    """Confirmed against the base code re-measured (two runs a side, the new code's slower),
+    a flag gets one more pair of runs (base, new) at a time, up to CONFIRM_EXTRA_PAIRS: where
+    the new code's next run is as fast as the base code's, the runs no longer agree and the
+    flag is dropped; where it stays slower, it stays confirmed after every pair."""
+    from gpubench.analysis.compare import Remeasurement
+    from gpubench.util.verdicts import CONFIRM_EXTRA_PAIRS
+
+    base, new = _run(tmp_path / "base.json", 1.0, 1), _run(tmp_path / "new.json", 1.5, 3)
+    asked = []
+
+    def remeasure(new_file, rows, base_file, runs=None):
+        asked.append(runs)
+        k = len(asked)
+        scale = 1.5 if k == 1 else later
+        return Remeasurement(
+            new=[_run(tmp_path / f"n{k}-{i}.json", scale, 10 * k + i) for i in range(runs or 2)],
+            base=[_run(tmp_path / f"b{k}-{i}.json", 1.0, 50 * k + i) for i in range(runs or 2)])
+
+    assert compare_main(_args(str(base), str(new), "--confirm"), remeasure) == code
+    assert asked == [None] + [1] * (calls - 1) and calls - 1 <= CONFIRM_EXTRA_PAIRS
+    err = capsys.readouterr().err
+    assert err.count("one more pair of runs (base, new)") == calls - 1
+
+
+def test_the_alternated_decision_counts_runs_not_rounds():
+    """confirm_alternated judges the re-measurement runs' levels: a slowdown every new run
+    shows beyond the threshold is confirmed; one within the threshold is not; a case whose
+    runs land on two levels 12% apart (base low, low, low; new high, high, low) is not,
+    though most of its new rounds are 12% slower; the moderation keeps two runs that happen
+    to agree closely from claiming more certainty than the typical spread gives."""
+    from gpubench.analysis.compare import confirm_alternated
+
+    th = Thresholds()
+    held, change, limit = confirm_alternated([1.0, 1.0], [1.2, 1.2], th, 0.02, 100, 1)
+    assert held and abs(change - 0.2) < 1e-9 and 0.07 <= limit < 0.2
+    assert not confirm_alternated([1.0, 1.01], [1.05, 1.06], th, 0.02, 100, 1)[0]
+    assert not confirm_alternated([1.0, 1.0, 1.0], [1.12, 1.12, 1.0], th, 0.02, 100, 1)[0]
+    assert confirm_alternated([1.0, 1.0, 1.0], [1.12, 1.12, 1.12], th, 0.02, 100, 1)[0]
+    # identical runs a side: the typical spread (8% between runs) still sets the limit
+    held, _, limit = confirm_alternated([1.0, 1.0], [1.1, 1.1], th, 0.08, 100, 1)
+    assert not held and limit > 0.1
+    # no run on a side, or nothing to judge by: not confirmed
+    assert not confirm_alternated([], [1.5], th, 0.02, 100, 1)[0]
+    assert not confirm_alternated([1.0], [1.5], th, float("nan"), 3, 1)[0]
+
+
 def test_the_two_stages_limits():
     """The first stage flags below the plain limit (never above it, never below half the time
     threshold); the second scales the spread to the pooled change's standard deviation."""
@@ -369,17 +418,17 @@ def test_the_simulation_decides_as_compare_does():
     """scripts/gate_false_alarms.py decides on the simulated rounds as compare_runs and
     confirm_regressions do on the same rounds as records: the same cases fail the plain gate
     and --confirm, with one base run or two, including same-commit pairs whose flags the
-    re-measurement drops."""
+    re-measurement drops; and --confirm against the base code re-measured likewise."""
     sim = _gate_sim()
     rng = np.random.default_rng(3)
     checked = dropped = 0
     for base_runs, again_runs, slow in ((1, 1, 1.0), (1, 1, 1.10), (2, 2, 1.10)):
         sides = sim.simulate(rng, 40, 60, base_runs=base_runs, again_runs=again_runs,
                              slow=slow)
-        out = sim.decide(*sides, Thresholds(), base_runs, again_runs)
+        out = sim.decide(*sides, Thresholds(), base_runs, again_runs, extra_pairs=0)
         # the pairs where something was flagged, and one where nothing was
         pairs = [*np.flatnonzero(out["flagged"].any(axis=1))[:3],
-                 int(np.flatnonzero(~out["flagged"].any(axis=1))[0])]
+                 *np.flatnonzero(~out["flagged"].any(axis=1))[:1]]
         for p in pairs:
             base = _runs(sides[0][p], base_runs, "base")
             new, again = _frame(sides[1][p], "new"), _runs(sides[2][p], again_runs, "again")
@@ -389,6 +438,11 @@ def test_the_simulation_decides_as_compare_does():
             assert list(plain["status"] == Kind.REGRESSION) == list(out["plain"][p])
             assert list(table["status"] == Kind.REGRESSION) == list(out["confirmed"][p])
             assert list(table["confirmed"].notna()) == list(out["flagged"][p])
+            alternated = confirm_regressions(
+                base, new, compare_runs(base, new, screen=True), again,
+                again_base=_runs(sides[3][p][:, :again_runs * sim.ROUNDS], again_runs,
+                                 "again_base"))
+            assert list(alternated["status"] == Kind.REGRESSION) == list(out["alternated"][p])
             checked += 1
             dropped += int((out["flagged"][p] & ~out["confirmed"][p]).sum())
     assert checked >= 8 and dropped >= 1

@@ -22,10 +22,11 @@ re-measured rounds pooled exceed ``CONFIRM_SIGMAS`` standard deviations of their
 The base run's own noise is in both comparisons, so the second stage cannot be as low as the
 first comparison's would be alone. Where the base's code can be run again (its commit, checked
 out), it is re-measured too, in runs alternating with the new code's (base, new, new, base):
-a flagged case then stays a regression only when the new code's re-measurement regresses
-against the base code's beyond ``CONFIRM_SIGMAS`` standard deviations of that change
-(``confirm_alternated``). A machine that changed speed between the base run and the new one
-(a slower host, a noisy neighbour) slows both sides of that comparison alike.
+a flagged case then stays a regression only when the new code's runs are slower than the base
+code's beyond ``CONFIRM_SIGMAS`` standard deviations of that change, judged run by run
+(``confirm_alternated``), and stay so over up to ``CONFIRM_EXTRA_PAIRS`` more pairs of runs.
+A machine that changed speed between the base run and the new one (a slower host, a noisy
+neighbour) slows both sides of that comparison alike.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from gpubench.util.tables import figures_table
 from gpubench.util.verdicts import (
     ALPHA,
     COMPARE_BASES,
+    CONFIRM_EXTRA_PAIRS,
     CONFIRM_SIGMAS,
     MEMORY_THRESHOLD,
     MIN_NOISE_CASES,
@@ -72,6 +74,9 @@ from gpubench.util.verdicts import (
 )
 
 KEY = ("model", "profile", "device", "case_id")
+
+ALTERNATED = "base code, re-measured"
+"""``confirm_against`` of a flag decided against the base code re-measured beside the new."""
 """What identifies a case across runs."""
 
 COMPARED = (Kind.UNCHANGED, Kind.REGRESSION, Kind.IMPROVEMENT, Kind.TOO_FEW)
@@ -192,28 +197,41 @@ def confirm_time(base: np.ndarray, new: np.ndarray, again: np.ndarray, th: Thres
     return held, again_change, pooled_change, limit
 
 
-def confirm_alternated(base_again: np.ndarray, again: np.ndarray, th: Thresholds,
-                       spread: float, cases: int, runs: tuple[int, int, int],
-                       own: float = math.nan) -> tuple[bool, float, float]:
+def confirm_alternated(base_levels: list[float], new_levels: list[float], th: Thresholds,
+                       spread: float, cases: int, base_runs: int) -> tuple[bool, float, float]:
     """The second stage of --confirm where the base code was re-measured too, in runs
-    alternating with the new code's: (confirmed, change, limit). ``base_again`` and ``again``
-    are a case's rounds on one basis from the base code's and the new code's re-measurements
-    (each pooled over its runs); ``spread`` and ``cases`` the first comparison's between-run
-    spread and its case count; ``runs`` the (base, re-measured base, re-measured new) run
-    counts. Confirmed when the new code regresses against the base code, significantly and
-    beyond the time threshold and ``confirm_sigmas`` standard deviations of that change: one
-    run's spread (the between-run spread taken back to one run against one, as ``own_spread``
-    does) scaled for the runs pooled on each side (``change_spread``), or the case's own
-    spread where that is larger."""
-    b, rb, rn = runs
-    limit = th.time
+    alternating with the new code's: (confirmed, change, limit). The unit is the run (a
+    process: on a shared machine a case's level moves between processes, and its rounds within
+    one share that level): ``base_levels`` and ``new_levels`` are the case's level (median of
+    its rounds on one basis) in each re-measurement run of the base code and of the new code.
+    The change is the ratio of their geometric means; its standard deviation comes from the
+    runs' own spread about each side's mean, moderated towards one run's typical spread (the
+    first comparison's between-run ``spread`` over ``cases`` cases, against ``base_runs`` base
+    runs, taken back to one run) as if that were ``PRIOR_RUNS`` more runs (limma's moderated
+    t). Confirmed when the change exceeds the time threshold and ``confirm_sigmas`` of its
+    standard deviations. A case whose level jumps between processes (two levels, as a
+    multi-process case's can on a 2-core machine) shows that jump within a side as soon as
+    one side's runs land on both levels; with every base run low and every new run high it
+    cannot be told from a slowdown, which ``CONFIRM_EXTRA_PAIRS`` more runs make rarer."""
+    b = np.log(np.asarray([x for x in base_levels if x > 0], dtype=float))
+    n = np.log(np.asarray([x for x in new_levels if x > 0], dtype=float))
+    if not (b.size and n.size):
+        return False, math.nan, math.nan
+    diff = float(n.mean() - b.mean())
+    squares = float(((b - b.mean()) ** 2).sum() + ((n - n.mean()) ** 2).sum())
+    dof = b.size + n.size - 2
+    typical = math.nan
     if cases >= MIN_NOISE_CASES and math.isfinite(spread):
-        run = float(np.expm1(math.log1p(spread) / math.sqrt(1 / max(1, b) + 1)))
-        limit = max(limit, th.confirm_sigmas * change_spread(run, rb, rn))
-    if math.isfinite(own):
-        limit = max(limit, th.confirm_sigmas * change_spread(own, rb, rn))
-    kind, change, _ = time_verdict(base_again, again, th, limit)
-    return kind == Kind.REGRESSION, change, limit
+        typical = math.log1p(spread) / math.sqrt(1 / max(1, base_runs) + 1)
+    if math.isfinite(typical):
+        var = (PRIOR_RUNS * typical ** 2 + squares) / (PRIOR_RUNS + dof)
+    elif dof:
+        var = squares / dof
+    else:  # one run a side and no typical spread: nothing to judge the change by
+        return False, math.expm1(diff), math.nan
+    deviation = math.sqrt(var * (1 / b.size + 1 / n.size))
+    limit = max(math.log1p(th.time), th.confirm_sigmas * deviation)
+    return diff > limit, math.expm1(diff), math.expm1(limit)
 
 
 def memory_verdict(base: float, new: float, th: Thresholds) -> tuple[str, float]:
@@ -488,7 +506,7 @@ def noise_line(table: pd.DataFrame) -> str | None:
                 confirm += (" and confirmed beyond " + (f"{low:.1%}" if high - low < 5e-4 else
                                                          f"{low:.1%}-{high:.1%}")
                             + (" against the base code re-measured beside the new"
-                               if (against == "base code, re-measured").all() and len(against)
+                               if (against == ALTERNATED).all() and len(against)
                                else " with the re-measured rounds pooled"))
         if len(own):
             low, high = own["time_limit"].min(), own["time_limit"].max()
@@ -674,7 +692,7 @@ def compare_markdown(table: pd.DataFrame) -> str:
         columns["confirm_change"] = "time re-measured"
         columns["pooled_change"] = "time pooled"
         if "confirm_against" in table and (
-                table["confirm_against"] == "base code, re-measured").any():
+                table["confirm_against"] == ALTERNATED).any():
             columns["confirm_against"] = "re-measured against"
         columns["confirmed"] = "confirmed"
     own = table["own_limit"] == True if "own_limit" in table else None  # noqa: E712
@@ -711,6 +729,26 @@ def split_files(args: argparse.Namespace) -> tuple[list[str], str]:
     if len(args.files) < 2:
         raise ResultsError("compare needs BASE [BASE ...] NEW (or --base BASE NEW)")
     return list(args.files[:-1]), args.files[-1]
+
+
+def _remeasured(done) -> Remeasurement:
+    """A re-measurement's answer as a ``Remeasurement`` (a file or files: the new code's)."""
+    if isinstance(done, Remeasurement):
+        return done
+    return Remeasurement(new=[done] if isinstance(done, str | Path) else list(done or []))
+
+
+def _confirmed(base: pd.DataFrame, new: pd.DataFrame, screened: pd.DataFrame,
+               done: Remeasurement, th: Thresholds) -> pd.DataFrame:
+    """``confirm_regressions`` of the flags of ``screened`` by what ``done`` holds."""
+    again = again_base = None
+    if done.new:
+        again = load_results(list(done.new),
+                             labels=[f"again{i + 1}" for i in range(len(done.new))])
+    if done.new and done.base:
+        again_base = load_results(list(done.base),
+                                  labels=[f"again_base{i + 1}" for i in range(len(done.base))])
+    return confirm_regressions(base, new, screened, again, th, again_base)
 
 
 @dataclass
@@ -774,22 +812,21 @@ def confirm_regressions(base: pd.DataFrame, new: pd.DataFrame, table: pd.DataFra
         alternated = ab is not None and ab.get(on) is not None
         time_held = mem_held = False
         if time_flag:
-            own = own_spread(on, row["spread"], row["spread_cases"], b, n, a)[0]
             if alternated:
                 time_held, change, limit = confirm_alternated(
-                    ab[on], a[on], th, row["spread"], row["spread_cases"],
-                    (b["records"], ab["records"], a["records"]), own)
+                    ab["levels"][on], a["levels"][on], th, row["spread"], row["spread_cases"],
+                    b["records"])
                 pooled = math.nan
             else:
                 time_held, change, pooled, limit = confirm_time(
                     b[on], n[on], a[on], th, row["spread"], row["spread_cases"],
-                    (b["records"], n["records"], a["records"]), own)
+                    (b["records"], n["records"], a["records"]),
+                    own_spread(on, row["spread"], row["spread_cases"], b, n, a)[0])
             table.loc[i, ["confirm_change", "pooled_change", "confirm_limit"]] = [
                 change, pooled, limit]
             if not time_held:
                 table.loc[i, "time_verdict"] = Kind.UNCHANGED
-        table.loc[i, "confirm_against"] = ("base code, re-measured" if alternated
-                                           else "base run")
+        table.loc[i, "confirm_against"] = ALTERNATED if alternated else "base run"
         mem_base = ab if alternated else b
         if mem_flag and mem_base["kinds"] == a["kinds"]:
             mem_held = memory_verdict(mem_base["memory"], a["memory"], th)[0] == Kind.REGRESSION
@@ -926,28 +963,36 @@ def compare_main(args: argparse.Namespace, remeasure=None) -> int:
     if confirming and len(flagged):
         print(f"gpubench compare: re-measuring {len(flagged)} flagged case(s) to confirm "
               "them", file=sys.stderr, flush=True)
-        done = remeasure(new_file, flagged, bases[-1])
-        if not isinstance(done, Remeasurement):  # the new code's file(s) alone
-            done = Remeasurement(new=[done] if isinstance(done, str | Path) else
-                                 list(done or []))
-        again = again_base = None
+        done = _remeasured(remeasure(new_file, flagged, bases[-1]))
         if done.new:
-            again = load_results(list(done.new),
-                                 labels=[f"again{i + 1}" for i in range(len(done.new))])
             print(f"gpubench compare: re-measured in {', '.join(map(str, done.new))}",
                   file=sys.stderr)
         else:
             print("warning: the re-measurement measured none of the flagged cases; they are "
                   "decided as measured", file=sys.stderr)
         if done.new and done.base:
-            again_base = load_results(list(done.base), labels=[
-                f"again_base{i + 1}" for i in range(len(done.base))])
             print(f"gpubench compare: the base code re-measured in "
                   f"{', '.join(map(str, done.base))}", file=sys.stderr)
         elif done.base_note:
             print(f"warning: the base code was not re-measured ({done.base_note}); the "
                   "re-measurement is compared with the base run", file=sys.stderr)
-        table = confirm_regressions(base, new, table, again, th, again_base)
+        screened, table = table, _confirmed(base, new, table, done, th)
+        for _ in range(CONFIRM_EXTRA_PAIRS if done.new and done.base else 0):
+            # A case confirmed against the base code gets one more pair of runs, and stays
+            # confirmed only if it still is with them (``CONFIRM_EXTRA_PAIRS``).
+            pending = table[(table["confirmed"] == True)  # noqa: E712
+                            & (table["confirm_against"] == ALTERNATED)]
+            if pending.empty:
+                break
+            print(f"gpubench compare: {len(pending)} case(s) confirmed against the base code; "
+                  "one more pair of runs (base, new) to settle them", file=sys.stderr,
+                  flush=True)
+            more = _remeasured(remeasure(new_file, pending, bases[-1], runs=1))
+            if not (more.new and more.base):
+                break
+            done.new += more.new
+            done.base += more.base
+            table = _confirmed(base, new, screened, done, th)
     shift = common_shift(table, th)
     if shift:
         print(f"warning: {shift}", file=sys.stderr)

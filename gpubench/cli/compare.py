@@ -120,13 +120,15 @@ def remeasure_cases(args: argparse.Namespace):
     """The re-measurement ``compare --confirm`` runs: a function of (NEW file, the flagged
     rows, the last base file) that runs ``gpubench run`` on those cases alone (same profile,
     device and workload per model, and NEW's torch threads unless ``--confirm-args`` sets them;
-    ``-k`` by their test names), ``--confirm-runs`` times, into a temporary folder beside NEW.
+    ``-k`` by their test names), ``--confirm-runs`` times (or ``runs``), into a temporary
+    folder beside NEW.
     With ``--confirm-against base`` (the default) the base's code is run too, where its commit
     can be checked out (``base_checkout``): as many runs, alternating with the new code's
-    (base, new, new, base, ...), each with the base run's own workloads. Returns a
+    (base, new, new, base, ...; one run: base, new), each with the base run's own workloads.
+    Returns a
     ``Remeasurement``: one result file per run that measured any of the cases, per side."""
 
-    def remeasure(new_file, rows, base_file=None):
+    def remeasure(new_file, rows, base_file=None, runs=None):
         import json
         import shlex
         import subprocess
@@ -145,7 +147,7 @@ def remeasure_cases(args: argparse.Namespace):
             # at NEW's torch threads: a run at --threads 1 re-measured at the default would
             # compare two settings (on a 2-core VM, two host levels apart)
             extra = ["--threads", str(threads), *extra]
-        runs = getattr(args, "confirm_runs", 1) or 1
+        runs = runs or getattr(args, "confirm_runs", 1) or 1
         sides = {"new": (Path.cwd(), _test_names(data))}
         note = None
         if base_file is not None and getattr(args, "confirm_against", "base") == "base":
@@ -191,8 +193,8 @@ def remeasure_cases(args: argparse.Namespace):
         finally:
             if "base" in sides and sides["base"][0] != Path.cwd():
                 remove_checkout(out / "base-code")
-        if "base" in sides and not (results["base"] and results["new"]):
-            note = "its re-measurement measured none of the flagged cases"
+        if "base" in sides and not results["base"]:
+            note = "its runs, in a checkout of its commit, measured none of the flagged cases"
         # empty: nothing re-measured, decided as they were
         return Remeasurement(new=results["new"], base=results["base"], base_note=note)
 

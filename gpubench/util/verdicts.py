@@ -101,6 +101,14 @@ docs/history.md has its table)."""
 CONFIRM_RUNS = 2
 """``gpubench compare --confirm-runs``: how many times the flagged cases are re-measured."""
 
+CONFIRM_EXTRA_PAIRS = 2
+"""``gpubench compare --confirm`` against the base code: a case confirmed after the
+re-measurement runs gets up to this many more pairs of runs (base, new), one at a time, and
+stays confirmed only if each pair keeps it so. A case whose level jumps between two values
+from one process to the next is confirmed by chance when every base run lands low and every new
+run high: 1 in 16 with two runs a side, 1 in 64 with three, 1 in 256 with four; a real
+slowdown stays confirmed (about a minute a pair)."""
+
 COMPARE_BASES = ("auto", "raw", "normalized")
 """``gpubench compare --basis``: what a case's round times are compared as
 (``analysis.compare.BASES`` says how)."""
