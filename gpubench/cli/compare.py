@@ -85,11 +85,12 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    "on the new code in this checkout and on the base's code (see "
                    "--confirm-against), alternating, and keep a regression only if the new "
                    "code's re-measurement is slower than the base code's by more than "
-                   "--confirm-sigmas standard deviations of that change. Against the base run "
-                   "instead (--confirm-against run), simulated at the defaults (140 cases whose "
-                   "changes between runs spread by 2.4%%, Gaussian): two runs of one commit "
-                   "fail 0.6%% of the time (plain: 19%%), a 10%% slowdown is caught 77%% of the "
-                   "time with one base file, 93%% with two (docs: Tracking over time)")
+                   "--confirm-sigmas standard deviations of that change, run by run. Simulated "
+                   "at the defaults (140 cases whose changes between runs spread by 2.4%%, "
+                   "Gaussian): two runs of one commit fail in none of 2,000 pairs (plain: "
+                   "19%%; against the base run, --confirm-against run: 0.6%%), a 10%% slowdown "
+                   "is caught 73%% of the time with one base file, 80%% with two (against the "
+                   "base run: 74%% and 93%%; docs: Tracking over time)")
     p.add_argument("--screen-sigmas", type=_threshold, default=SCREEN_SIGMAS,
                    help="with --confirm: a slowdown beyond this many between-run spreads "
                    f"(and {SCREEN_THRESHOLD_SHARE * 100:g}%% of --time-threshold; never more "
