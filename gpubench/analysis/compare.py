@@ -220,9 +220,7 @@ def confirm_alternated(base_levels: list[float], new_levels: list[float], th: Th
     diff = float(n.mean() - b.mean())
     squares = float(((b - b.mean()) ** 2).sum() + ((n - n.mean()) ** 2).sum())
     dof = b.size + n.size - 2
-    typical = math.nan
-    if cases >= MIN_NOISE_CASES and math.isfinite(spread):
-        typical = math.log1p(spread) / math.sqrt(1 / max(1, base_runs) + 1)
+    typical = math.log1p(one_run_spread(spread, cases, base_runs))
     if math.isfinite(typical):
         var = (PRIOR_RUNS * typical ** 2 + squares) / (PRIOR_RUNS + dof)
     elif dof:
@@ -297,6 +295,15 @@ def change_spread(run: float, base_runs: int, new_runs: int) -> float:
     return float(np.expm1(math.log1p(run) * math.sqrt(1 / b + 1 / n)))
 
 
+def one_run_spread(spread: float, cases: int, base_runs: int) -> float:
+    """One run's spread of a typical case: the comparison's between-run ``spread`` (of the
+    changes of ``cases`` cases, ``base_runs`` base runs pooled against one new run) taken back
+    to one run's (on logs, over sqrt(1/B + 1)); NaN where too few cases gave no spread."""
+    if cases < MIN_NOISE_CASES or not math.isfinite(spread):
+        return math.nan
+    return float(np.expm1(math.log1p(spread) / math.sqrt(1 / max(1, base_runs) + 1)))
+
+
 def own_spread(on: str, spread: float, cases: int, base: dict, *new: dict
                ) -> tuple[float, int]:
     """A case's own spread between runs on basis ``on`` (``case_run_spread``), where it is
@@ -307,10 +314,8 @@ def own_spread(on: str, spread: float, cases: int, base: dict, *new: dict
     degrees of freedom); the spread NaN where neither side has two runs of the case, or where
     the case is not shown to spread more."""
     run, dof = case_run_spread(on, base, *new)
-    typical = math.nan
-    if cases >= MIN_NOISE_CASES and math.isfinite(spread):
-        typical = float(np.expm1(math.log1p(spread)
-                                 / math.sqrt(1 / max(1, base["records"]) + 1)))
+    typical = one_run_spread(spread, cases, base["records"])
+    if math.isfinite(typical):
         if not spread_excess_p(run, dof, typical) < OWN_SPREAD_ALPHA:
             return math.nan, dof
     return moderated_spread(run, dof, typical, PRIOR_RUNS), dof
