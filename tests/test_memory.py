@@ -161,7 +161,7 @@ def test_the_cpu_base_follows_the_reference_gradients_the_check_caches_and_lets_
     cache = checks.ReferenceCache(size=1)
     monkeypatch.setattr(checks, "REFERENCE_GRADIENTS", cache)
     monkeypatch.setattr(protocol, "REFERENCE_GRADIENTS", cache)
-    cache.entries["another model"] = (0.0, [torch.ones(4 * 2**20)])  # 16 MiB
+    cache.entries["another model"] = checks.ReferenceEntry(0.0, [torch.ones(4 * 2**20)])  # 16 MiB
     case = protocol.InProcess(RunConfig(model="bert", profile="smoke"))
     try:
         before = case.program.base_bytes

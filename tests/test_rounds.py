@@ -150,3 +150,41 @@ def test_the_fp32_reference_is_computed_once_per_model_weights_and_batches():
         want_loss, want = _fp32_gradient(case, fixed, ref_params)
     assert loss == want_loss and grads
     assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True))
+
+
+def test_each_optimizers_reference_update_is_made_once_and_equals_a_fresh_one(monkeypatch):
+    """The check's reference update (the default optimizer's first step from the FP32
+    gradient) is kept with the cached gradient, one per optimizer name: a second case with
+    the same optimizer takes it, another optimizer makes its own, and what is taken equals
+    the update made afresh."""
+    import gpubench.train.build as build_module
+    from gpubench.train.build import build
+    from gpubench.train.checks import REFERENCE_GRADIENTS, _Reference
+    from gpubench.train.config import RunConfig
+
+    made = []
+    plain = build_module.build_optimizer
+
+    def counting(name, impl, params):
+        made.append(name)
+        return plain(name, impl, params)
+
+    def reference_update(cfg):
+        with build(cfg) as case, monkeypatch.context() as patch:
+            patch.setattr(build_module, "build_optimizer", counting)
+            return _Reference(case, case.fixed_batches()).updates
+
+    REFERENCE_GRADIENTS.clear()
+    base = RunConfig(model="bert", profile="smoke")
+    fresh = reference_update(base)
+    assert made == ["sgd"]
+    taken = reference_update(base.with_(optimizer_impl="foreach"))  # same optimizer: taken
+    assert made == ["sgd"]
+    assert all(torch.equal(a, b) for a, b in zip(taken, fresh, strict=True))
+    adamw = reference_update(base.with_(optimizer="adamw"))  # another optimizer: its own
+    assert made == ["sgd", "adamw"]
+    assert not all(torch.equal(a, b) for a, b in zip(adamw, fresh, strict=True))
+    REFERENCE_GRADIENTS.clear()
+    again = reference_update(base.with_(optimizer="adamw"))  # made afresh: the same update
+    assert made == ["sgd", "adamw", "adamw"]
+    assert all(torch.equal(a, b) for a, b in zip(adamw, again, strict=True))

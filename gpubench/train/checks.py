@@ -151,11 +151,25 @@ def _digest(tensors) -> str:
     return h.hexdigest()
 
 
+@dataclass
+class ReferenceEntry:
+    """One FP32 reference: its loss and gradient, and the first update each optimizer (by
+    name, default implementation) makes from that gradient (``_Reference``)."""
+
+    loss: float
+    grads: list[torch.Tensor]
+    updates: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.grads, *(t for u in self.updates.values() for t in u)]
+
+
 class ReferenceCache:
     """The FP32 reference gradient and loss of the training check, computed once per model,
     weights, batches and layout in a process and reused by every case that shares them (a run's
     cases of a model differ in precision, optimizer, memory and loader knobs, not in the FP32
-    gradient of the same samples at the same weights).
+    gradient of the same samples at the same weights), with the first update each optimizer
+    makes from it (``ReferenceEntry``).
 
     The key holds everything the reference depends on: the reference model's type and each
     parameter's shape, strides (channels_last), dtype, device and a fingerprint of its values
@@ -173,40 +187,48 @@ class ReferenceCache:
 
     @staticmethod
     def key(case: Case, fixed: list, ref_params: list) -> tuple:
-        with torch.no_grad():
-            moments = torch.stack([torch.stack([p.detach().double().sum(),
-                                                p.detach().double().square().sum()])
-                                   for p in ref_params]).cpu() if ref_params else None
+        with torch.no_grad():  # float64 sums without a float64 copy of each parameter
+            moments = torch.stack([torch.stack([torch.sum(p, dtype=torch.float64),
+                                                torch.sum(p * p, dtype=torch.float64)])
+                                   for p in (q.detach() for q in ref_params)]
+                                  ).cpu() if ref_params else None
         layout = tuple((tuple(p.shape), tuple(p.stride()), str(p.dtype), str(p.device))
                        for p in ref_params)
         return (type(case.reference_model).__qualname__, layout,
                 None if moments is None else moments.numpy().tobytes(),
                 case.strategy.reference_chunks(), _digest(fixed))
 
-    def get(self, case: Case, fixed: list, ref_params: list
-            ) -> tuple[float, list[torch.Tensor]]:
-        """(loss, gradient) of the reference on ``fixed`` (``_fp32_gradient``), cached."""
+    def lookup(self, case: Case, fixed: list, ref_params: list) -> ReferenceEntry:
+        """The reference's entry for ``fixed`` (``_fp32_gradient``), cached; a multi-process
+        case's is computed afresh and not kept."""
         if torch.distributed.is_initialized():
-            return _fp32_gradient(case, fixed, ref_params)
+            return ReferenceEntry(*_fp32_gradient(case, fixed, ref_params))
         key = self.key(case, fixed, ref_params)
         if key in self.entries:
             self.hits += 1
             self.entries.move_to_end(key)
             return self.entries[key]
         self.misses += 1
-        found = _fp32_gradient(case, fixed, ref_params)
+        found = ReferenceEntry(*_fp32_gradient(case, fixed, ref_params))
         self.entries[key] = found
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
         return found
 
+    def get(self, case: Case, fixed: list, ref_params: list
+            ) -> tuple[float, list[torch.Tensor]]:
+        """(loss, gradient) of the reference on ``fixed`` (``lookup``)."""
+        entry = self.lookup(case, fixed, ref_params)
+        return entry.loss, entry.grads
+
     def clear(self) -> None:
         self.entries.clear()
 
     def nbytes(self) -> int:
-        """Bytes the cached gradients hold (a case's memory figures leave them out)."""
+        """Bytes the cached gradients and updates hold (a case's memory figures leave them
+        out)."""
         return sum(t.numel() * t.element_size()
-                   for _, grads in self.entries.values() for t in grads if t is not None)
+                   for entry in self.entries.values() for t in entry.tensors() if t is not None)
 
 
 REFERENCE_GRADIENTS = ReferenceCache()
@@ -226,16 +248,22 @@ class _Reference:
     def __init__(self, case: Case, fixed: list):
         trained = [p for g in case.optimizer.param_groups for p in g["params"]]
         self.params, ref_params = case.strategy.pair_parameters(case.reference_model, trained)
-        self.loss, self.grads = REFERENCE_GRADIENTS.get(case, fixed, ref_params)
+        entry = REFERENCE_GRADIENTS.lookup(case, fixed, ref_params)
+        self.loss, self.grads = entry.loss, entry.grads
         self.before = [p.detach().float().clone() for p in ref_params]
-        from gpubench.train.build import build_optimizer
+        # The same optimizer's update from the same gradient at the same weights is the same
+        # for every case that shares the entry: made once per optimizer.
+        self.updates = entry.updates.get(case.cfg.optimizer)
+        if self.updates is None:
+            from gpubench.train.build import build_optimizer
 
-        copies = [p.detach().float().clone().requires_grad_() for p in ref_params]
-        opt = build_optimizer(case.cfg.optimizer, "default", copies)
-        for c, g in zip(copies, self.grads, strict=True):
-            c.grad = g.clone()
-        opt.step()
-        self.updates = [c.detach() - b for c, b in zip(copies, self.before, strict=True)]
+            copies = [b.clone().requires_grad_() for b in self.before]
+            opt = build_optimizer(case.cfg.optimizer, "default", copies)
+            for c, g in zip(copies, self.grads, strict=True):
+                c.grad = g.clone()
+            opt.step()
+            self.updates = [c.detach() - b for c, b in zip(copies, self.before, strict=True)]
+            entry.updates[case.cfg.optimizer] = self.updates
         self.seen_grads: list[torch.Tensor] | None = None
         self.seen_updates: list[torch.Tensor] | None = None
 
