@@ -21,6 +21,39 @@ from gpubench.workloads.registry import resolve
 FLASH = CLAIMS["flash-attention"].text
 
 
+def test_the_sdpa_probe_stops_at_the_first_attention_and_no_fallback_hides_it():
+    """The probe's forward ends at the first ``scaled_dot_product_attention`` call (what runs
+    after it never runs), even inside a forward that falls back on ``except Exception``; a
+    forward without one, or one that fails before it, reads False."""
+    from torch import nn
+    from torch.nn import functional as F
+
+    from gpubench.workloads.api import _calls_sdpa
+
+    ran = []
+
+    class Attends(nn.Module):
+        def forward(self, x):
+            try:
+                y = F.scaled_dot_product_attention(x, x, x)
+            except Exception:  # noqa: BLE001 - a model's own fallback
+                y = x
+            ran.append("after")
+            return y
+
+    class Plain(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    class Fails(nn.Module):
+        def forward(self, x):
+            raise ValueError("needs its targets")
+
+    x = torch.ones(1, 2, 4, 8)
+    assert _calls_sdpa(Attends(), x) and ran == []
+    assert not _calls_sdpa(Plain(), x) and not _calls_sdpa(Fails(), x)
+
+
 def test_attention_cases_only_for_models_that_call_sdpa():
     assert resolve("bert", "smoke").facts.uses_sdpa and resolve("gpt2", "smoke").facts.uses_sdpa
     assert not resolve("resnet18", "smoke").facts.uses_sdpa

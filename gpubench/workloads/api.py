@@ -307,28 +307,34 @@ def _hf_attention(model: nn.Module) -> str | None:
     return None if found is None else found.config._attn_implementation
 
 
+class _SawSdpa(BaseException):  # noqa: N818 - a signal, not an error
+    """Raised by ``_calls_sdpa``'s spy at the first ``scaled_dot_product_attention`` call (a
+    ``BaseException``: a forward's own ``except Exception`` fallback must not swallow it)."""
+
+
 def _calls_sdpa(model: nn.Module, inputs: Any) -> bool:
     """Whether a forward of ``model`` on ``inputs`` calls ``scaled_dot_product_attention``
-    (seen at the Python level, before it picks a kernel); a forward that needs the targets or
-    raises counts as not calling it."""
+    (seen at the Python level, before it picks a kernel; the forward stops there, so a
+    transformer's probe runs up to its first attention only); a forward that needs the targets
+    or raises counts as not calling it."""
     from torch.overrides import TorchFunctionMode
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     class Spy(TorchFunctionMode):
-        seen = False
-
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if func is sdpa:
-                Spy.seen = True
+                raise _SawSdpa
             return func(*args, **(kwargs or {}))
 
     try:
         with torch.no_grad(), Spy():
             call_model(model, inputs)
+    except _SawSdpa:
+        return True
     except Exception:  # noqa: BLE001 - a forward that needs more than its inputs
         return False
-    return Spy.seen
+    return False
 
 
 def call_model(model: nn.Module, inputs: Any, *extra: Any) -> Any:
