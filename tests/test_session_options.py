@@ -64,3 +64,20 @@ def test_the_plugin_declares_the_same_options_as_gpubench_run():
         assert option.cli_flag() in run_help
         assert option.pytest_flag() in done.stdout
     assert f"(default {DEFAULT_TIMEOUT_S:g})" in run_help.replace("\n", " ").replace("  ", " ")
+
+
+def test_the_runs_pytest_child_leaves_hypothesis_unloaded(tmp_path):
+    """Hypothesis's pytest plugin (installed with the test extras) costs every ``gpubench run``
+    about 0.9 s to load and serves no benchmark: the run's pytest child blocks it."""
+    command = pytest_command(build_parser().parse_args(
+        ["run", "--profile", "smoke", "--device", "cpu", "--no-hygiene"]), tmp_path / "run.json")
+    assert command[:3] == [sys.executable, "-m", "pytest"]
+    done = subprocess.run([sys.executable, "-X", "importtime", *command[1:], "--collect-only",
+                           "-q", "-k", "resnet18-fp32 and not ddp"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "test_step[resnet18-fp32]" in done.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert any(name.startswith("pytest_benchmark.") for name in imported)
+    assert not [name for name in imported if name.split(".")[0] == "hypothesis"]
