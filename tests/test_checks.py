@@ -118,6 +118,7 @@ def test_the_reference_of_a_tf32_case_is_ieee_fp32(monkeypatch):
         return plain(*args, **kwargs)
 
     monkeypatch.setattr(checks, "_micro_objective", recording)
+    checks.REFERENCE_GRADIENTS.clear()  # computed here, not taken from an earlier test's
     case = build(RunConfig(model="bert", profile="smoke", precision="tf32"))
     with case.precision.math_mode():
         assert torch.get_float32_matmul_precision() == "high"

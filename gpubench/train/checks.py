@@ -154,7 +154,8 @@ def _digest(tensors) -> str:
 @dataclass
 class ReferenceEntry:
     """One FP32 reference: its loss and gradient, and the first update each optimizer (by
-    name, default implementation) makes from that gradient (``_Reference``)."""
+    name, default implementation) makes from that gradient, kept for CPU cases only
+    (``_Reference``)."""
 
     loss: float
     grads: list[torch.Tensor]
@@ -252,7 +253,11 @@ class _Reference:
         self.loss, self.grads = entry.loss, entry.grads
         self.before = [p.detach().float().clone() for p in ref_params]
         # The same optimizer's update from the same gradient at the same weights is the same
-        # for every case that shares the entry: made once per optimizer.
+        # for every case that shares the entry: made once per optimizer and kept where it
+        # costs no case's figures. On the CPU the kept tensors join the resident base the
+        # training peak is taken above (``CaseProgram.check``); on CUDA every case's peak is
+        # the device's whole high-water mark, which up to three updates of the model's size
+        # held for the run would raise: there it is made per case and dropped.
         self.updates = entry.updates.get(case.cfg.optimizer)
         if self.updates is None:
             from gpubench.train.build import build_optimizer
@@ -263,7 +268,8 @@ class _Reference:
                 c.grad = g.clone()
             opt.step()
             self.updates = [c.detach() - b for c, b in zip(copies, self.before, strict=True)]
-            entry.updates[case.cfg.optimizer] = self.updates
+            if case.device.type == "cpu":
+                entry.updates[case.cfg.optimizer] = self.updates
         self.seen_grads: list[torch.Tensor] | None = None
         self.seen_updates: list[torch.Tensor] | None = None
 
