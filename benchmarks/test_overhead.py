@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
+from gpubench.measure.memory import release_free_memory
 from gpubench.suite.cases import baseline
 from gpubench.train.build import build
 from gpubench.train.data import build_loader
@@ -30,7 +31,8 @@ OVERHEAD_PAIRS_S = 4.0
 """Seconds of timed pairs a fast step's overhead figure is read from (at most 100 pairs)."""
 
 OVERHEAD_BUILDS = 4
-"""Builds of each side the pairs take turns on (pair i steps build i mod 4 of both). Two builds
+"""Builds of each side the pairs take turns on (pair i steps build i mod 4 of both; fewer where
+the device runs out of memory, ``overhead_builds``). Two builds
 of the same model in one process step about 1% apart on a 2-core CPU for their whole lives
 (where their tensors landed: ``scripts/overhead_floor.py``), as far as gpubench reads from the
 hand-written loop; the figure over one build of each side carries that luck, over four builds
@@ -70,6 +72,33 @@ def handwritten_loop(cfg, seed: int):
     return step
 
 
+def overhead_builds(cfg) -> tuple[list, list]:
+    """Up to ``OVERHEAD_BUILDS`` builds of each side (gpubench's case, the hand-written loop),
+    each stepped once; as many as fit where the device runs out of memory (a large model on
+    one GPU: one build of each side at least, or the error)."""
+    cases, hands = [], []
+    for _ in range(OVERHEAD_BUILDS):
+        case = hand = None
+        try:
+            case = build(cfg)
+            hand = handwritten_loop(cfg, seed=0)
+            case.synced_step()  # its first step allocates gradients and optimizer state
+            hand()
+        except torch.OutOfMemoryError:
+            if not cases:
+                raise
+            if case is not None:
+                case.close()
+            del case, hand
+            release_free_memory()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # what the failed build cached, back to the driver
+            break
+        cases.append(case)
+        hands.append(hand)
+    return cases, hands
+
+
 def pytest_generate_tests(metafunc):
     if "overhead_model" in metafunc.fixturenames:
         opts = metafunc.config.gpubench  # honours --gpubench-models
@@ -82,32 +111,31 @@ def test_harness_overhead(benchmark, overhead_model, options):
         pytest.skip("GPU profile on the CPU")
     benchmark.group = "harness-overhead"
     cfg = baseline(overhead_model, profile, options.device)
-    cases = [build(cfg) for _ in range(OVERHEAD_BUILDS)]
-    hands = [handwritten_loop(cfg, seed=0) for _ in range(OVERHEAD_BUILDS)]
+    cases, hands = overhead_builds(cfg)
+    builds = len(cases)
     times = {"gpubench": [], "handwritten": []}
     turn = [0]
 
     def pair():
         i = turn[0]
         turn[0] += 1
-        order = [("gpubench", cases[i % OVERHEAD_BUILDS].synced_step),
-                 ("handwritten", hands[i % OVERHEAD_BUILDS])]
+        order = [("gpubench", cases[i % builds].synced_step), ("handwritten", hands[i % builds])]
         # which side goes first alternates over each build's pairs too
-        for name, fn in order if (i // OVERHEAD_BUILDS) % 2 else order[::-1]:
+        for name, fn in order if (i // builds) % 2 else order[::-1]:
             start = time.perf_counter()
             loss = fn()
             times[name].append(time.perf_counter() - start)
         return loss
 
     # Each build warmed up (untimed by pytest-benchmark, and left out of the figures).
-    warm = max(options.warmup, 2) * OVERHEAD_BUILDS
+    warm = max(options.warmup, 2) * builds
     for _ in range(warm):
         pair()
     # At least 20 pairs, more for a fast step until the pairs take about OVERHEAD_PAIRS_S (at
     # most 100): the figure is a ratio of steps a few per cent noisy, read to 1%.
     pair_s = sum(v[-1] for v in times.values())
     rounds = max(options.rounds, 20, min(100, math.ceil(OVERHEAD_PAIRS_S / max(pair_s, 1e-9))))
-    rounds = math.ceil(rounds / OVERHEAD_BUILDS) * OVERHEAD_BUILDS  # as many pairs per build
+    rounds = math.ceil(rounds / builds) * builds  # as many pairs per build
     last = benchmark.pedantic(pair, rounds=rounds)
     for case in cases:
         case.close()
@@ -128,7 +156,7 @@ def test_harness_overhead(benchmark, overhead_model, options):
         handwritten_step_time_s=med["handwritten"],
         harness_overhead=statistics.median(ratios) - 1,
         overhead_pairs=len(ratios),
-        overhead_builds=OVERHEAD_BUILDS,
+        overhead_builds=builds,
         note="benchmark time is one gpubench step plus one hand-written step; "
         "harness_overhead = median over the pairs of gpubench step / hand-written step - 1",
     )

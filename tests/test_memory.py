@@ -202,3 +202,37 @@ def test_the_users_malloc_settings_win():
     assert got == {"malloc_thresholds": "set by the environment",
                    "MALLOC_MMAP_THRESHOLD_": "65536"}
     assert env["MALLOC_MMAP_THRESHOLD_"] == "65536" and env["MALLOC_TRIM_THRESHOLD_"] is None
+
+
+def test_the_overhead_benchmark_takes_as_many_builds_as_fit(monkeypatch):
+    """The harness-overhead benchmark steps up to four builds of each side; where the device
+    runs out of memory at the third, it goes on with the two that fit, and with none it fails
+    as it would have."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import test_overhead
+
+    from gpubench.suite.cases import baseline
+
+    made = []
+    plain = test_overhead.handwritten_loop
+
+    def loop_until_full(cfg, seed, limit):
+        if len(made) == limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        made.append(cfg)
+        return plain(cfg, seed)
+
+    cfg = baseline("bert", "smoke", "cpu")
+    monkeypatch.setattr(test_overhead, "handwritten_loop",
+                        lambda c, seed: loop_until_full(c, seed, 2))
+    cases, hands = test_overhead.overhead_builds(cfg)
+    assert (len(cases), len(hands)) == (2, 2) and test_overhead.OVERHEAD_BUILDS == 4
+    for case in cases:
+        case.close()
+    made.clear()
+    monkeypatch.setattr(test_overhead, "handwritten_loop",
+                        lambda c, seed: loop_until_full(c, seed, 0))
+    with pytest.raises(torch.OutOfMemoryError):
+        test_overhead.overhead_builds(cfg)
