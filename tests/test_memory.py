@@ -124,7 +124,11 @@ def test_a_cases_cpu_training_peak_is_what_a_hand_written_loop_holds(tmp_path):
     resident size before the model was built) of a plain case is a fresh hand-written loop's of
     the same model, batch and optimizer, measured the same way (tests/data/handwritten_peak.py),
     within 10%: the suite's own state (its imports, the probe build, the initial weights every
-    case copies, the check's reference) lies below the base, not in the figure."""
+    case copies, the check's reference) lies below the base, not in the figure.
+
+    Either side's peak now and then reads 10-15% high (heap pages a process happens to keep:
+    ResNet-18, eight runs each, gpubench 172-200 MiB, the loop 167-194 MiB), never low: each
+    side is measured twice, alternating, and the lower reading of each is compared."""
     import json
     import os
     import subprocess
@@ -136,16 +140,21 @@ def test_a_cases_cpu_training_peak_is_what_a_hand_written_loop_holds(tmp_path):
     # The loop runs with the allocator settings gpubench's measuring processes set for
     # themselves (steady_malloc): glibc's adaptive mmap threshold alone moves its peak by 10%.
     env = {**os.environ, "OMP_NUM_THREADS": "1", **MALLOC_ENV}
-    out = tmp_path / "case.json"
-    subprocess.run([sys.executable, "-m", "gpubench", "case", "--model", "resnet18",
-                    "--profile", "cpu", "--device", "cpu", "--rounds", "5",
-                    "-o", str(out)], check=True, capture_output=True, env=env, timeout=300)
-    info = json.loads(out.read_text())["benchmarks"][0]["extra_info"]
     script = Path(__file__).parent / "data" / "handwritten_peak.py"
-    loop = int(subprocess.run([sys.executable, str(script)], check=True, capture_output=True,
-                              text=True, env=env, timeout=300).stdout)
+    infos, loops = [], []
+    for i in range(2):
+        out = tmp_path / f"case{i}.json"
+        subprocess.run([sys.executable, "-m", "gpubench", "case", "--model", "resnet18",
+                        "--profile", "cpu", "--device", "cpu", "--rounds", "5",
+                        "-o", str(out)], check=True, capture_output=True, env=env, timeout=300)
+        infos.append(json.loads(out.read_text())["benchmarks"][0]["extra_info"])
+        loops.append(int(subprocess.run([sys.executable, str(script)], check=True,
+                                        capture_output=True, text=True, env=env,
+                                        timeout=300).stdout))
+    info = min(infos, key=lambda i: i["peak_above_base_bytes"])
+    loop = min(loops)
     assert info["peak_above_base_bytes"] == pytest.approx(loop, rel=0.10), (
-        info["peak_above_base_bytes"], loop, info["resident_base_bytes"])
+        [i["peak_above_base_bytes"] for i in infos], loops, info["resident_base_bytes"])
     assert info["peak_memory_bytes"] - info["resident_base_bytes"] == info["peak_above_base_bytes"]
 
 
