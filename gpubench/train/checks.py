@@ -216,12 +216,6 @@ class ReferenceCache:
             self.entries.popitem(last=False)
         return found
 
-    def get(self, case: Case, fixed: list, ref_params: list
-            ) -> tuple[float, list[torch.Tensor]]:
-        """(loss, gradient) of the reference on ``fixed`` (``lookup``)."""
-        entry = self.lookup(case, fixed, ref_params)
-        return entry.loss, entry.grads
-
     def clear(self) -> None:
         self.entries.clear()
 
