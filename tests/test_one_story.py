@@ -424,6 +424,38 @@ def test_a_pairing_disturbed_in_its_process_is_flagged_and_never_the_answer(tmp_
 
 
 
+def test_a_machine_that_slowed_since_the_baseline_case_is_no_disturbance(tmp_path):
+    """The machine ran 30% slower while two cases were measured than when the baseline case
+    was (a shared VM's speed moves for minutes at a time): both cases' FP32 rounds beside them
+    read 30% slower than the baseline case. Read against the same baseline at rest just before
+    its rounds, one pairing is sound (its baseline ran as fast in the rounds as at rest) and its
+    case can be the answer; the other's baseline ran 25% slower in the rounds than at rest,
+    which the case did, and it is flagged and passed over saying so. Records without the
+    figure at rest keep the baseline case as the reference."""
+    from gpubench.analysis.recommend import recommend
+    from gpubench.analysis.results import load_results, partner_drift, with_baseline_ratios
+
+    path = results_file(
+        tmp_path / "run.json",
+        step_record("bert-fp32", [0.1, 0.101, 0.102] * 4),
+        _paired("bert-fp32-sgd_fused", 0.118, 0.13, optimizer_impl="fused",
+                paired_baseline_steady_s=0.129),
+        _paired("bert-fp32-zerofill", 0.1, 0.163, zero_grad_set_to_none=False,
+                paired_baseline_steady_s=0.13))
+    df = with_baseline_ratios(load_results([path])).set_index("case_id")
+    assert partner_drift(df.loc["bert-fp32-sgd_fused"]) == pytest.approx(0.13 / 0.129 - 1)
+    assert "disturbed" not in df.loc["bert-fp32-sgd_fused", "flags"]
+    assert "disturbed pairing: the FP32 baseline beside it ran 25% slower in the paired rounds " \
+           "than at rest just before them" in df.loc["bert-fp32-zerofill", "flags"]
+    (rec,) = recommend(load_results([path]))
+    assert rec.case_id == "bert-fp32-sgd_fused"
+    (passed,) = rec.passed_over
+    assert passed.case_id == "bert-fp32-zerofill" and passed.why.startswith("disturbed pairing")
+    # The same rounds without the figure at rest: read against the baseline case, as before.
+    old = df.loc["bert-fp32-sgd_fused"].drop("paired_baseline_steady_s")
+    assert partner_drift(old) == pytest.approx(0.13 / df.loc["bert-fp32", "step_time_s"] - 1)
+
+
 def test_baseline_rounds_that_ran_faster_beside_a_case_are_no_disturbance(tmp_path):
     """The baseline's rounds beside a case ran 20% faster than the baseline case (the machine
     was faster while both sides ran): nothing of the case can speed its baseline up, and the

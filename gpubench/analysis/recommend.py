@@ -146,7 +146,8 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
             continue
         # A technique that does nothing on this device can only "win" by measurement noise.
         # So can an emulated one: FP8 without FP8 units runs its casts in higher precision. And
-        # a case whose baseline rounds beside it ran off the baseline case (``partner_drift``).
+        # a case whose baseline rounds beside it ran slower than that baseline at rest just
+        # before them (``partner_drift``).
         excluded = {}  # case id: why it is no candidate
         for _, r in sub.iterrows():
             does_nothing = inert_techniques(r.to_dict())
@@ -157,7 +158,7 @@ def recommend(df: pd.DataFrame, budget_bytes: float | None = None) -> list[Recom
                 excluded[r["case_id"]] = "FP8 emulated without FP8 units (casts in bf16)"
             elif (drift := partner_drift(r)) is not None and drift > PARTNER_TOLERANCE:
                 # Its speedup is read against a baseline its presence slowed, which flatters it.
-                excluded[r["case_id"]] = (f"{Kind.DISTURBED}: {disturbed_words(drift)}, so its "
+                excluded[r["case_id"]] = (f"{Kind.DISTURBED}: {disturbed_words(r)}, so its "
                                        "speedup is not what switching gives")
         eligible = set(sub["case_id"])
         sub = sub[~sub["case_id"].isin(excluded)]

@@ -588,30 +588,55 @@ SPREAD_LIMIT = 0.10
 
 PARTNER_TOLERANCE = 0.10
 """A case paired in its own process whose baseline rounds there ran more than this fraction
-slower than the baseline case's step is flagged as a disturbed pairing (``partner_drift``): the
-case's presence (its memory, its loader workers) may have slowed the baseline it is read against,
-which flatters its speedup, and the recommendation passes it over. Baseline rounds that ran
-faster are not flagged: no presence of the case speeds its baseline up, the machine was faster
-for both sides (their ratio cancels it), and such a speedup could only be understated."""
+slower than the same baseline at rest just before them (``partner_drift``) is flagged as a
+disturbed pairing: the case (its loader workers refilling while the baseline steps, its memory)
+slowed the baseline it is read against, which flatters its speedup, and the recommendation
+passes it over. Baseline rounds that ran faster are not flagged: no presence of the case speeds
+its baseline up, and such a speedup could only be understated."""
 
 
-def disturbed_words(drift: float) -> str:
-    """A disturbed pairing in words (the summary's flag, the recommendation's why)."""
-    return (f"the FP32 baseline beside it ran {abs(drift):.0%} "
-            f"{'slower' if drift > 0 else 'faster'} than the baseline case")
+def _positive(value) -> float | None:
+    return float(value) if isinstance(value, int | float) and value == value and value > 0 \
+        else None
+
+
+def partner_reference(row) -> str | None:
+    """What a case's in-process baseline rounds are read against (``partner_drift``): "steady",
+    the same baseline's steps at rest just before the rounds (``paired_baseline_steady_s``);
+    "baseline case", for records without that figure, the baseline case's step, measured
+    minutes earlier, so a machine whose speed moved meanwhile reads as a disturbance too; None
+    where the case was not paired in its own process (a worker process's baseline is offset to
+    the baseline case instead, ``speedup_offset``)."""
+    if row.get("paired_partner") != "this process" or row.get("is_baseline") is True:
+        return None
+    if _positive(row.get("paired_baseline_steady_s")):
+        return "steady"
+    return "baseline case" if _positive(row.get("base_step_time_s")) else None
 
 
 def partner_drift(row) -> float | None:
-    """How far the baseline's rounds beside a case in its own process ran from the baseline
-    case (their median step over the baseline case's, less 1; 0.5: 50% slower), from a row of
-    ``with_baseline_ratios``; None where the case was not paired in its own process. A worker
-    process's baseline is offset to the baseline case instead (``speedup_offset``)."""
-    if row.get("paired_partner") != "this process" or row.get("is_baseline") is True:
+    """How far the baseline's rounds beside a case in its own process ran from their reference
+    (``partner_reference``): their median step over it, less 1 (0.5: 50% slower), from a row
+    of ``with_baseline_ratios``; None where there is none. Read against the steady figure, a
+    machine that ran at another speed than when the baseline case was measured (the project's
+    2-core VM alternates between two speeds some 30% apart for minutes at a time) is no
+    disturbance: it moved both sides of the pairing, whose ratio cancels it."""
+    own, reference = _positive(row.get("baseline_step_time_s")), partner_reference(row)
+    if own is None or reference is None:
         return None
-    own, base = row.get("baseline_step_time_s"), row.get("base_step_time_s")
-    if not (isinstance(own, float) and isinstance(base, float) and own == own and base > 0):
-        return None
-    return own / base - 1
+    if reference == "steady":
+        return own / _positive(row.get("paired_baseline_steady_s")) - 1
+    return own / _positive(row.get("base_step_time_s")) - 1
+
+
+def disturbed_words(row) -> str:
+    """A disturbed pairing in words (the summary's flag, the recommendation's why), from a row
+    of ``with_baseline_ratios`` (``partner_drift``)."""
+    drift = partner_drift(row) or 0.0
+    than = ("in the paired rounds than at rest just before them"
+            if partner_reference(row) == "steady" else "than the baseline case")
+    return f"the FP32 baseline beside it ran {abs(drift):.0%} " \
+           f"{'slower' if drift > 0 else 'faster'} {than}"
 
 
 def _only_inert(flat: dict) -> bool:
@@ -643,8 +668,8 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
     what the baseline's spread allows); scaling efficiency above 100%; and a noisy baseline
     (IQR / median above ``SPREAD_LIMIT``); a case timed while the machine was contended
     (``contended``, see ``gpubench.measure.telemetry``); and a case whose baseline rounds in its
-    own process ran more than ``PARTNER_TOLERANCE`` slower than the baseline case
-    (``partner_drift``)."""
+    own process ran more than ``PARTNER_TOLERANCE`` slower than their reference, the same
+    baseline at rest just before them (``partner_drift``)."""
     from gpubench.train.config import inert_techniques
 
     flags = []
@@ -679,7 +704,7 @@ def with_plausibility(df: pd.DataFrame) -> pd.DataFrame:
             out.append(f"{Kind.CONTENDED}: {row.get('contention_reason')}")
         drift = partner_drift(row)
         if drift is not None and drift > PARTNER_TOLERANCE:
-            out.append(f"{Kind.DISTURBED}: {disturbed_words(drift)}")
+            out.append(f"{Kind.DISTURBED}: {disturbed_words(row)}")
         flags.append("; ".join(out))
     df["flags"] = flags
     return df

@@ -110,9 +110,12 @@ METRICS: tuple[Metric, ...] = (
            "step time), the least rounds, the warm-up steps run before the step was steady, "
            "and the block layout of the paired rounds (steps per block, ``ABBA``)"),
     Metric(("baseline_step_time_s", "paired_baseline_rounds_s", "paired_baseline_case_id",
-            "paired_partner"), ("float>0", "floats>0", "str", "str"), "s",
-           "the paired baseline's median step time and its rounds, its case id, and where it "
-           "ran (this process, or a worker process of its own)"),
+            "paired_partner", "paired_baseline_steady_s"),
+           ("float>0", "floats>0", "str", "str", "float>0"), "s",
+           "the paired baseline's median step time and its rounds, its case id, where it "
+           "ran (this process, or a worker process of its own), and, in this process, its "
+           "median step at rest just before the rounds, beside the case built and idle (what a "
+           "disturbed pairing is read against)"),
     Metric(("speedup", "speedup_offset"), None, "ratio",
            "throughput relative to the FP32 baseline: ``speedup_paired``, else case samples/s "
            "/ baseline samples/s. A case paired with the baseline's worker process (multi-"

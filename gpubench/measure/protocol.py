@@ -675,8 +675,8 @@ class PairedBaseline:
         return seconds
 
     def local(self) -> LocalBaseline:
-        """A partner in this process (``LocalBaseline``), built and warmed up (one step; the
-        timed window's warm-up round steps it again) now."""
+        """A partner in this process (``LocalBaseline``), built, warmed up (one step) and timed
+        at rest (``STEADY_STEPS`` steps) now."""
         return LocalBaseline(self.cfg, 1, self.timeout_s)
 
     def handoff(self):
@@ -694,9 +694,21 @@ class PairedBaseline:
         self.group = self.spare = None
 
 
+STEADY_STEPS = 3
+"""Steps the in-process baseline runs back to back after its warm-up, before the paired rounds
+(``LocalBaseline.steady_s``)."""
+
+
 class LocalBaseline:
     """The baseline built in this process beside an in-process case, for its timed rounds
-    (``PairedBaseline``); ``close`` frees it."""
+    (``PairedBaseline``); ``close`` frees it.
+
+    ``steady_s``: the median of ``STEADY_STEPS`` steps it runs back to back once warm, beside
+    the case at rest, seconds before the rounds. Its rounds are read against this figure, not
+    against the baseline case measured minutes earlier, to tell a pairing the case disturbed
+    (its loader workers refilling during the baseline's blocks, say) from a machine whose speed
+    moved meanwhile, which slows both sides alike and which the pairing cancels
+    (``gpubench.analysis.results.partner_drift``)."""
 
     def __init__(self, cfg: RunConfig, warmup_rounds: int,
                  timeout_s: float | None = DEFAULT_TIMEOUT_S):
@@ -706,6 +718,8 @@ class LocalBaseline:
         try:
             for _ in range(max(1, warmup_rounds)):
                 self.partner.call("step")
+            self.steady_s = statistics.median(self.partner.call("step")[0]
+                                              for _ in range(STEADY_STEPS))
         except BaseException:
             self.close()
             raise
@@ -980,6 +994,7 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
         info["paired_baseline_case_id"] = partner.cfg.id
         info["paired_partner"] = ("this process" if isinstance(partner, LocalBaseline)
                                   else "worker process")
+        info["paired_baseline_steady_s"] = getattr(partner, "steady_s", None)
     if cfg.parallel == "ddp":
         allreduce_s = max(group.call("allreduce_probe"))
         syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
