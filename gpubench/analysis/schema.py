@@ -317,8 +317,10 @@ METRICS: tuple[Metric, ...] = (
            "gpubench's step against a minimal hand-written loop of the same model, batch, "
            "data and optimizer in alternating rounds; the median per-pair ratio minus one",
            kind="overhead"),
-    Metric(("overhead_pairs",), "int>=1", "pairs",
-           "the alternating pairs the overhead figure is the median of", kind="overhead"),
+    Metric(("overhead_pairs", "overhead_builds"), "int>=1", "pairs, builds",
+           "the alternating pairs the overhead figure is the median of, and the builds of each "
+           "side they take turns on (fewer than asked where the device ran out of memory)",
+           kind="overhead"),
     Metric(("telemetry_on_step_time_s", "telemetry_off_step_time_s", "telemetry_overhead",
             "telemetry_overhead_median", "telemetry_sample_cpu_s", "telemetry_cpu_share"),
            ("float>=0", "float>=0", "float", "float", "float>=0", "float>=0"), "s, ratio",
