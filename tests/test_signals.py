@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -363,8 +364,21 @@ def test_a_failing_description_of_the_interrupt_is_not_a_traceback(monkeypatch):
             hook.throw(failure)
         return stop.value.value
 
+    class Reporter:  # pytest's TerminalReporter: at the session's end it asserts a description
+        memo = None
+
+        def _report_keyboardinterrupt(self):
+            assert self.memo is not None
+
+    reporter = Reporter()
+    config = types.SimpleNamespace(pluginmanager=types.SimpleNamespace(
+        get_plugin=lambda name: reporter if name == "terminalreporter" else None))
+    monkeypatch.setattr(pytest_signals, "_CONFIG", config)
     monkeypatch.setenv(PARENT_PID_ENV, str(os.getpid()))
     assert describe(TypeError("unsupported operand type(s) for -: 'NoneType' and 'int'")) is None
+    reporter._report_keyboardinterrupt()  # switched off: no AssertionError at the session's end
     monkeypatch.delenv(PARENT_PID_ENV)
     with pytest.raises(TypeError):
         describe(TypeError("elsewhere"))
+    with pytest.raises(AssertionError):
+        Reporter()._report_keyboardinterrupt()

@@ -36,9 +36,15 @@ def _terminate_as_interrupt(signum, frame):
     raise KeyboardInterrupt("gpubench run is stopping")
 
 
+_CONFIG = None
+"""This session's pytest config (``pytest_configure``), for its terminal reporter."""
+
+
 def pytest_configure(config) -> None:
+    global _CONFIG
     if not _active():
         return
+    _CONFIG = config
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     die_with_parent(int(os.environ[PARENT_PID_ENV]), signal.SIGKILL)
     # gpubench run says itself what was written and kept: pytest-benchmark's "Wrote benchmark
@@ -52,12 +58,18 @@ def pytest_keyboard_interrupt(excinfo):
     """pytest describes the interrupt's traceback for its summary; a signal that lands inside an
     import (torch's config modules) leaves a frame without a line number, on which pytest's
     description fails (``TypeError``) and a two-part traceback reaches stderr. Here that
-    description is skipped: ``gpubench run`` reports the interrupt in its one line."""
+    description is skipped: ``gpubench run`` reports the interrupt in its one line. pytest's
+    terminal reporter, left without the description, would assert at the session's end that it
+    has one (another traceback): its report of the interrupt is switched off too."""
     try:
         return (yield)
     except Exception:  # noqa: BLE001 - pytest's repr of an odd traceback, nothing to report
         if not _active():
             raise
+        reporter = (None if _CONFIG is None
+                    else _CONFIG.pluginmanager.get_plugin("terminalreporter"))
+        if reporter is not None and hasattr(reporter, "_report_keyboardinterrupt"):
+            reporter._report_keyboardinterrupt = lambda: None
         return None
 
 
