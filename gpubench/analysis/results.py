@@ -600,18 +600,21 @@ def _positive(value) -> float | None:
         else None
 
 
-def partner_reference(row) -> str | None:
-    """What a case's in-process baseline rounds are read against (``partner_drift``): "steady",
-    the same baseline's steps at rest just before the rounds (``paired_baseline_steady_s``);
-    "baseline case", for records without that figure, the baseline case's step, measured
-    minutes earlier, so a machine whose speed moved meanwhile reads as a disturbance too; None
-    where the case was not paired in its own process (a worker process's baseline is offset to
-    the baseline case instead, ``speedup_offset``)."""
+def partner_reference(row) -> tuple[str, float] | None:
+    """What a case's in-process baseline rounds are read against (``partner_drift``), as (name,
+    seconds): ("steady", ...), the same baseline's steps at rest just before the rounds
+    (``paired_baseline_steady_s``); ("baseline case", ...), for records without that figure,
+    the baseline case's step, measured minutes earlier, so a machine whose speed moved meanwhile
+    reads as a disturbance too; None where the case was not paired in its own process (a worker
+    process's baseline is offset to the baseline case instead, ``speedup_offset``)."""
     if row.get("paired_partner") != "this process" or row.get("is_baseline") is True:
         return None
-    if _positive(row.get("paired_baseline_steady_s")):
-        return "steady"
-    return "baseline case" if _positive(row.get("base_step_time_s")) else None
+    for name, field in (("steady", "paired_baseline_steady_s"),
+                        ("baseline case", "base_step_time_s")):
+        seconds = _positive(row.get(field))
+        if seconds is not None:
+            return name, seconds
+    return None
 
 
 def partner_drift(row) -> float | None:
@@ -624,17 +627,16 @@ def partner_drift(row) -> float | None:
     own, reference = _positive(row.get("baseline_step_time_s")), partner_reference(row)
     if own is None or reference is None:
         return None
-    if reference == "steady":
-        return own / _positive(row.get("paired_baseline_steady_s")) - 1
-    return own / _positive(row.get("base_step_time_s")) - 1
+    return own / reference[1] - 1
 
 
 def disturbed_words(row) -> str:
     """A disturbed pairing in words (the summary's flag, the recommendation's why), from a row
     of ``with_baseline_ratios`` (``partner_drift``)."""
     drift = partner_drift(row) or 0.0
+    reference = partner_reference(row)
     than = ("in the paired rounds than at rest just before them"
-            if partner_reference(row) == "steady" else "than the baseline case")
+            if reference and reference[0] == "steady" else "than the baseline case")
     return f"the FP32 baseline beside it ran {abs(drift):.0%} " \
            f"{'slower' if drift > 0 else 'faster'} {than}"
 
