@@ -1,6 +1,9 @@
+import gc
+
 import pytest
 import torch
 
+from gpubench.measure import memory
 from gpubench.measure.memory import (
     SavedActivations,
     cpu_peak_supported,
@@ -245,3 +248,37 @@ def test_the_overhead_benchmark_takes_as_many_builds_as_fit(monkeypatch):
                         lambda c, seed: loop_until_full(c, seed, 0))
     with pytest.raises(torch.OutOfMemoryError):
         test_overhead.overhead_builds(cfg)
+
+
+def _tracked(obj) -> bool:
+    """Whether the collector's generations hold ``obj`` (frozen objects are not listed)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_the_long_lived_state_is_frozen_again_when_the_workload_changes(monkeypatch):
+    monkeypatch.setattr(memory, "_FROZEN_FOR", None)  # as in a fresh process
+    memory.freeze_long_lived(("a", 0))
+    made_after = [[] for _ in range(3)]
+    assert _tracked(made_after)
+    memory.freeze_long_lived(("a", 0))  # the same workload: nothing frozen anew
+    assert _tracked(made_after)
+    memory.freeze_long_lived(("b", 0))
+    assert not _tracked(made_after)
+
+
+def test_a_case_freezes_its_workloads_initial_weights_before_it_builds(monkeypatch):
+    """The freeze follows the workload's first build (its imports, the initial module every
+    case copies): frozen before it, every collection in a case would scan them (50 ms each
+    for BERT's, four a case)."""
+    from gpubench.measure.protocol import CaseProgram
+    from gpubench.workloads import api
+
+    monkeypatch.setattr(memory, "_FROZEN_FOR", None)
+    monkeypatch.setattr(api, "_INITIAL", {})
+    program = CaseProgram(0, 1, RunConfig(model="resnet18", profile="smoke"))
+    try:
+        (initial, _), = api._INITIAL.values()
+        assert not _tracked(initial)
+        assert _tracked(program.case.model)  # the case's own objects are collected as before
+    finally:
+        program.close()

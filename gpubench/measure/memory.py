@@ -107,22 +107,29 @@ def malloc_settings() -> dict:
     return {"malloc_thresholds": "glibc's dynamic defaults"}
 
 
-_FROZEN = False
+_FROZEN_FOR: object = None
+"""The key of the last ``freeze_long_lived`` in this process (None: none yet)."""
 
 
-def freeze_long_lived() -> None:
-    """Once per process, after its imports and before it builds a case: collect garbage, then
-    move every object alive now (modules, classes, the test session: about half a million of
-    them with torch, torchvision and transformers imported) into the collector's permanent
-    generation (``gc.freeze``). A full collection then scans only what cases create: 0.26 s per
-    ``gc.collect()`` on the 2-core CI machine before, about a millisecond after; the automatic
-    collections that would land inside timed rounds shrink alike. Objects frozen here that later
-    become cyclic garbage are never collected, which is why it runs before any case exists."""
-    global _FROZEN
-    if not _FROZEN:
+def freeze_long_lived(key: object) -> None:
+    """Collect garbage, then move every object alive now (modules, classes, the test session,
+    the workload's initial weights: about half a million of them with torch, torchvision and
+    transformers imported) into the collector's permanent generation (``gc.freeze``): once
+    per process, after its imports and the workload's first build, and again whenever ``key``
+    (the workload whose initial weights the process holds) changes. A full collection then
+    scans only what cases create: 0.26 s per ``gc.collect()`` on the 2-core CI machine with
+    nothing frozen, about a millisecond after; the automatic collections that would land
+    inside timed rounds shrink alike. A workload's first build imports its model's modules
+    (BERT through transformers: about 2,000 modules and 100,000 objects, which left frozen
+    only before it made every collection take 50 ms, four of them a case), hence the key.
+    Objects frozen here that later become cyclic garbage are never collected, which is why it
+    runs before the case is built; a workload's cached initial module, dropped when the next
+    workload's replaces it, is freed by its reference count (no cycles)."""
+    global _FROZEN_FOR
+    if key is None or key != _FROZEN_FOR:
         gc.collect()
         gc.freeze()
-        _FROZEN = True
+        _FROZEN_FOR = key
 
 
 def release_free_memory() -> None:

@@ -163,13 +163,13 @@ def achieved_width(case_s: list[float], base_s: list[float] | None) -> float:
     """Relative half-width of the 95% interval the rounds give: of the paired speedup
     (``gpubench.util.stats.compare_paired``) with a baseline, of the median step time
     without."""
-    from gpubench.util.stats import compare_paired, median_ci
+    from gpubench.util.stats import median_ci, paired_ratio_ci, per_round_ratios
 
     if len(case_s) < 2:
         return math.inf
-    if base_s:
-        est = compare_paired(base_s, case_s, n_resamples=WIDTH_RESAMPLES)
-        return relative_half_width(est.low, est.high, est.ratio)
+    if base_s:  # the interval of compare_paired's ratio, without its test (not needed here)
+        low, high = paired_ratio_ci(base_s, case_s, n_resamples=WIDTH_RESAMPLES)
+        return relative_half_width(low, high, statistics.median(per_round_ratios(base_s, case_s)))
     low, high = median_ci(case_s, n_resamples=WIDTH_RESAMPLES)
     return relative_half_width(low, high, statistics.median(case_s))
 
@@ -301,13 +301,14 @@ class CaseProgram:
         self.rank = rank
         steady_malloc()  # a step's time must not depend on what this process ran before
         import_lazy_modules()
-        freeze_long_lived()  # gc.collect() in every reset_peak scans only what cases create
         # The CPU peak's base, before the case's model: the suite's own state first (the
         # workload's facts, a probe build or a read of the run's facts cache, its libraries'
         # imports, the initial weights every case of the model copies), so that the training
         # peak above it is what a user's loop holds.
         cfg.workload.facts  # noqa: B018 - cached: its probe build (or read) happens now
         prime_initial_module(cfg.workload, cfg.seed)
+        # gc.collect() in every reset_peak and resident_base scans only what cases create
+        freeze_long_lived((cfg.workload.spec, cfg.seed))
         self.base_bytes = resident_base(cfg.device)
         self.case = build(cfg, rank, local_rank, Path(data_dir) if data_dir else None)
         self.start_bytes: list[int | None] = []
