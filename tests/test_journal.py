@@ -158,6 +158,28 @@ def _gpubench_run(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "gpubench", "run", *SEVEN, "--out", str(out), *extra]
 
 
+def test_a_killed_childs_file_in_progress_is_removed_when_it_ends(tmp_path, monkeypatch):
+    """SIGKILL of the pytest child while it rewrote F leaves its hidden temporary beside F:
+    gpubench run removes it once the child has ended (the owner is dead), not only at the
+    next run's start."""
+    from gpubench.util import atomic
+
+    out = tmp_path / "out"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = out / f".benchmark.json.{dead.pid}-{atomic.HOST_ID}.abcd1234.tmp.json"
+
+    def killed_child(args, state, json_path, resume):
+        left.write_text("{")  # the child died half-way through a rewrite of F
+        return -signal.SIGKILL, None
+
+    monkeypatch.setattr(cli, "_run_pytest_child", killed_child)
+    code = cli.main(["run", "--profile", "smoke", "--models", "bert", "--out", str(out),
+                     "--no-charts", "--data-dir", str(tmp_path / "data")])
+    assert code != 0
+    assert not left.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["child", "parent", "both"])
 def test_sigkill_loses_no_finished_case(tmp_path, victim):

@@ -280,6 +280,7 @@ def _run_cases(args: argparse.Namespace, state: dict) -> int:
     started = time.monotonic()
     state["stage"] = "running the cases"
     code, signum = _run_pytest_child(args, state, json_path, resume)
+    atomic.remove_stale_temporaries(out)  # a killed child's file in progress, if any
     if code == 4:  # pytest's usage error (a --resume of another run): its one line is said
         if moved:
             _restore_previous(out)
