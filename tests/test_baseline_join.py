@@ -173,6 +173,47 @@ def test_a_case_paired_with_the_worker_baseline_agrees_with_its_samples_per_s(
     assert pd_isna(df[df["is_baseline"] == True]["speedup_offset"].iloc[0])  # noqa: E712
 
 
+def test_a_worker_offset_measured_paired_keeps_the_machines_speed_out(baseline_record, tmp_path):
+    """The baseline case ran in a slow stretch of the machine (17.8 ms); minutes later the DDP
+    case's rounds ran in a fast one, the worker's baseline at 13.7 ms. The worker's own speed
+    against this process's, measured paired when it started (``paired_worker_offset``: this
+    process's step 1.03 times the worker's), is the offset: the speedup is the paired ratio
+    times 1.03, not the 1.30 that the baseline case's step over the worker's would make of
+    the machine's swing; the samples/s alongside it say the same."""
+    base = copy.deepcopy(baseline_record)
+    base["extra_info"].update(step_time_s=0.0178,
+                              samples_per_s=base["extra_info"]["global_batch"] / 0.0178)
+    ddp = _ddp_copy(baseline_record)
+    info = ddp["extra_info"]
+    rng = __import__("random").Random(1)
+    worker = [0.0137 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(20)]
+    case = [w * (1 + rng.uniform(-0.02, 0.02)) for w in worker]
+    import statistics
+
+    info.update(step_time_s=statistics.median(case), paired_partner="worker process",
+                paired_baseline_rounds_s=worker, paired_worker_offset=1.03,
+                paired_worker_offset_width=0.006,
+                **paired_speedup(
+                    RunConfig(model="bert", profile="smoke", device="cpu", parallel="ddp",
+                              world_size=2), case, worker, 1.03, 0.006))
+    raw = paired_speedup(RunConfig(model="bert", profile="smoke", device="cpu", parallel="ddp",
+                                   world_size=2), case, worker)
+    info["samples_per_s"] = info["global_batch"] / info["step_time_s"]
+    path = _write(tmp_path / "r.json", base, cpu_model())
+    data = json.loads(path.read_text())
+    data["benchmarks"].append(ddp)
+    path.write_text(json.dumps(data))
+    row = with_baseline_ratios(load_results([path])).query("parallel == 'ddp'").iloc[0]
+    assert row["speedup_offset"] == pytest.approx(1.03)
+    assert row["speedup"] == pytest.approx(raw["speedup_paired"] * 1.03)
+    assert row["speedup"] == pytest.approx(info["speedup_paired"])  # applied once
+    # the interval carries the offset's too: wider than the rounds' own, scaled
+    assert row["speedup_low"] < raw["speedup_paired_low"] * 1.03
+    assert row["speedup_high"] > raw["speedup_paired_high"] * 1.03
+    assert row["speedup"] == pytest.approx(row["samples_per_s"] / row["baseline_samples_per_s"])
+    assert row["speedup"] < 0.9 * row["samples_per_s"] / row["base_samples_per_s"]
+
+
 def pd_isna(value) -> bool:
     import pandas as pd
 

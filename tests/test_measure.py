@@ -32,6 +32,7 @@ def test_an_in_process_case_pairs_in_its_own_process_and_keeps_its_own_peak():
     # Its steps at rest before the rounds, what a disturbed pairing is read against.
     assert isinstance(paired["paired_baseline_steady_s"], float)
     assert paired["paired_baseline_steady_s"] > 0
+    assert paired["paired_worker_offset"] is None  # no worker, no offset
     # The partner (ResNet-18: 45 MB of weights, as much of gradients and of momentum) is built
     # after the memory window: the case's figures do not include it.
     for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
@@ -51,7 +52,10 @@ def test_partner_worker_pairs_an_in_process_case_with_a_baseline_process_of_its_
         baseline.close()
     assert paired["paired_partner"] == "worker process"
     assert paired["paired_baseline_case_id"] == "bert-fp32"
-    assert paired["paired_baseline_steady_s"] is None  # offset to the baseline case instead
+    assert paired["paired_baseline_steady_s"] is None
+    # The worker's own speed against this process's, measured paired when it started.
+    assert 0.5 < paired["paired_worker_offset"] < 2
+    assert 0 <= paired["paired_worker_offset_width"] < 0.5
     assert len(paired["paired_baseline_rounds_s"]) >= 6
 
 

@@ -505,8 +505,11 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     (``speedup_paired``), that drift-robust figure is the speedup, with its bootstrap interval
     in ``speedup_low`` / ``speedup_high`` and ``speedup_method`` "paired"; otherwise it is the
     ratio of separately measured medians ("separate", no interval). A case paired with the
-    baseline's worker process has that figure scaled by ``speedup_offset``, the baseline case's
-    step time over the worker's (see the code), so that it agrees with the samples/s ratio.
+    baseline's worker process has that figure against the baseline as it runs in the
+    benchmark process: ``speedup_offset``, the benchmark process's baseline step over the
+    worker's, is measured paired when the worker started and applied to its rounds as they are
+    recorded (``paired_speedup``); in older records it is the baseline case's step over the
+    worker's and is applied here (see the code).
     ``memory_ratio`` compares ``training_memory_bytes`` (see ``training_memory``). Compiled
     cases get their break-even against the same configuration uncompiled
     (``with_compile_break_even``)."""
@@ -530,15 +533,23 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     # an allocator of their own) gets that process's baseline steps, which run at their own
     # speed: a fresh process differs from the in-process baseline case it stands for by
     # several percent for its whole life. The pairing cancels the drift between the rounds;
-    # the offset between the two baselines (the baseline case's median step over the worker's
-    # median step during the case's rounds) turns the ratio into the one a user computes from
-    # samples/s, interval and all.
+    # the offset between the two processes turns the ratio into the one against the baseline
+    # in this process, interval and all: measured paired when the worker started
+    # (``paired_worker_offset``, this process's step over the worker's), so the machine's
+    # speed cancels in it too; in older records, the baseline case's median step over the
+    # worker's median step during the case's rounds, which carries whatever the machine's
+    # speed did between the two.
     worker = (df["paired_partner"].eq("worker process").fillna(False).astype(bool)
               if "paired_partner" in df else pd.Series(False, index=df.index))
     own_base = (df["baseline_step_time_s"].astype(float) if "baseline_step_time_s" in df
                 else pd.Series(float("nan"), index=df.index))
-    offset = (df["base_step_time_s"].astype(float) / own_base).where(worker)
-    df["speedup_offset"] = offset
+    measured = (numbers(df["paired_worker_offset"]) if "paired_worker_offset" in df
+                else pd.Series(float("nan"), index=df.index))
+    legacy = (df["base_step_time_s"].astype(float) / own_base).where(measured.isna())
+    df["speedup_offset"] = measured.where(measured.notna(), legacy).where(worker)
+    # the measured offset is in ``speedup_paired`` already (``paired_speedup``), with its
+    # interval and test; an older record's is applied here
+    offset = legacy.where(worker)
     paired = paired * offset.fillna(1.0)
     df["speedup"] = paired.where(paired.notna(), separate)
     # The baseline is 1.0x by definition; its paired interval (against its own copy in the

@@ -116,11 +116,19 @@ METRICS: tuple[Metric, ...] = (
            "ran (this process, or a worker process of its own), and, in this process, its "
            "median step at rest just before the rounds, beside the case built and idle (what a "
            "disturbed pairing is read against)"),
+    Metric(("paired_worker_offset", "paired_worker_offset_width"), ("float>0", "float>=0"),
+           "ratio",
+           "a case paired with the baseline's worker process: that process's speed against "
+           "the benchmark process's, the same baseline built in each and stepped in paired "
+           "blocks when the worker started (median per-round ratio, this process's step over "
+           "the worker's), and its 95% interval's relative half-width; None where the "
+           "baseline did not fit beside the worker's"),
     Metric(("speedup", "speedup_offset"), None, "ratio",
            "throughput relative to the FP32 baseline: ``speedup_paired``, else case samples/s "
            "/ baseline samples/s. A case paired with the baseline's worker process (multi-"
            "process cases, ``expseg``, ``empty_cache`` on CUDA) has it scaled by "
-           "``speedup_offset``, the baseline case's step time over the worker baseline's",
+           "``speedup_offset``: ``paired_worker_offset``, or in records without it the "
+           "baseline case's step time over the worker baseline's",
            kind="derived"),
     Metric(("scaling_efficiency", "single_case_id"), (None, "str"), "ratio",
            "parallel cases: samples/s / (devices x samples/s of ``single_case_id``, the "

@@ -617,6 +617,13 @@ class InProcess:
             pass
 
 
+OFFSET_RULE = StoppingRule(target_width=0.01, min_rounds=MIN_ROUNDS, max_rounds=48,
+                           max_time_s=3.0)
+"""When ``PairedBaseline.measure_offset``'s rounds stop: a paired interval of +-1%, else 48
+rounds a side or 3 s of the worker's steps (once per model: about 2 s on the cpu profile, at
+most about 8 s of both sides' steps and the switches on a GPU profile)."""
+
+
 WINDOW_WARMUP_ROUNDS = 1
 """Untimed rounds at the start of a measured window (after a peak reset, which returns freed
 memory to the system on the CPU and empties the allocator cache on CUDA, so the first step
@@ -650,6 +657,8 @@ class PairedBaseline:
         self.group = None
         self.spare = spare
         self.times: list[float] = []
+        self.offset: PairedRounds | None = None
+        """The worker's own speed against this process's (``measure_offset``), once started."""
 
     def matches(self, cfg: RunConfig) -> bool:
         return cfg.baseline == self.cfg
@@ -671,9 +680,31 @@ class PairedBaseline:
                                          timeout_s=self.timeout_s)
             for _ in range(self.warmup_rounds):
                 self.group.call("step")
+            self.offset = self.measure_offset()
         seconds = self.group.call("step")[0]
         self.times.append(seconds)
         return seconds
+
+    def measure_offset(self) -> PairedRounds | None:
+        """The worker's lifelong speed against this process's, where the baseline case ran:
+        the same baseline built here (``LocalBaseline``) and the worker's, stepped in paired
+        blocks (``run_rounds``, ``OFFSET_RULE``) right after the worker started. Two processes
+        of the very same step differ by several percent for their whole lives (heap state,
+        page placement), which a worker-paired case's ratio carries and the offset removes,
+        as a paired ratio of its own: the machine's speed, which moves for minutes at a time on
+        a shared machine, cancels in it, as it does in the case's rounds (the baseline case,
+        measured minutes earlier, would bring it back in). None where the baseline does not
+        fit beside the worker's (a device out of memory): the baseline case is the reference
+        then (``gpubench.analysis.results.with_baseline_ratios``)."""
+        try:
+            local = LocalBaseline(self.cfg, 1, self.timeout_s)
+        except torch.OutOfMemoryError:
+            release_free_memory()
+            return None
+        try:
+            return run_rounds(lambda: self.group.call("step")[0], OFFSET_RULE, local.step)
+        finally:
+            local.close()
 
     def local(self) -> LocalBaseline:
         """A partner in this process (``LocalBaseline``), built, warmed up (one step) and timed
@@ -996,6 +1027,9 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
         info["paired_partner"] = ("this process" if isinstance(partner, LocalBaseline)
                                   else "worker process")
         info["paired_baseline_steady_s"] = getattr(partner, "steady_s", None)
+        offset = getattr(partner, "offset", None)  # a worker's: this process's step over its
+        info["paired_worker_offset"] = None if offset is None else _ratio(offset)
+        info["paired_worker_offset_width"] = None if offset is None else offset.width
     if cfg.parallel == "ddp":
         allreduce_s = max(group.call("allreduce_probe"))
         syncs = 1 if cfg.ddp_no_sync else cfg.accum_steps
@@ -1020,6 +1054,12 @@ def _energy_blocks(telemetry: Sampler, cfg: RunConfig, group, partner, case_step
         for _ in range(rounds):
             partner.step()
     partner.times = paired
+
+
+def _ratio(rounds: PairedRounds) -> float:
+    """The median per-round ratio of paired rounds: base over case."""
+    return float(statistics.median(b / c for b, c in zip(rounds.base_s, rounds.case_s,
+                                                         strict=True)))
 
 
 def _local_partner(baseline: PairedBaseline):

@@ -227,7 +227,9 @@ def record(benchmark, cfg: RunConfig, measured: dict) -> dict:
         single = cfg.with_(parallel="single", world_size=1, ddp_no_sync=False, chunks=1,
                            schedule="gpipe", fsdp_mixed_precision=False)
         info["single_case_id"] = single.id  # what scaling efficiency compares with
-    info.update(paired_speedup(cfg, rounds_s, measured.get("paired_baseline_rounds_s")))
+    info.update(paired_speedup(cfg, rounds_s, measured.get("paired_baseline_rounds_s"),
+                               measured.get("paired_worker_offset"),
+                               measured.get("paired_worker_offset_width")))
     if cfg.compile:
         info.update(compile_cost(info, cfg))
     if "comm_time_s" in info:
@@ -292,25 +294,39 @@ def compile_cost(info: dict, cfg: RunConfig | None = None,
 
 
 def paired_speedup(cfg: RunConfig, rounds_s: list[float],
-                   baseline_rounds_s: list[float] | None) -> dict:
+                   baseline_rounds_s: list[float] | None, worker_offset: float | None = None,
+                   worker_offset_width: float | None = None) -> dict:
     """Throughput relative to the baseline from rounds measured in alternation: the median of
     the per-round ratios baseline time / case time, times the ratio of global batches, with a
-    bootstrap interval over the round pairs and a Wilcoxon test (``gpubench.util.stats``)."""
+    bootstrap interval over the round pairs and a Wilcoxon test (``gpubench.util.stats``).
+
+    ``worker_offset``: a case paired with the baseline's worker process, whose own speed
+    against the benchmark process's was measured when it started (``paired_worker_offset``,
+    the benchmark process's baseline step over the worker's). The worker's rounds are scaled
+    by it, so the ratio, its interval and its test are against the baseline as it runs where
+    the baseline case ran; the interval then also carries the offset's own
+    (``worker_offset_width``, its relative half-width; each side's relative distance from
+    the ratio added to it in quadrature)."""
     if not baseline_rounds_s or len(baseline_rounds_s) != len(rounds_s):
         return {}
     from gpubench.util.stats import compare_paired
 
     batches = cfg.global_batch / cfg.baseline.global_batch
-    est = compare_paired(baseline_rounds_s, rounds_s)
+    base = [b * (worker_offset or 1.0) for b in baseline_rounds_s]
+    est = compare_paired(base, rounds_s)
+    low, high = est.low, est.high
+    if worker_offset and worker_offset_width and math.isfinite(worker_offset_width):
+        low = est.ratio * (1 - math.hypot(1 - low / est.ratio, worker_offset_width))
+        high = est.ratio * (1 + math.hypot(high / est.ratio - 1, worker_offset_width))
     return {
         "speedup_paired": est.ratio * batches,
-        "speedup_paired_low": est.low * batches,
-        "speedup_paired_high": est.high * batches,
+        "speedup_paired_low": low * batches,
+        "speedup_paired_high": high * batches,
         "speedup_paired_p": est.p_value,
         "speedup_paired_test": est.test,
         "baseline_step_time_s": statistics.median(baseline_rounds_s),
-        # the interval's half-width over the speedup (0.02: +-2%), what the stopping rule reads
-        "speedup_paired_width": relative_half_width(est.low, est.high, est.ratio),
+        # the interval's half-width over the speedup (0.02: +-2%)
+        "speedup_paired_width": relative_half_width(low, high, est.ratio),
     }
 
 

@@ -171,7 +171,7 @@ PHASES = {
     "partner": "building the paired baseline beside the case",
     "untimed_rounds": ("in the timed window, untimed (the first step after each switch of "
                        "side, the stopping rule's intervals, the window's warm-up step, a "
-                       "baseline worker's start)"),
+                       "baseline worker's start and its offset)"),
     "finish": "all-reduce probe, records",
     "close": "closing cases",
     "trace": "profiling (--trace)",
