@@ -136,34 +136,45 @@ def test_dist_rejects_bad_counts_in_argparse(capsys):
     assert exit_.value.code == 2 and "--rounds" in capsys.readouterr().err
 
 
-def test_a_case_paired_with_the_worker_baseline_agrees_with_its_samples_per_s(
-        baseline_record, tmp_path):
-    """A DDP case's paired baseline ran in a worker process at 13.7 ms a step while the
-    baseline case measured 17.8 ms: the paired ratio alone (0.96x) contradicted the samples/s
-    ratio (1.24x). The offset between the two baselines is applied: they agree."""
+DDP2 = RunConfig(model="bert", profile="smoke", device="cpu", parallel="ddp", world_size=2)
+
+
+def _worker_paired(baseline_record, tmp_path, seed: int, offset=None, width=None):
+    """A run of the baseline case at 17.8 ms a step and a DDP case paired with the baseline's
+    worker process, whose steps took 13.7 ms (the case's as long, at twice the batch), its
+    record as ``paired_speedup`` writes it (``offset``: ``paired_worker_offset``): (its row of
+    ``with_baseline_ratios``, its record's extra_info, the worker's rounds, the case's)."""
+    import random
+    import statistics
+
     base = copy.deepcopy(baseline_record)
     base["extra_info"].update(step_time_s=0.0178,
                               samples_per_s=base["extra_info"]["global_batch"] / 0.0178)
     ddp = _ddp_copy(baseline_record)
     info = ddp["extra_info"]
-    rng = __import__("random").Random(0)
+    rng = random.Random(seed)
     worker = [0.0137 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(20)]
-    # The case's step takes as long as the worker's baseline step, at twice the batch.
     case = [w * (1 + rng.uniform(-0.02, 0.02)) for w in worker]
-    import statistics
-
     info.update(step_time_s=statistics.median(case), paired_partner="worker process",
-                paired_baseline_rounds_s=worker,
-                **paired_speedup(
-                    RunConfig(model="bert", profile="smoke", device="cpu", parallel="ddp",
-                              world_size=2), case, worker))
+                paired_baseline_rounds_s=worker, paired_worker_offset=offset,
+                paired_worker_offset_width=width,
+                **paired_speedup(DDP2, case, worker, offset, width))
     info["samples_per_s"] = info["global_batch"] / info["step_time_s"]
     path = _write(tmp_path / "r.json", base, cpu_model())
     data = json.loads(path.read_text())
     data["benchmarks"].append(ddp)
     path.write_text(json.dumps(data))
     df = with_baseline_ratios(load_results([path]))
-    row = df[df["parallel"] == "ddp"].iloc[0]
+    return df[df["parallel"] == "ddp"].iloc[0], info, worker, case, df
+
+
+def test_a_case_paired_with_the_worker_baseline_agrees_with_its_samples_per_s(
+        baseline_record, tmp_path):
+    """A record from before the worker's measured offset: its DDP case's paired baseline ran
+    in a worker process at 13.7 ms a step while the baseline case measured 17.8 ms, and the
+    paired ratio alone (0.96x) contradicted the samples/s ratio (1.24x). The offset between
+    the two baselines is applied: they agree."""
+    row, info, _, _, df = _worker_paired(baseline_record, tmp_path, seed=0)
     by_samples = row["samples_per_s"] / row["base_samples_per_s"]
     assert info["speedup_paired"] == pytest.approx(2.0, rel=0.02)  # against the worker
     assert row["speedup_offset"] == pytest.approx(0.0178 / 0.0137, rel=0.02)
@@ -180,30 +191,9 @@ def test_a_worker_offset_measured_paired_keeps_the_machines_speed_out(baseline_r
     process's step 1.03 times the worker's), is the offset: the speedup is the paired ratio
     times 1.03, not the 1.30 that the baseline case's step over the worker's would make of
     the machine's swing; the samples/s alongside it say the same."""
-    base = copy.deepcopy(baseline_record)
-    base["extra_info"].update(step_time_s=0.0178,
-                              samples_per_s=base["extra_info"]["global_batch"] / 0.0178)
-    ddp = _ddp_copy(baseline_record)
-    info = ddp["extra_info"]
-    rng = __import__("random").Random(1)
-    worker = [0.0137 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(20)]
-    case = [w * (1 + rng.uniform(-0.02, 0.02)) for w in worker]
-    import statistics
-
-    info.update(step_time_s=statistics.median(case), paired_partner="worker process",
-                paired_baseline_rounds_s=worker, paired_worker_offset=1.03,
-                paired_worker_offset_width=0.006,
-                **paired_speedup(
-                    RunConfig(model="bert", profile="smoke", device="cpu", parallel="ddp",
-                              world_size=2), case, worker, 1.03, 0.006))
-    raw = paired_speedup(RunConfig(model="bert", profile="smoke", device="cpu", parallel="ddp",
-                                   world_size=2), case, worker)
-    info["samples_per_s"] = info["global_batch"] / info["step_time_s"]
-    path = _write(tmp_path / "r.json", base, cpu_model())
-    data = json.loads(path.read_text())
-    data["benchmarks"].append(ddp)
-    path.write_text(json.dumps(data))
-    row = with_baseline_ratios(load_results([path])).query("parallel == 'ddp'").iloc[0]
+    row, info, worker, case, _ = _worker_paired(baseline_record, tmp_path, seed=1,
+                                                offset=1.03, width=0.006)
+    raw = paired_speedup(DDP2, case, worker)
     assert row["speedup_offset"] == pytest.approx(1.03)
     assert row["speedup"] == pytest.approx(raw["speedup_paired"] * 1.03)
     assert row["speedup"] == pytest.approx(info["speedup_paired"])  # applied once
