@@ -617,11 +617,13 @@ class InProcess:
             pass
 
 
-OFFSET_RULE = StoppingRule(target_width=0.01, min_rounds=MIN_ROUNDS, max_rounds=48,
+OFFSET_RULE = StoppingRule(target_width=0.01, min_rounds=MIN_ROUNDS, max_rounds=120,
                            max_time_s=3.0)
-"""When ``PairedBaseline.measure_offset``'s rounds stop: a paired interval of +-1%, else 48
-rounds a side or 3 s of the worker's steps (once per model: about 2 s on the cpu profile, at
-most about 8 s of both sides' steps and the switches on a GPU profile)."""
+"""When ``PairedBaseline.measure_offset``'s rounds stop: a paired interval of +-1%, else 120
+rounds a side or 3 s of the worker's steps, whichever comes first (once per model; about 4 s
+for BERT's cpu-profile step, 7 s for ResNet-18's and, on a GPU profile, 8 s of both sides'
+steps and the switches at most). The offset scales every worker-paired case of the model, and
+its width joins each one's interval: on the 2-core CPU 48 rounds a side read it to +-1.9-2.6%."""
 
 
 WINDOW_WARMUP_ROUNDS = 1
