@@ -4,6 +4,7 @@ its own process, built after the case's memory window, so the case's peaks stay 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from gpubench.measure.protocol import InProcess, PairedBaseline, measure
 from gpubench.measure.standalone import StandaloneBenchmark
@@ -57,6 +58,35 @@ def test_partner_worker_pairs_an_in_process_case_with_a_baseline_process_of_its_
     assert 0.5 < paired["paired_worker_offset"] < 2
     assert 0 <= paired["paired_worker_offset_width"] < 0.5
     assert len(paired["paired_baseline_rounds_s"]) >= 6
+
+
+class _Worker:
+    """A baseline worker's group that answers each step with a fixed time."""
+
+    def call(self, command):
+        assert command == "step"
+        return [0.01]
+
+
+def test_a_worker_offset_that_does_not_fit_falls_back_to_none(monkeypatch):
+    """The worker's offset needs the baseline built in this process too: where a step of it
+    runs out of device memory, there is no offset (the baseline case is the reference then)
+    and the baseline built for it is freed, not a failed case."""
+    from gpubench.measure import protocol
+
+    baseline = PairedBaseline(RunConfig(model="bert", profile="smoke"), timeout_s=60)
+    baseline.group = _Worker()
+    closed = []
+    real_close = protocol.LocalBaseline.close
+
+    def out_of_memory(self):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(protocol.LocalBaseline, "step", out_of_memory)
+    monkeypatch.setattr(protocol.LocalBaseline, "close",
+                        lambda self: closed.append(self) or real_close(self))
+    assert baseline.measure_offset() is None
+    assert len(closed) == 1 and closed[0].partner is None
 
 
 def test_gpubench_run_rejects_an_unknown_partner(capsys):

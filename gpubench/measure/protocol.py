@@ -696,17 +696,18 @@ class PairedBaseline:
         as a paired ratio of its own: the machine's speed, which moves for minutes at a time on
         a shared machine, cancels in it, as it does in the case's rounds (the baseline case,
         measured minutes earlier, would bring it back in). None where the baseline does not
-        fit beside the worker's (a device out of memory): the baseline case is the reference
-        then (``gpubench.analysis.results.with_baseline_ratios``)."""
+        fit beside the worker's (a device out of memory, in its build or its steps): the
+        baseline case is the reference then (``gpubench.analysis.results.with_baseline_ratios``)."""
+        local = None
         try:
             local = LocalBaseline(self.cfg, 1, self.timeout_s)
-        except torch.OutOfMemoryError:
-            release_free_memory()
-            return None
-        try:
             return run_rounds(lambda: self.group.call("step")[0], OFFSET_RULE, local.step)
+        except torch.OutOfMemoryError:
+            return None
         finally:
-            local.close()
+            if local is not None:
+                local.close()
+            release_free_memory()
 
     def local(self) -> LocalBaseline:
         """A partner in this process (``LocalBaseline``), built, warmed up (one step) and timed
