@@ -617,7 +617,7 @@ def partner_reference(row) -> tuple[str, float] | None:
     (``paired_baseline_steady_s``); ("baseline case", ...), for records without that figure,
     the baseline case's step, measured minutes earlier, so a machine whose speed moved meanwhile
     reads as a disturbance too; None where the case was not paired in its own process (a worker
-    process's baseline is offset to the baseline case instead, ``speedup_offset``)."""
+    process's rounds are read through its measured offset instead, ``speedup_offset``)."""
     if row.get("paired_partner") != "this process" or row.get("is_baseline") is True:
         return None
     for name, field in (("steady", "paired_baseline_steady_s"),

@@ -108,7 +108,8 @@ def malloc_settings() -> dict:
 
 
 _FROZEN_FOR: object = None
-"""The key of the last ``freeze_long_lived`` in this process (None: none yet)."""
+"""The key of the last ``freeze_long_lived`` in this process (None: none yet; keys are never
+None)."""
 
 
 def freeze_long_lived(key: object) -> None:
@@ -126,7 +127,7 @@ def freeze_long_lived(key: object) -> None:
     runs before the case is built; a workload's cached initial module, dropped when the next
     workload's replaces it, is freed by its reference count (no cycles)."""
     global _FROZEN_FOR
-    if key is None or key != _FROZEN_FOR:
+    if key != _FROZEN_FOR:
         gc.collect()
         gc.freeze()
         _FROZEN_FOR = key

@@ -158,6 +158,13 @@ class PairedRounds:
     discarded: int = 0
     """Untimed first steps of blocks after a switch (both sides)."""
 
+    @property
+    def ratio(self) -> float:
+        """The median per-round ratio, baseline over case (``compare_paired``'s figure)."""
+        from gpubench.util.stats import per_round_ratios
+
+        return float(statistics.median(per_round_ratios(self.base_s, self.case_s)))
+
 
 def achieved_width(case_s: list[float], base_s: list[float] | None) -> float:
     """Relative half-width of the 95% interval the rounds give: of the paired speedup
@@ -1031,7 +1038,7 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
                                   else "worker process")
         info["paired_baseline_steady_s"] = getattr(partner, "steady_s", None)
         offset = getattr(partner, "offset", None)  # a worker's: this process's step over its
-        info["paired_worker_offset"] = None if offset is None else _ratio(offset)
+        info["paired_worker_offset"] = None if offset is None else offset.ratio
         info["paired_worker_offset_width"] = None if offset is None else offset.width
     if cfg.parallel == "ddp":
         allreduce_s = max(group.call("allreduce_probe"))
@@ -1057,12 +1064,6 @@ def _energy_blocks(telemetry: Sampler, cfg: RunConfig, group, partner, case_step
         for _ in range(rounds):
             partner.step()
     partner.times = paired
-
-
-def _ratio(rounds: PairedRounds) -> float:
-    """The median per-round ratio of paired rounds: base over case."""
-    return float(statistics.median(b / c for b, c in zip(rounds.base_s, rounds.case_s,
-                                                         strict=True)))
 
 
 def _local_partner(baseline: PairedBaseline):
