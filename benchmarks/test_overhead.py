@@ -19,13 +19,12 @@ import time
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
 
 from gpubench.measure.memory import release_free_memory
 from gpubench.suite.cases import baseline
 from gpubench.train.build import build
-from gpubench.train.data import build_loader
-from gpubench.workloads.api import BatchDataset, call_model
+from gpubench.train.data import Placement, resident_batches
+from gpubench.workloads.api import call_model
 
 OVERHEAD_PAIRS_S = 4.0
 """Seconds of timed pairs a fast step's overhead figure is read from (at most 100 pairs)."""
@@ -39,22 +38,21 @@ hand-written loop; the figure over one build of each side carries that luck, ove
 of each about half of it."""
 
 
-def handwritten_loop(cfg, seed: int):
+def handwritten_loop(cfg):
     """The loop a user would write by hand, sharing nothing with gpubench but the model and
     the data (identical weights and samples)."""
     case = build(cfg)
     net = case.reference_model.net
     workload = case.workload
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    batch = cfg.resolved_micro_batch
-    loader = build_loader(BatchDataset(workload, batch * 4, seed), cfg.loader, batch, seed)
     dev = torch.device(cfg.device)
     # The baseline's data path (``LoaderConfig.dataset`` "device-resident"): one optimizer
-    # step of batches placed on the device once and reused.
+    # step of batches placed on the device once and reused: the very samples the case steps
+    # on (``resident_batches``, the same seeds), so the two sides differ in the step only.
     assert cfg.loader.dataset == "device-resident", cfg.loader
-    resident = [(tree_map(lambda t: t.to(dev), x), tree_map(lambda t: t.to(dev), y))
-                for x, y in itertools.islice(loader, cfg.accum_steps)]
-    it = itertools.cycle(resident)
+    it = itertools.cycle(resident_batches(
+        workload, cfg.resolved_micro_batch, cfg.accum_steps, cfg.seed,
+        Placement(dev, non_blocking=False, channels_last=False)))
 
     def step():
         x, y = next(it)
@@ -81,7 +79,7 @@ def overhead_builds(cfg) -> tuple[list, list]:
         case = hand = None
         try:
             case = build(cfg)
-            hand = handwritten_loop(cfg, seed=0)
+            hand = handwritten_loop(cfg)
             case.synced_step()  # its first step allocates gradients and optimizer state
             hand()
         except torch.OutOfMemoryError:

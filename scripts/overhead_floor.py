@@ -29,7 +29,7 @@ def main() -> None:
     steady_malloc()  # as in a benchmark process
     torch.set_num_threads(2)
     cfg = baseline(model, "cpu", "cpu")
-    sides = {"gpubench": build(cfg).synced_step, "hand": handwritten_loop(cfg, seed=0),
+    sides = {"gpubench": build(cfg).synced_step, "hand": handwritten_loop(cfg),
              "gpubench2": build(cfg).synced_step}
     for _ in range(5):
         for step in sides.values():

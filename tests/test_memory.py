@@ -216,6 +216,27 @@ def test_the_users_malloc_settings_win():
     assert env["MALLOC_MMAP_THRESHOLD_"] == "65536" and env["MALLOC_TRIM_THRESHOLD_"] is None
 
 
+def test_the_hand_written_loop_steps_the_cases_weights_and_samples(monkeypatch):
+    """Like with like: the harness-overhead benchmark's hand-written loop trains the same
+    initial weights on the very samples the case steps on, so both sides' first losses agree
+    (other samples of the same shape would not)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import test_overhead
+
+    from gpubench.suite.cases import baseline
+    from gpubench.train.build import build
+
+    cfg = baseline("bert", "smoke", "cpu")
+    case = build(cfg)
+    try:
+        hand = test_overhead.handwritten_loop(cfg)
+        assert hand().item() == pytest.approx(case.synced_step().item(), rel=1e-5)
+    finally:
+        case.close()
+
+
 def test_the_overhead_benchmark_takes_as_many_builds_as_fit(monkeypatch):
     """The harness-overhead benchmark steps up to four builds of each side; where the device
     runs out of memory at the third, it goes on with the two that fit, and with none it fails
@@ -230,22 +251,22 @@ def test_the_overhead_benchmark_takes_as_many_builds_as_fit(monkeypatch):
     made = []
     plain = test_overhead.handwritten_loop
 
-    def loop_until_full(cfg, seed, limit):
+    def loop_until_full(cfg, limit):
         if len(made) == limit:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         made.append(cfg)
-        return plain(cfg, seed)
+        return plain(cfg)
 
     cfg = baseline("bert", "smoke", "cpu")
     monkeypatch.setattr(test_overhead, "handwritten_loop",
-                        lambda c, seed: loop_until_full(c, seed, 2))
+                        lambda c: loop_until_full(c, 2))
     cases, hands = test_overhead.overhead_builds(cfg)
     assert (len(cases), len(hands)) == (2, 2) and test_overhead.OVERHEAD_BUILDS == 4
     for case in cases:
         case.close()
     made.clear()
     monkeypatch.setattr(test_overhead, "handwritten_loop",
-                        lambda c, seed: loop_until_full(c, seed, 0))
+                        lambda c: loop_until_full(c, 0))
     with pytest.raises(torch.OutOfMemoryError):
         test_overhead.overhead_builds(cfg)
 
