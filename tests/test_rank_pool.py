@@ -121,13 +121,17 @@ def test_a_failing_case_stops_the_pooled_ranks(monkeypatch):
     pool = RankPool()
     try:
         cfg = RunConfig(model="bert", profile="smoke", parallel="ddp", world_size=2)
-        _run(cfg, pool)
+        with pool.lease(cfg, 120) as ranks:  # a case's program in running ranks
+            ranks.call("noop")
         group = pool.group
+        assert group.alive
         with pytest.raises(WorkerError):
             with pool.lease(cfg, 120) as ranks:
+                assert ranks is group  # the same ranks, until the case fails
                 ranks.call("no_such_command")
         assert pool.group is None and not group.alive
-        _run(cfg, pool)  # and the next case starts fresh ones
+        with pool.lease(cfg, 120) as ranks:  # and the next case starts fresh ones
+            assert ranks is not group and ranks.call("noop") == [None, None]
         assert pool.started == 2
     finally:
         pool.close()
