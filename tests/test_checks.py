@@ -104,7 +104,6 @@ def test_reference_gradient_is_the_global_batch_gradient():
     whole.close()
 
 
-
 def test_the_reference_of_a_tf32_case_is_ieee_fp32(monkeypatch):
     """The check runs inside the case's math mode (TF32 for a tf32 case); its FP32 reference
     must not: a tf32 case compared with TF32 would never exercise the tf32 tolerances."""

@@ -135,7 +135,6 @@ def test_the_built_in_workloads_key_on_gpubench_and_the_libraries(cache):
     assert all(key["gpubench"].values())  # each source file read
 
 
-
 def test_a_transformers_config_file_keys_on_its_content(tmp_path):
     from types import SimpleNamespace
 

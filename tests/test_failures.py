@@ -175,7 +175,6 @@ def test_a_technique_the_cpu_lacks_is_one_line_naming_the_case(tmp_path, capsys)
     assert "gpubench case: lstm-fp16" in err
 
 
-
 # -- Ctrl-C keeps what finished ----------------------------------------------------------------
 
 def test_parity_interrupted_after_fp32_keeps_it(tmp_path, capsys):
@@ -217,6 +216,7 @@ def test_memory_interrupted_after_a_frontier_keeps_it(tmp_path, capsys):
     assert "stopsamp-fp32" in text and "Interrupted (SIGINT) after the frontier of fp32" in text
 
 # -- files ------------------------------------------------------------------------------------
+
 
 def test_json_is_written_strict(tmp_path):
     from gpubench.util import atomic
@@ -266,7 +266,6 @@ def test_compare_of_one_file_with_itself_says_so(tmp_path, monkeypatch, capsys):
     assert "BASE and NEW are the same file" in capsys.readouterr().err
 
 
-
 def test_compare_refuses_a_bad_output_path_in_one_line_before_any_warning(tmp_path, capsys):
     (tmp_path / "r.json").write_text("{}")
     (tmp_path / "afile").write_text("")
@@ -274,6 +273,7 @@ def test_compare_refuses_a_bad_output_path_in_one_line_before_any_warning(tmp_pa
                      "--markdown", str(tmp_path / "afile" / "c.md")]) == 2
     line = _one_line(capsys)
     assert "--markdown" in line and "same file" not in line, line
+
 
 def test_a_resumed_run_prints_no_share_over_100_percent():
     import pandas as pd

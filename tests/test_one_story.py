@@ -423,7 +423,6 @@ def test_a_pairing_disturbed_in_its_process_is_flagged_and_never_the_answer(tmp_
     assert passed.case_id == "bert-fp32-zerofill" and passed.why.startswith("disturbed pairing")
 
 
-
 def test_a_machine_that_slowed_since_the_baseline_case_is_no_disturbance(tmp_path):
     """The machine ran 30% slower while two cases were measured than when the baseline case
     was (a shared VM's speed moves for minutes at a time): both cases' FP32 rounds beside them

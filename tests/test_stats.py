@@ -115,7 +115,6 @@ def test_mann_whitney_floor_with_few_rounds():
     assert mann_whitney_p([1, 2, 3], [4, 5, 6]) == pytest.approx(min_mann_whitney_p(3, 3))
 
 
-
 def test_robust_spread_is_the_unchanged_cases_spread():
     """The spread of 200 log-normal changes of sigma 5% is 5%, and stays near it when a fifth
     of the cases really changed by +50% (where the standard deviation more than doubles)."""

@@ -89,6 +89,7 @@ cancel), else as they are, and the FP32 baseline case itself always as it is, wh
 anchors the others; *raw*: as they are; *normalized*: every case over its own run's FP32
 baseline, by the paired rounds where it has them, else by the baseline's median."""
 
+
 @dataclass(frozen=True, kw_only=True)
 class Thresholds:
     time: float = TIME_THRESHOLD

@@ -44,10 +44,6 @@ def technique_config(base: RunConfig, name: str) -> RunConfig:
     return base.with_(**TECHNIQUES[name])
 
 
-
-
-
-
 def hygiene_reports(models: dict[str, str], profile: str, device: str) -> list[dict]:
     """``gpubench run``'s memory reports: the loop-hygiene measurements (``no_grad``, ``del``:
     ``gpubench.diagnostics.hygiene``, seconds per model) of each model (name -> workload spec),

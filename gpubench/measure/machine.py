@@ -92,10 +92,6 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-
-
-
-
 def measured_peaks_tflops(device: str) -> dict[str, float | None]:
     """Measured matmul peak per precision, TFLOP/s (None where the precision cannot run; for
     the fp8 precisions, the float8 matmul's, None without FP8 units)."""

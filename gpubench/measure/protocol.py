@@ -638,6 +638,7 @@ WINDOW_WARMUP_ROUNDS = 1
 memory to the system on the CPU and empties the allocator cache on CUDA, so the first step
 after it allocates afresh and would read slow)."""
 
+
 class PairedBaseline:
     """The model's FP32 baseline, stepped right before every timed round of a case
     (pytest-benchmark's untimed ``setup``), so that each round of the case has a baseline round

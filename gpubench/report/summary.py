@@ -93,12 +93,6 @@ def _mfu_shown(mfu, uncounted, hfu=None, mfu_fp8=None) -> object:
     return mfu
 
 
-
-
-
-
-
-
 def _set(frame: pd.DataFrame, column: str) -> pd.Series:
     """A boolean column as plain bools (missing or <NA>: False)."""
     if column not in frame:

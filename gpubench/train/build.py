@@ -71,8 +71,6 @@ def build_optimizer(name: str, impl: str, params: list[nn.Parameter]) -> torch.o
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-
-
 def check_world_size(cfg: RunConfig) -> None:
     """Raise before any process starts when the machine has too few devices for ``cfg``."""
     need = cfg.parallelism.devices_needed(cfg.device)
@@ -95,8 +93,6 @@ def _stage_error(spec: str, profile: str, n: int) -> str | None:
     except ValueError as err:
         return f"{workload.name} cannot be split into {n} stages: {err}"
     return None
-
-
 
 
 def unsupported_reason(cfg: RunConfig, *, check_devices: bool = True) -> str | None:
@@ -272,8 +268,6 @@ def _strategy(cfg: RunConfig, rank: int, devices: list[torch.device],
     raise ValueError(f"unknown parallel {cfg.parallel!r}")
 
 
-
-
 def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset:
     """The dataset of ``cfg.loader``: ``length`` samples from ``make_batch``, or the
     workload's own dataset (generated into ``data_dir`` on first use)."""
@@ -286,8 +280,6 @@ def build_dataset(cfg: RunConfig, length: int, data_dir: Path | None) -> Dataset
     if loader.cached:
         return CachedDataset(dataset, loader.cache_items or len(dataset))
     return dataset
-
-
 
 
 def build(cfg: RunConfig, rank: int = 0, local_rank: int | None = None,

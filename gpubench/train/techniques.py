@@ -148,6 +148,7 @@ ATTN_IMPLEMENTATIONS = ("default", "eager", "sdpa")
 ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
+
 def launch_bound_batch(base) -> int:
     """A micro-batch at which the step is launch-bound on a GPU: a sixteenth of the
     baseline's (ResNet-50 16 images, BERT 8 sequences, GPT-2 1), at least the workload's

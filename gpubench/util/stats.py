@@ -186,7 +186,6 @@ def compare_paired(a: ArrayLike, b: ArrayLike, *, confidence: float = CONFIDENCE
     return RatioEstimate(ratio, low, high, wilcoxon_paired_p(a, b), "Wilcoxon signed-rank")
 
 
-
 def run_spread(sides: Sequence[ArrayLike]) -> tuple[float, int]:
     """One case's own spread between runs, from its level (a median) in each run of one or more
     sides, each side one code version (the base runs; the new run and its re-measurements): the

@@ -473,12 +473,6 @@ class BatchDataset(Dataset):
 # -- naming a workload ------------------------------------------------------------------------
 
 
-
-
-
-
-
-
 def parse_overrides(spec: str, text: str) -> dict[str, Any]:
     """``a=1&b=x&c=0.5`` -> {"a": 1, "b": "x", "c": 0.5} (ints, floats, true/false, strings)."""
     out: dict[str, Any] = {}
@@ -498,12 +492,6 @@ def parse_overrides(spec: str, text: str) -> dict[str, Any]:
                     pass
         out[key] = value
     return out
-
-
-
-
-
-
 
 
 def validate(workload: Workload, timeout_s: float | None = None) -> None:

@@ -103,7 +103,6 @@ def model_size(model: str, profile: str) -> ModelSize:
 # -- data --------------------------------------------------------------------------------------
 
 
-
 def stored_image_size(image_size: int) -> int:
     """Side of the encoded images: larger than the model's input, as photos are, so that
     decoding and RandomResizedCrop cost what they cost in real training."""
