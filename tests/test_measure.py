@@ -54,9 +54,13 @@ def test_partner_worker_pairs_an_in_process_case_with_a_baseline_process_of_its_
     assert paired["paired_partner"] == "worker process"
     assert paired["paired_baseline_case_id"] == "bert-fp32"
     assert paired["paired_baseline_steady_s"] is None
-    # The worker's own speed against this process's, measured paired when it started.
-    assert 0.5 < paired["paired_worker_offset"] < 2
-    assert 0 <= paired["paired_worker_offset_width"] < 0.5
+    # The worker's own speed against this process's, measured paired when it started: what
+    # its rounds said (its size is the machine's: BERT's smoke step in this process read 2.4
+    # times the worker's once, under a loaded CI machine).
+    offset = baseline.offset
+    assert offset is not None and len(offset.case_s) == len(offset.base_s) >= 6
+    assert paired["paired_worker_offset"] == offset.ratio > 0
+    assert paired["paired_worker_offset_width"] == offset.width >= 0
     assert len(paired["paired_baseline_rounds_s"]) >= 6
 
 
