@@ -335,6 +335,39 @@ def test_a_new_run_sets_an_earlier_tune_aside(tmp_path):
     assert (out / "previous" / "tune-bert" / "tune.json").exists()
 
 
+def test_the_users_own_files_in_the_results_folder_survive_new_runs(tmp_path):
+    """A new run sets aside what a run wrote (by name) and leaves the rest where it is: set
+    aside, a file would be deleted with the older generation by the run after next."""
+    from gpubench.cli import main as cli
+
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = {"notes.md": "mine", "paired_vs_separate.md": "a script's record",
+            "my-plot.png": "a chart of my own", "data.csv": "x,y", "cases.json": "{}"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    for generation in ("first", "second"):
+        written = ["benchmark.json", "cases.jsonl", "summary.md", "advice.md", "report.md",
+                   "report.html", "memory.json", "speedup.png", "speedup.svg",
+                   "parity-bert.png", "parity.json"]
+        for name in written:
+            (out / name).write_text(generation)
+        (out / "traces").mkdir()
+        assert cli._set_aside_previous(out) == len(written) + 1
+        assert sorted(p.name for p in (out / "previous").iterdir()) == sorted([*written,
+                                                                              "traces"])
+        assert (out / "previous" / "summary.md").read_text() == generation
+    for name, text in mine.items():
+        assert (out / name).read_text() == text, name
+
+
+def test_the_run_outputs_name_every_chart_the_report_draws():
+    from gpubench.report.charts import CHARTS
+    from gpubench.util.paths import CHART_NAMES
+
+    assert set(CHARTS) == set(CHART_NAMES)
+
+
 # -- what was not measured is visible ---------------------------------------------------------
 
 def test_a_skipped_case_is_journaled_with_its_reason(tmp_path):

@@ -33,7 +33,7 @@ from gpubench.util.argtypes import (
     positive,
     positive_int,
 )
-from gpubench.util.paths import check_output, folder_problem
+from gpubench.util.paths import check_output, folder_problem, is_run_output
 
 
 def load_results(*args, **kwargs):
@@ -134,22 +134,17 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
 PREVIOUS_DIR = "previous"
 """Where a new run (not ``--resume``) moves the earlier run's files it finds in ``--out``."""
 
-OUR_DIRS = ("traces", "logs")
-TUNE_DIR_PREFIX = "tune-"
-
-
 def _is_ours(entry: os.DirEntry) -> bool:
-    """Whether ``entry`` of a results folder is of the kinds a run writes (results, journal,
-    tables, charts, report; ``traces/``, ``logs/``) or a tune beside them (``tune-*/``): what a
-    new run moves aside."""
+    """Whether ``entry`` of a results folder is what a run writes (results, journal, tables,
+    charts, report; ``traces/``, ``logs/``) or a tune beside them (``tune-*/``), by name
+    (``gpubench.util.paths.is_run_output``): what a new run moves aside. Anything else there
+    is the user's and stays where it is (moved aside, the run after next would delete it)."""
     if entry.name.startswith("."):
         return False
-    if entry.is_dir(follow_symlinks=False):
-        # a tune beside the results (``tune-<model>/``) is an earlier output too: a new run
-        # must not present it as its own
-        return entry.name in OUR_DIRS or entry.name.startswith(TUNE_DIR_PREFIX)
-    return (entry.is_file(follow_symlinks=False)
-            and entry.name.endswith((".json", ".jsonl", ".md", ".html", ".png", ".svg", ".csv")))
+    is_dir = entry.is_dir(follow_symlinks=False)
+    if not is_dir and not entry.is_file(follow_symlinks=False):
+        return False
+    return is_run_output(entry.name, is_dir)
 
 
 def _set_aside_previous(out: Path) -> int:

@@ -40,3 +40,31 @@ def check_output(option: str, path, *, is_file: bool = False) -> Path:
         where = f" (its folder {path.parent})" if is_file else ""
         raise ValueError(f"{option} {path}{where} {problem}; nothing was done")
     return path
+
+
+RUN_FILES = frozenset({
+    "benchmark.json", "cases.jsonl",  # the results and their journal
+    "summary.md", "advice.md", "memory.json", "memory.md",  # tables, verdicts, hygiene
+    "report.md", "report.html", "parity.json", "parity.md",  # the report, --parity
+})
+"""The files a ``gpubench run`` writes into its results folder, charts aside (``CHART_NAMES``)."""
+
+CHART_NAMES = ("speedup", "memory", "pareto", "accumulation", "scaling", "loader", "energy")
+"""The report's charts (``gpubench.report.charts.CHARTS``), each drawn into ``<name>.png`` and
+``<name>.svg``; ``--parity`` draws ``parity.png`` or one ``parity-<model>.png`` per model."""
+
+RUN_DIRS = ("traces", "logs")
+"""The folders a run writes into its results folder (a tune beside it: ``tune-<model>/``)."""
+
+
+def is_run_output(name: str, is_dir: bool) -> bool:
+    """Whether an entry ``name`` of a results folder is what a run (or a tune beside it) writes:
+    what a new run sets aside. A file of the user's there (notes, a script's record, a chart
+    of their own) is not, whatever its extension."""
+    if is_dir:
+        return name in RUN_DIRS or name.startswith("tune-")
+    if name in RUN_FILES:
+        return True
+    stem, dot, ext = name.rpartition(".")
+    return bool(dot) and ext in ("png", "svg") and (
+        stem in CHART_NAMES or stem == "parity" or stem.startswith("parity-"))
