@@ -134,6 +134,7 @@ def pytest_command(args: argparse.Namespace, json_path: Path) -> list[str]:
 PREVIOUS_DIR = "previous"
 """Where a new run (not ``--resume``) moves the earlier run's files it finds in ``--out``."""
 
+
 def _is_ours(entry: os.DirEntry) -> bool:
     """Whether ``entry`` of a results folder is what a run writes (results, journal, tables,
     charts, report; ``traces/``, ``logs/``) or a tune beside them (``tune-*/``), by name
