@@ -368,6 +368,17 @@ def test_the_run_outputs_name_every_chart_the_report_draws():
     assert set(CHARTS) == set(CHART_NAMES)
 
 
+def test_every_file_a_real_run_writes_is_named_a_run_output(smoke_run):
+    """The names (``is_run_output``) cover what a real ``gpubench run`` wrote: an output a
+    change adds without naming it would be left beside the next run's as if it were its own."""
+    from gpubench.util.paths import is_run_output
+
+    out, _ = smoke_run
+    entries = [e for e in out.iterdir() if not e.name.startswith(".")]
+    assert entries
+    assert [e.name for e in entries if not is_run_output(e.name, e.is_dir())] == []
+
+
 # -- what was not measured is visible ---------------------------------------------------------
 
 def test_a_skipped_case_is_journaled_with_its_reason(tmp_path):
