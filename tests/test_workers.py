@@ -18,7 +18,12 @@ import torch
 import torch.multiprocessing as mp
 from processes import session_processes, wait_gone  # the tests folder is on sys.path
 
-from gpubench.launchers.workers import WorkerError, WorkerGroup, WorkerTimeout
+from gpubench.launchers.workers import (
+    WorkerError,
+    WorkerGroup,
+    WorkerTimeout,
+    start_method,
+)
 from gpubench.util.signals import describe_exit
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -182,23 +187,27 @@ HOST = textwrap.dedent("""
         import torch.multiprocessing as mp
         from gpubench.launchers.workers import WorkerGroup
 
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("METHOD")
         start = ctx.Process.start
         def start_and_tell(self):
             start(self)
             print("spawned", self.pid, flush=True)
         ctx.Process.start = start_and_tell
-        with WorkerGroup(2, Spin, timeout_s=120) as group:
+        with WorkerGroup(2, Spin, timeout_s=120, start_method="METHOD") as group:
             print("ready", flush=True)
             group.call("spin")
 """)
 
 
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
 @pytest.mark.parametrize("phase", ["start-up", pytest.param("mid-case", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-def test_ranks_exit_within_seconds_when_their_host_dies(tmp_path, sig, phase):
+def test_ranks_exit_within_seconds_when_their_host_dies(tmp_path, sig, phase, method):
+    """Forked from the fork server, a rank's parent is the server, which outlives the host for
+    as long as a process holds its "alive" pipe: the ranks let go of it, so the server and
+    then they die with the host."""
     host = tmp_path / "host.py"
-    host.write_text(HOST)
+    host.write_text(HOST.replace("METHOD", method))
     err = (tmp_path / "host.err").open("w")
     proc = subprocess.Popen([sys.executable, str(host)], stdout=subprocess.PIPE, text=True,
                             stderr=err, start_new_session=True,
@@ -293,3 +302,51 @@ def test_a_spawned_nccl_rank_sets_its_device_before_its_process_group(monkeypatc
     assert rank_device("gloo", 1) == {} and calls == []
     assert rank_device("nccl", 1) == {"device_id": torch.device("cuda", 1)}
     assert calls == [1]
+
+
+# -- ranks forked from the fork server -------------------------------------------------------
+
+class Surroundings:
+    def __init__(self, rank, world_size):
+        pass
+
+    def read(self):
+        return {"var": os.environ.get("GPUBENCH_TEST_VAR"), "path": list(sys.path),
+                "cwd": os.getcwd(), "threads": torch.get_num_threads()}
+
+
+def test_a_forked_rank_has_this_processs_environment_path_directory_and_threads(
+        tmp_path, monkeypatch):
+    """The fork server started earlier, with another environment, path and directory; a rank
+    forked from it now has what a spawned rank would have: this process's, as they are now,
+    and the thread count of ``OMP_NUM_THREADS`` (read by torch as it is imported, in the
+    server), or torch's own without it."""
+    with WorkerGroup(1, Surroundings, start_method="forkserver"):
+        pass  # the server runs from here on
+    monkeypatch.setenv("GPUBENCH_TEST_VAR", "now")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+    for method in ("spawn", "forkserver"):
+        with WorkerGroup(1, Surroundings, start_method=method) as group:
+            seen[method] = group.call("read")[0]
+    for method, got in seen.items():
+        assert got["var"] == "now" and got["cwd"] == str(tmp_path), method
+        assert got["path"][0] == str(tmp_path) and got["threads"] == 1, method
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    for method in ("spawn", "forkserver"):
+        with WorkerGroup(1, Surroundings, start_method=method) as group:
+            seen[method] = group.call("read")[0]
+    assert seen["forkserver"]["threads"] == seen["spawn"]["threads"]
+
+
+def test_cpu_cases_fork_their_ranks_cuda_cases_and_worker_environments_spawn_them():
+    assert start_method("cpu") == "forkserver"
+    assert start_method("cpu", {}) == "forkserver"
+    assert start_method("cuda") == "spawn"
+    assert start_method("cpu", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) == "spawn"
+    with pytest.raises(ValueError, match="start it with spawn"):
+        WorkerGroup(1, Surroundings, start_method="forkserver", env={"X": "1"})
+    with pytest.raises(ValueError, match="spawn, forkserver; got 'fork'"):
+        WorkerGroup(1, Surroundings, start_method="fork")

@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -54,6 +55,64 @@ STAGES = {
 
 REBUILD = "__rebuild__"
 """The command that replaces a rank's program (``WorkerGroup.rebuild``)."""
+
+
+START_METHODS = ("spawn", "forkserver")
+"""How a ``WorkerGroup`` starts its processes (``start_method``)."""
+
+SERVER_PRELOAD = ("torch", "torchvision", "transformers", "gpubench.measure.protocol")
+"""Modules the fork server imports once, where this process has imported them: each process
+forked from it then starts with them imported (torch alone takes 2-3 s of CPU to import on a
+2-core machine, with transformers' BERT about 6 s: more than a smoke case's whole measurement)."""
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Variables torch reads once, as it is imported: kept out of the fork server's environment, so
+that a process forked from it starts with torch's own thread count, and given to it by
+``torch.set_num_threads`` where the starting process has them set (``_rank_main``)."""
+
+_SERVER_LOCK = threading.Lock()
+
+
+def start_method(device: str, env: dict[str, str] | None = None) -> str:
+    """How the processes of a case on ``device`` start: forked from a fork server that has
+    imported torch (``forkserver``, ``SERVER_PRELOAD``) for CPU cases with no environment of
+    their own on Linux; spawned (a fresh interpreter that imports torch itself) for CUDA
+    cases, whose processes start CUDA after settings they may have to have in place before
+    torch is imported (``RunConfig.worker_env``), and wherever there is no fork server."""
+    if (device == "cpu" and not env and sys.platform.startswith("linux")
+            and "forkserver" in mp.get_all_start_methods()):
+        return "forkserver"
+    return "spawn"
+
+
+def _ensure_server(ctx) -> None:
+    """Start the fork server (once per process, again if it died) with the modules this process
+    has imported from ``SERVER_PRELOAD`` and without ``THREAD_VARS`` in its environment."""
+    from multiprocessing import forkserver
+
+    with _SERVER_LOCK:
+        if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
+            ctx.set_forkserver_preload([m for m in SERVER_PRELOAD if m in sys.modules])
+        saved = {k: os.environ.pop(k) for k in THREAD_VARS if k in os.environ}
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.update(saved)
+
+
+def _leave_the_server() -> None:
+    """In a process forked from the fork server: close its copy of the server's "alive" pipe,
+    so that the server exits as soon as the process that uses it does, and this process, whose
+    parent-death signal follows the server, dies with it (``die_with_parent``)."""
+    from multiprocessing import forkserver
+
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        forkserver._forkserver._forkserver_alive_fd = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class WorkerError(RuntimeError):
@@ -147,7 +206,14 @@ def _rank_main(conn, payload: bytes) -> None:
     global _COMMANDED
     _COMMANDED = True
     try:
-        rank, world_size, port, backend, factory, args, timeout_s = pickle.loads(payload)
+        rank, world_size, port, backend, factory, args, timeout_s, forked = pickle.loads(payload)
+        if forked:  # from the fork server, whose torch was imported without THREAD_VARS
+            _leave_the_server()
+            threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
+            if threads and threads.strip().isdigit() and int(threads) > 0:
+                import torch
+
+                torch.set_num_threads(int(threads))
         pin_to_loopback()
         conn.send(("stage", "joining"))
         store = dist.TCPStore(LOOPBACK, port, is_master=False,
@@ -185,33 +251,51 @@ class WorkerGroup:
     """``world_size`` processes, each running ``factory(rank, world_size, *args)``, the object
     whose methods ``call`` invokes on every rank.
 
-    ``factory`` and ``args`` must pickle (the ranks are spawned, not forked). ``env``: variables
-    set in each rank before it imports torch (``guarded_call``), e.g. the CUDA allocator's
-    settings (``RunConfig.worker_env``); this process's environment is left as it is."""
+    ``factory`` and ``args`` must pickle (the ranks are not forked from this process).
+    ``env``: variables set in each rank before it imports torch (``guarded_call``), e.g. the
+    CUDA allocator's settings (``RunConfig.worker_env``); this process's environment is left as
+    it is. ``start_method`` (``START_METHODS``, see ``start_method``): "spawn", a fresh
+    interpreter per rank; "forkserver", each rank forked from a server that imported torch
+    once, given this process's environment, ``sys.path`` and working directory (and no
+    ``env``: what torch reads as it is imported was read in the server)."""
 
     def __init__(self, world_size: int, factory: Callable[..., Any], args: tuple = (), *,
                  backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 start_timeout_s: float = START_TIMEOUT_S, env: dict[str, str] | None = None):
+                 start_timeout_s: float = START_TIMEOUT_S, env: dict[str, str] | None = None,
+                 start_method: str = "spawn"):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer; got {world_size!r}")
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}; "
+                             f"got {start_method!r}")
+        if start_method == "forkserver" and env:
+            raise ValueError("a forked rank cannot take variables torch reads as it is "
+                             f"imported ({', '.join(sorted(env))}): start it with spawn")
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.start_method = start_method
         self.conns, self.procs = [], []
         self.stages: list[str] = []
         self.store = loopback_store(timeout_s)
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(start_method)
+        forked = start_method == "forkserver"
+        if forked:
+            _ensure_server(ctx)
+            state = {"environ": dict(os.environ), "path": list(sys.path), "cwd": os.getcwd()}
         # The kernel's parent-death signal follows the thread that starts the child: only
-        # use it when that thread lives as long as the process.
-        main_thread = threading.current_thread() is threading.main_thread()
+        # use it when that thread lives as long as the process (a forked rank's parent is the
+        # fork server's only thread, and the server exits with this process).
+        main_thread = forked or threading.current_thread() is threading.main_thread()
         try:
             for rank in range(world_size):
                 parent, child = ctx.Pipe()
                 payload = pickle.dumps((rank, world_size, self.store.port, backend, factory,
-                                        args, timeout_s))
+                                        args, timeout_s, forked))
                 proc = ctx.Process(
                     target=guarded_call,
-                    args=(os.getpid(), main_thread, f"{__name__}:_rank_main", child, payload),
-                    kwargs={"env": dict(env or {})},
+                    args=(None if forked else os.getpid(), main_thread,
+                          f"{__name__}:_rank_main", child, payload),
+                    kwargs={"env": dict(env or {}), "state": state if forked else None},
                     name=f"gpubench-rank{rank}",
                 )
                 # Tracked before it starts: an interrupt right after start() must not leave

@@ -677,7 +677,7 @@ class PairedBaseline:
         """One baseline step in the worker (pytest-benchmark calls this untimed before each
         timed round)."""
         if self.group is None:
-            from gpubench.launchers.workers import WorkerGroup
+            from gpubench.launchers.workers import WorkerGroup, start_method
 
             spare, self.spare = self.spare, None
             if spare is not None and spare.alive and spare.timeout_s == self.timeout_s:
@@ -687,7 +687,8 @@ class PairedBaseline:
                 if spare is not None:
                     spare.close()
                 self.group = WorkerGroup(1, CaseProgram, (self.cfg,), backend="gloo",
-                                         timeout_s=self.timeout_s)
+                                         timeout_s=self.timeout_s,
+                                         start_method=start_method(self.cfg.device))
             for _ in range(self.warmup_rounds):
                 self.group.call("step")
             self.offset = self.measure_offset()

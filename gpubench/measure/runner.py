@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from gpubench.launchers.distributed import backend_for
-from gpubench.launchers.workers import DEFAULT_TIMEOUT_S, WorkerGroup
+from gpubench.launchers.workers import DEFAULT_TIMEOUT_S, WorkerGroup, start_method
 from gpubench.measure.flops import fp8_peak_flops, step_peak_flops
 from gpubench.measure.machine import device_name
 from gpubench.measure.protocol import (
@@ -71,7 +71,8 @@ class RankPool:
             if self.group is None:
                 self.group = WorkerGroup(cfg.world_size, CaseProgram, (cfg,),
                                          backend=backend_for(cfg.device), timeout_s=timeout_s,
-                                         env=cfg.worker_env())
+                                         env=cfg.worker_env(),
+                                         start_method=start_method(cfg.device, cfg.worker_env()))
                 self.key = self.key_of(cfg, timeout_s)
                 self.started += 1
             else:
@@ -109,10 +110,12 @@ def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S,
             return ranks.lease(cfg, timeout_s)
         check_world_size(cfg)
         return WorkerGroup(cfg.world_size, program, args, backend=backend_for(cfg.device),
-                           timeout_s=timeout_s, env=cfg.worker_env())
+                           timeout_s=timeout_s, env=cfg.worker_env(),
+                           start_method=start_method(cfg.device, cfg.worker_env()))
     if cfg.in_workers:  # one process, its own CUDA allocator; no collectives: gloo
         return WorkerGroup(1, program, args, backend="gloo", timeout_s=timeout_s,
-                           env=cfg.worker_env())
+                           env=cfg.worker_env(),
+                           start_method=start_method(cfg.device, cfg.worker_env()))
     return InProcess(cfg, timeout_s=timeout_s,
                      **({} if program is CaseProgram else {"program": program, "args": args}))
 

@@ -91,18 +91,28 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, poll_s: float
     threading.Thread(target=watch, name="gpubench-parent-watchdog", daemon=True).start()
 
 
-def guarded_call(parent_pid: int, use_pdeathsig: bool, target: str, *args,
-                 env: dict[str, str] | None = None) -> None:
+def guarded_call(parent_pid: int | None, use_pdeathsig: bool, target: str, *args,
+                 env: dict[str, str] | None = None, state: dict | None = None) -> None:
     """Spawned-process entry point: SIGINT ignored (the parent answers a Ctrl-C and stops it),
-    ``die_with_parent(parent_pid)`` (SIGKILL), then set ``env``
-    in ``os.environ``, then import ``target`` ("module:function") and call it with ``args``.
-    Passing this function as a ``multiprocessing`` target keeps heavy imports after the
-    parent-death watch is armed, and after ``env`` is in place: settings read when torch is
-    imported or CUDA starts (``PYTORCH_CUDA_ALLOC_CONF``) see it."""
+    ``die_with_parent(parent_pid)`` (SIGKILL; None: this process's parent now), then set
+    ``env`` in ``os.environ``, then import ``target`` ("module:function") and call it with
+    ``args``. Passing this function as a ``multiprocessing`` target keeps heavy imports after
+    the parent-death watch is armed, and after ``env`` is in place: settings read when torch is
+    imported or CUDA starts (``PYTORCH_CUDA_ALLOC_CONF``) see it.
+
+    ``state``: the starting process's ``environ``, ``path`` (``sys.path``) and ``cwd`` as they
+    were when it started this one, for a process forked from a server started earlier
+    (``multiprocessing``'s forkserver), which would otherwise have the server's."""
     # A terminal's Ctrl-C reaches every process of its group: the parent, which stops its
     # workers and says so in one line, answers it; a worker's own traceback would be noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(parent_pid, signal.SIGKILL, use_pdeathsig=use_pdeathsig)
+    die_with_parent(os.getppid() if parent_pid is None else parent_pid, signal.SIGKILL,
+                    use_pdeathsig=use_pdeathsig)
+    if state is not None:
+        os.environ.clear()
+        os.environ.update(state["environ"])
+        sys.path[:] = state["path"]
+        os.chdir(state["cwd"])
     os.environ.update(env or {})
     module, _, name = target.partition(":")
     getattr(importlib.import_module(module), name)(*args)
