@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import statistics
 import threading
 import time
 
@@ -148,12 +149,16 @@ def test_stall_is_near_zero_for_resident_data_and_large_for_a_slow_dataset():
         time.sleep(0.005)  # the "compute" of a step
     assert sum(slow.waits) / (time.perf_counter() - start) > 0.8
 
+    # Resident data: the typical wait is a small part of the typical step (medians: one
+    # preemption of this process during a wait, on a loaded machine, is not the loader's).
     case = build(RunConfig(model="bert", profile="smoke",
                            loader=LoaderConfig(dataset="device-resident")))
-    start = time.perf_counter()
-    for _ in range(5):
+    steps = []
+    for _ in range(9):
+        start = time.perf_counter()
         case.step()
-    assert sum(list(case.batches.waits)[-5:]) / (time.perf_counter() - start) < 0.05
+        steps.append(time.perf_counter() - start)
+    assert statistics.median(list(case.batches.waits)[-9:]) < 0.05 * statistics.median(steps)
 
 
 def test_loader_probe_and_workers_do_not_outlive_the_case(tmp_path):

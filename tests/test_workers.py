@@ -4,6 +4,7 @@ messages that name the rank at fault with its real exit status."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -191,7 +192,8 @@ HOST = textwrap.dedent("""
         start = ctx.Process.start
         def start_and_tell(self):
             start(self)
-            print("spawned", self.pid, flush=True)
+            if self.name.startswith("gpubench-rank"):  # not the fork server's first process
+                print("spawned", self.pid, flush=True)
         ctx.Process.start = start_and_tell
         with WorkerGroup(2, Spin, timeout_s=120, start_method="METHOD") as group:
             print("ready", flush=True)
@@ -339,6 +341,66 @@ def test_a_forked_rank_has_this_processs_environment_path_directory_and_threads(
         with WorkerGroup(1, Surroundings, start_method=method) as group:
             seen[method] = group.call("read")[0]
     assert seen["forkserver"]["threads"] == seen["spawn"]["threads"]
+
+
+SERVER_HOST = textwrap.dedent("""
+    import json
+    import os
+    import signal
+    import sys
+
+    class Probe:
+        def __init__(self, rank, world_size):
+            pass
+        def read(self):
+            import torch
+
+            import gpubench
+            os.write(2, b"a rank's stderr\\n")
+            return {"threads": torch.get_num_threads(), "gpubench": gpubench.__file__}
+
+    if __name__ == "__main__":  # not in a rank, which imports this module again
+        os.environ["OMP_NUM_THREADS"] = "1"  # as torch is imported, and the fork server starts
+        from multiprocessing import forkserver
+
+        import gpubench
+        from gpubench.launchers.workers import WorkerGroup
+
+        with WorkerGroup(1, Probe, start_method="forkserver") as group:
+            first = group.call("read")[0]
+        server = forkserver._forkserver._forkserver_pid
+        with open(f"/proc/{server}/status") as status:
+            ignored = int(next(l for l in status if l.startswith("SigIgn")).split()[1], 16)
+        del os.environ["OMP_NUM_THREADS"]
+        os.dup2(os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT), 2)
+        with WorkerGroup(1, Probe, start_method="forkserver") as group:
+            forked = group.call("read")[0]
+        with WorkerGroup(1, Probe, start_method="spawn") as group:
+            spawned = group.call("read")[0]
+        print(json.dumps({"first": first, "forked": forked, "spawned": spawned,
+                          "server_ignores_sigint": bool(ignored >> (signal.SIGINT - 1) & 1),
+                          "gpubench": gpubench.__file__}))
+""")
+
+
+def test_the_fork_server_gives_its_ranks_this_processs_threads_stderr_and_package(tmp_path):
+    """The server starts while ``OMP_NUM_THREADS`` is 1, and a rank forked then has 1 thread;
+    with the variable gone, a rank forked from the same server has torch's own count, as a
+    spawned one has (the server was started without it); a rank forked after this process
+    moved its stderr writes to the new one; the server and so every rank ignore SIGINT from
+    their start; the ranks run this process's gpubench."""
+    host = tmp_path / "host.py"
+    host.write_text(SERVER_HOST)
+    err = tmp_path / "stderr.txt"
+    done = subprocess.run([sys.executable, str(host), str(err)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["first"]["threads"] == 1
+    assert got["forked"]["threads"] == got["spawned"]["threads"]
+    assert err.read_text().count("a rank's stderr") == 2  # the forked rank's and the spawned's
+    assert got["server_ignores_sigint"]
+    assert got["forked"]["gpubench"] == got["spawned"]["gpubench"] == got["gpubench"]
 
 
 def test_cpu_cases_fork_their_ranks_cuda_cases_and_worker_environments_spawn_them():

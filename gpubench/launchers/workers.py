@@ -60,15 +60,19 @@ REBUILD = "__rebuild__"
 START_METHODS = ("spawn", "forkserver")
 """How a ``WorkerGroup`` starts its processes (``start_method``)."""
 
-SERVER_PRELOAD = ("torch", "torchvision", "transformers", "gpubench.measure.protocol")
-"""Modules the fork server imports once, where this process has imported them: each process
-forked from it then starts with them imported (torch alone takes 2-3 s of CPU to import on a
-2-core machine, with transformers' BERT about 6 s: more than a smoke case's whole measurement)."""
+SERVER_PRELOAD = ("gpubench.launchers.server", "torch", "torch._dynamo", "torchvision",
+                  "transformers", "gpubench.measure.protocol")
+"""Modules the fork server imports once, where this process has imported them (the first
+always), with the transformers models this process has imported: each process forked from it
+then starts with them imported. Started afresh, a rank spends 2-3 s of CPU importing torch on a
+2-core machine, 2 s more on ``torch._dynamo`` (``import_lazy_modules``) and 2-3 s more on
+transformers' BERT: more than a smoke case's whole measurement."""
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-"""Variables torch reads once, as it is imported: kept out of the fork server's environment, so
-that a process forked from it starts with torch's own thread count, and given to it by
-``torch.set_num_threads`` where the starting process has them set (``_rank_main``)."""
+"""Variables torch reads once, as it is imported (the second, where set, wins): kept out of the
+fork server's environment, so that a process forked from it starts with torch's own thread
+count, and given to it by ``torch.set_num_threads`` where the starting process has them set
+(``_rank_main``)."""
 
 _SERVER_LOCK = threading.Lock()
 
@@ -85,34 +89,67 @@ def start_method(device: str, env: dict[str, str] | None = None) -> str:
     return "spawn"
 
 
-def _ensure_server(ctx) -> None:
-    """Start the fork server (once per process, again if it died) with the modules this process
-    has imported from ``SERVER_PRELOAD`` and without ``THREAD_VARS`` in its environment."""
+def _preload() -> list[str]:
+    models = sorted(m for m in sys.modules
+                    if m.startswith("transformers.models.") and ".modeling_" in m)
+    return [SERVER_PRELOAD[0], *(m for m in SERVER_PRELOAD[1:] if m in sys.modules), *models]
+
+
+def _server_ready() -> None:
+    """What the fork server's first process runs: nothing (``_ensure_server``)."""
+
+
+def _ensure_server(ctx, timeout_s: float) -> int | None:
+    """The pid of the fork server, started now where it is not running (with ``_preload``'s
+    modules and without ``THREAD_VARS`` in its environment) and ready: its first process,
+    which waits for its imports, ended within ``timeout_s``. None where it did not (the server
+    is stopped; the caller spawns its processes instead)."""
     from multiprocessing import forkserver
 
+    server = forkserver._forkserver
     with _SERVER_LOCK:
-        if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
-            ctx.set_forkserver_preload([m for m in SERVER_PRELOAD if m in sys.modules])
-        saved = {k: os.environ.pop(k) for k in THREAD_VARS if k in os.environ}
+        pid = getattr(server, "_forkserver_pid", None)
+        if pid is not None and os.waitpid(pid, os.WNOHANG)[0] == 0:
+            return pid
+        ctx.set_forkserver_preload(_preload())
+        saved = {k: os.environ.pop(k) for k in (*THREAD_VARS, "PYTHONPATH") if k in os.environ}
+        # The server imports the preload from this process's path (Python 3.11's server does
+        # not take it), so that it has this process's gpubench, not another one installed.
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
-            forkserver.ensure_running()
+            server.ensure_running()
         finally:
+            os.environ.pop("PYTHONPATH")
             os.environ.update(saved)
+        pid = server._forkserver_pid
+        first = ctx.Process(target=_server_ready, name="gpubench-fork-server-ready")
+        waiter = threading.Thread(target=lambda: (first.start(), first.join()), daemon=True)
+        waiter.start()
+        waiter.join(timeout_s)
+        if waiter.is_alive() or first.exitcode != 0:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return None
+        return pid
 
 
-def _leave_the_server() -> None:
-    """In a process forked from the fork server: close its copy of the server's "alive" pipe,
-    so that the server exits as soon as the process that uses it does, and this process, whose
-    parent-death signal follows the server, dies with it (``die_with_parent``)."""
-    from multiprocessing import forkserver
+class InheritedFd:
+    """A file descriptor of this process, given to a process forked from the fork server as a
+    descriptor of its own (pickled while it starts; an ``int`` there)."""
 
-    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
-    if fd is not None:
-        forkserver._forkserver._forkserver_alive_fd = None
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        return _detach_fd, (DupFd(self.fd),)
+
+
+def _detach_fd(dup) -> int:
+    return dup.detach()
 
 
 class WorkerError(RuntimeError):
@@ -208,8 +245,7 @@ def _rank_main(conn, payload: bytes) -> None:
     try:
         rank, world_size, port, backend, factory, args, timeout_s, forked = pickle.loads(payload)
         if forked:  # from the fork server, whose torch was imported without THREAD_VARS
-            _leave_the_server()
-            threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
+            threads = os.environ.get("MKL_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
             if threads and threads.strip().isdigit() and int(threads) > 0:
                 import torch
 
@@ -277,25 +313,30 @@ class WorkerGroup:
         self.conns, self.procs = [], []
         self.stages: list[str] = []
         self.store = loopback_store(timeout_s)
-        ctx = mp.get_context(start_method)
-        forked = start_method == "forkserver"
-        if forked:
-            _ensure_server(ctx)
-            state = {"environ": dict(os.environ), "path": list(sys.path), "cwd": os.getcwd()}
-        # The kernel's parent-death signal follows the thread that starts the child: only
-        # use it when that thread lives as long as the process (a forked rank's parent is the
-        # fork server's only thread, and the server exits with this process).
-        main_thread = forked or threading.current_thread() is threading.main_thread()
         try:
+            server = None
+            if start_method == "forkserver":
+                server = _ensure_server(mp.get_context("forkserver"), start_timeout_s)
+                self.start_method = start_method = "forkserver" if server else "spawn"
+            ctx = mp.get_context(start_method)
+            forked = server is not None
+            # The kernel's parent-death signal follows the thread that starts the child: only
+            # use it when that thread lives as long as the process (a forked rank's parent is
+            # the fork server's only thread; it watches this process too).
+            main_thread = forked or threading.current_thread() is threading.main_thread()
+            state = None
+            if forked:
+                state = {"host": os.getpid(), "environ": dict(os.environ),
+                         "stdout": InheritedFd(1), "stderr": InheritedFd(2)}
             for rank in range(world_size):
                 parent, child = ctx.Pipe()
                 payload = pickle.dumps((rank, world_size, self.store.port, backend, factory,
                                         args, timeout_s, forked))
                 proc = ctx.Process(
                     target=guarded_call,
-                    args=(None if forked else os.getpid(), main_thread,
+                    args=(server if forked else os.getpid(), main_thread,
                           f"{__name__}:_rank_main", child, payload),
-                    kwargs={"env": dict(env or {}), "state": state if forked else None},
+                    kwargs={"env": dict(env or {}), "state": state},
                     name=f"gpubench-rank{rank}",
                 )
                 # Tracked before it starts: an interrupt right after start() must not leave
@@ -306,12 +347,15 @@ class WorkerGroup:
                 # Spawned with SIGINT blocked (the mask survives fork and exec): a Ctrl-C while
                 # the rank's interpreter starts, before guarded_call ignores it, would print
                 # Python's fatal start-up error. The parent answers the Ctrl-C: blocked in this
-                # thread for the spawn only, it stays pending and is not lost.
-                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                # thread for the spawn only, it stays pending and is not lost. (A forked rank
+                # has the fork server's SIGINT, ignored: ``gpubench.launchers.server``.)
+                mask = None if forked else signal.pthread_sigmask(signal.SIG_BLOCK,
+                                                                  {signal.SIGINT})
                 try:
                     proc.start()
                 finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                    if mask is not None:
+                        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 child.close()
             self._collect("start", start_timeout_s)
         except BaseException:
@@ -343,7 +387,10 @@ class WorkerGroup:
     def _exit_status(self, rank: int) -> str:
         proc = self.procs[rank]
         proc.join(5)  # the pipe closes a moment before the exit status is known
-        return describe_exit(proc.exitcode)
+        status = describe_exit(proc.exitcode)
+        if self.start_method == "forkserver" and proc.exitcode == 255:
+            status += " (or the fork server it came from ended, which leaves it unknown)"
+        return status
 
     def _fail_dead_rank(self, rank: int, command: str):
         status = self._exit_status(rank)
@@ -438,7 +485,7 @@ class WorkerGroup:
                 proc.join(2)
             if proc.is_alive():
                 proc.kill()
-                proc.join()
+                proc.join(10)  # a forked rank's status comes from the fork server
         for conn in self.conns:
             conn.close()
         self.conns, self.procs = [], []

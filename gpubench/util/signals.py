@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -68,21 +69,38 @@ def _set_pdeathsig(sig: int) -> bool:
 
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, poll_s: float = 0.25,
-                    use_pdeathsig: bool = True, grace_s: float = 10.0) -> None:
-    """Make this process receive ``sig`` as soon as ``parent_pid`` (its parent) dies.
+                    use_pdeathsig: bool = True, grace_s: float = 10.0,
+                    host_pid: int | None = None) -> None:
+    """Make this process receive ``sig`` as soon as ``parent_pid`` (its parent) dies, and
+    ``host_pid`` too where given (the process this one works for, when its parent is another:
+    a fork server).
 
     Call it first thing in the child. The kernel signal (Linux) fires even while the child is
     busy in C code; note that it follows the parent *thread* that started the child, so pass
     ``use_pdeathsig=False`` when that thread may end before the parent process. The watchdog
-    thread notices a re-parenting within ``poll_s``; if ``sig`` was caught and the process
-    is still alive ``grace_s`` later, it is killed outright."""
+    thread notices a re-parenting, or the host's end, within ``poll_s``; if ``sig`` was caught
+    and the process is still alive ``grace_s`` later, it is killed outright."""
     if use_pdeathsig:
         _set_pdeathsig(sig)
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+    host = _open_process(host_pid) if host_pid is not None else None
+    if os.getppid() != parent_pid or host is False:  # gone before the signal was armed
         os.kill(os.getpid(), sig)
 
+    def host_alive() -> bool:
+        if host is None:
+            return True
+        if isinstance(host, int):  # a pidfd: readable once the process has ended
+            return not select.select([host], [], [], 0)[0]
+        try:
+            os.kill(host_pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while os.getppid() == parent_pid and host_alive():
             time.sleep(poll_s)
         os.kill(os.getpid(), sig)
         time.sleep(grace_s)
@@ -91,28 +109,60 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, poll_s: float
     threading.Thread(target=watch, name="gpubench-parent-watchdog", daemon=True).start()
 
 
-def guarded_call(parent_pid: int | None, use_pdeathsig: bool, target: str, *args,
+def _open_process(pid: int) -> int | bool:
+    """A pidfd of process ``pid`` (True where pidfds are not available: it is polled by pid;
+    False: it has ended already)."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):
+        return True
+
+
+def leave_fork_server() -> None:
+    """In a process forked from ``multiprocessing``'s fork server: close its copy of the
+    server's "alive" pipe, which the server waits on to exit once no process that may use it is
+    left: the server then exits with the process that started it, and a process whose
+    parent-death signal follows the server (``die_with_parent``) dies with it."""
+    from multiprocessing import forkserver
+
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        forkserver._forkserver._forkserver_alive_fd = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def guarded_call(parent_pid: int, use_pdeathsig: bool, target: str, *args,
                  env: dict[str, str] | None = None, state: dict | None = None) -> None:
     """Spawned-process entry point: SIGINT ignored (the parent answers a Ctrl-C and stops it),
-    ``die_with_parent(parent_pid)`` (SIGKILL; None: this process's parent now), then set
-    ``env`` in ``os.environ``, then import ``target`` ("module:function") and call it with
-    ``args``. Passing this function as a ``multiprocessing`` target keeps heavy imports after
-    the parent-death watch is armed, and after ``env`` is in place: settings read when torch is
-    imported or CUDA starts (``PYTORCH_CUDA_ALLOC_CONF``) see it.
+    ``die_with_parent(parent_pid)`` (SIGKILL), then set ``env`` in ``os.environ``, then import
+    ``target`` ("module:function") and call it with ``args``. Passing this function as a
+    ``multiprocessing`` target keeps heavy imports after the parent-death watch is armed, and
+    after ``env`` is in place: settings read when torch is imported or CUDA starts
+    (``PYTORCH_CUDA_ALLOC_CONF``) see it.
 
-    ``state``: the starting process's ``environ``, ``path`` (``sys.path``) and ``cwd`` as they
-    were when it started this one, for a process forked from a server started earlier
-    (``multiprocessing``'s forkserver), which would otherwise have the server's."""
+    ``state``, for a process forked from a fork server started earlier (whose environment and
+    standard output and error it would otherwise have): ``host`` (the pid of the process that
+    started this one, which it dies with too), ``environ`` (that process's ``os.environ``
+    when it started this one) and ``stdout``/``stderr`` (descriptors of its standard output and
+    error then, made this process's). ``multiprocessing`` itself gives it the starting
+    process's ``sys.path`` and working directory."""
     # A terminal's Ctrl-C reaches every process of its group: the parent, which stops its
     # workers and says so in one line, answers it; a worker's own traceback would be noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(os.getppid() if parent_pid is None else parent_pid, signal.SIGKILL,
-                    use_pdeathsig=use_pdeathsig)
+    die_with_parent(parent_pid, signal.SIGKILL, use_pdeathsig=use_pdeathsig,
+                    host_pid=None if state is None else state["host"])
     if state is not None:
+        leave_fork_server()  # after the signal is armed: the server may exit from here on
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            os.dup2(state[name], fd)
+            os.close(state[name])
         os.environ.clear()
         os.environ.update(state["environ"])
-        sys.path[:] = state["path"]
-        os.chdir(state["cwd"])
     os.environ.update(env or {})
     module, _, name = target.partition(":")
     getattr(importlib.import_module(module), name)(*args)
