@@ -403,6 +403,19 @@ def test_the_fork_server_gives_its_ranks_this_processs_threads_stderr_and_packag
     assert got["forked"]["gpubench"] == got["spawned"]["gpubench"] == got["gpubench"]
 
 
+def test_a_group_after_the_fork_server_died_starts_another():
+    from multiprocessing import forkserver
+
+    with WorkerGroup(1, Surroundings, start_method="forkserver"):
+        pass
+    dead = forkserver._forkserver._forkserver_pid
+    os.kill(dead, signal.SIGKILL)
+    os.waitid(os.P_PID, dead, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+    with WorkerGroup(1, Surroundings, start_method="forkserver") as group:
+        assert group.start_method == "forkserver" and group.call("read")[0]["var"] is None
+    assert forkserver._forkserver._forkserver_pid not in (None, dead)
+
+
 def test_cpu_cases_fork_their_ranks_cuda_cases_and_worker_environments_spawn_them():
     assert start_method("cpu") == "forkserver"
     assert start_method("cpu", {}) == "forkserver"

@@ -109,7 +109,7 @@ def _ensure_server(ctx, timeout_s: float) -> int | None:
     server = forkserver._forkserver
     with _SERVER_LOCK:
         pid = getattr(server, "_forkserver_pid", None)
-        if pid is not None and os.waitpid(pid, os.WNOHANG)[0] == 0:
+        if pid is not None and _running(pid):
             return pid
         ctx.set_forkserver_preload(_preload())
         saved = {k: os.environ.pop(k) for k in (*THREAD_VARS, "PYTHONPATH") if k in os.environ}
@@ -133,6 +133,15 @@ def _ensure_server(ctx, timeout_s: float) -> int | None:
                 pass
             return None
         return pid
+
+
+def _running(pid: int) -> bool:
+    """Whether child process ``pid`` is running, leaving it to be reaped where it has ended
+    (by ``ensure_running``, which restarts the server then)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
 
 
 class InheritedFd:
