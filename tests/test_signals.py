@@ -382,3 +382,33 @@ def test_a_failing_description_of_the_interrupt_is_not_a_traceback(monkeypatch):
         describe(TypeError("elsewhere"))
     with pytest.raises(AssertionError):
         Reporter()._report_keyboardinterrupt()
+
+
+WATCHER = """
+import os, sys, time
+from gpubench.util.signals import die_with_parent
+if sys.argv[2] == "by-pid":
+    del os.pidfd_open  # a platform without pidfds: the host is polled by its pid
+die_with_parent(os.getppid(), host_pid=int(sys.argv[1]), poll_s=0.05)
+print("armed", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["pidfd", "by-pid"])
+def test_a_process_dies_with_the_host_it_works_for_when_its_parent_is_another(how):
+    """A rank forked from the fork server has the server as its parent and watches the run's
+    process (its host) too: the host's end kills it, by pidfd or, without pidfds, by pid."""
+    host = subprocess.Popen(["sleep", "60"])
+    watcher = subprocess.Popen([sys.executable, "-c", WATCHER, str(host.pid), how],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert watcher.stdout.readline().strip() == "armed"
+        host.kill()
+        host.wait()
+        assert watcher.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        host.kill()
+        watcher.kill()
+        watcher.wait()
+        host.wait()

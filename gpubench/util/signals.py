@@ -82,22 +82,29 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, poll_s: float
     and the process is still alive ``grace_s`` later, it is killed outright."""
     if use_pdeathsig:
         _set_pdeathsig(sig)
-    host = _open_process(host_pid) if host_pid is not None else None
-    if os.getppid() != parent_pid or host is False:  # gone before the signal was armed
+    host_fd = None  # a pidfd of the host, readable once it has ended; None: polled by pid
+    if host_pid is not None:
+        try:
+            host_fd = os.pidfd_open(host_pid)
+        except ProcessLookupError:
+            os.kill(os.getpid(), sig)
+        except (AttributeError, OSError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
         os.kill(os.getpid(), sig)
 
     def host_alive() -> bool:
-        if host is None:
+        if host_pid is None:
             return True
-        if isinstance(host, int):  # a pidfd: readable once the process has ended
-            return not select.select([host], [], [], 0)[0]
+        if host_fd is not None:
+            return not select.select([host_fd], [], [], 0)[0]
         try:
             os.kill(host_pid, 0)
-            return True
         except ProcessLookupError:
             return False
         except PermissionError:
-            return True
+            pass
+        return True
 
     def watch() -> None:
         while os.getppid() == parent_pid and host_alive():
@@ -107,17 +114,6 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, poll_s: float
         os._exit(128 + int(sig))
 
     threading.Thread(target=watch, name="gpubench-parent-watchdog", daemon=True).start()
-
-
-def _open_process(pid: int) -> int | bool:
-    """A pidfd of process ``pid`` (True where pidfds are not available: it is polled by pid;
-    False: it has ended already)."""
-    try:
-        return os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except (AttributeError, OSError):
-        return True
 
 
 def leave_fork_server() -> None:
