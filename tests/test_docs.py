@@ -119,9 +119,12 @@ def test_getting_started_runs_the_readmes_two_commands():
     assert all(command in ours for command in theirs), (theirs, ours)
 
 
-def test_the_readmes_workload_example_is_on_the_site_and_builds_a_workload(tmp_path):
-    example = re.search(r"```python\n(.*?)```", README, flags=re.S)[1]
-    assert "Workload(" in example and example in (ROOT / "docs" / "workloads.md").read_text()
+def test_the_workloads_pages_first_example_builds_a_workload(tmp_path):
+    """The example the README's workload link leads to (``my_model.py:workload``)."""
+    page = (ROOT / "docs" / "workloads.md").read_text()
+    example = re.search(r"```python\n(.*?)```", page, flags=re.S)[1]
+    assert "Workload(" in example and "def workload(" in example
+    assert "my_model.py:workload" in README and "my_model.py" in page
     namespace: dict = {}
     exec(compile(example, "my_model.py", "exec"), namespace)
     from gpubench import Workload
