@@ -529,8 +529,8 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     separate = (df["samples_per_s"] / df["base_samples_per_s"]).astype(float)
     paired = (df["speedup_paired"].astype(float) if "speedup_paired" in df
               else pd.Series(float("nan"), index=df.index))
-    # A case paired with the baseline's worker process (multi-process cases, and those with
-    # an allocator of their own) gets that process's baseline steps, which run at their own
+    # A case paired with the baseline's worker process (``--partner worker``; in older
+    # records, multi-process cases and those with an allocator of their own too) gets that process's baseline steps, which run at their own
     # speed: a fresh process differs from the in-process baseline case it stands for by
     # several percent for its whole life. The pairing cancels the drift between the rounds;
     # the offset between the two processes turns the ratio into the one against the baseline

@@ -125,8 +125,9 @@ METRICS: tuple[Metric, ...] = (
            "baseline did not fit beside the worker's"),
     Metric(("speedup", "speedup_offset"), None, "ratio",
            "throughput relative to the FP32 baseline: ``speedup_paired``, else case samples/s "
-           "/ baseline samples/s. A case paired with the baseline's worker process (multi-"
-           "process cases, ``expseg``, ``empty_cache`` on CUDA) has it scaled by "
+           "/ baseline samples/s. A case paired with the baseline's worker process (``--partner "
+           "worker``; in older records also multi-process cases, ``expseg``, ``empty_cache`` "
+           "on CUDA) has it scaled by "
            "``speedup_offset``: ``paired_worker_offset``, or in records without it the "
            "baseline case's step time over the worker baseline's",
            kind="derived"),

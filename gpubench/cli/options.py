@@ -138,10 +138,11 @@ SESSION_OPTIONS = (
                   "choice)", type=non_negative_int, default=0),
     SessionOption("unpaired", "no paired baseline round before each timed round (faster; "
                   "speedups then compare cases measured minutes apart)", flag=True),
-    SessionOption("partner", "where the paired baseline of a case measured in the benchmark "
-                  "process runs: process (built beside the case in that process) or worker (a "
-                  "process of its own, kept across the model's cases; multi-process cases "
-                  "always pair with a worker) (default: process)", default="process",
+    SessionOption("partner", "where a case's paired baseline runs: process (built for the "
+                  "case in the benchmark process, where the baseline case ran) or worker (a "
+                  "process of its own, kept across the model's cases, its speed against the "
+                  "benchmark process's measured when it starts) (default: process)",
+                  default="process",
                   choices=("process", "worker")),
     SessionOption("slow", "include slow cases (torch.compile)", flag=True),
     SessionOption("data_dir", "folder for generated on-disk datasets (default: "

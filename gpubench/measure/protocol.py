@@ -646,21 +646,24 @@ class PairedBaseline:
     clocks, thermal state) then cancels in the per-round ratios, which a baseline measured
     minutes apart cannot offer.
 
-    Where it runs: a case measured in this process (single device, dp, model parallel) gets a
-    partner built in this same process (``local``), after the case's memory window so its peaks
-    stay the case's own: two processes running the very same step can differ by several percent
-    for their whole lives on a shared machine (heap state, page placement), which no pairing
-    of rounds removes. Multi-process cases (DDP, pipeline: fresh rank processes) pair with one
-    baseline worker process, started on first use and kept while consecutive cases share it;
-    with ``in_process`` False (``--partner worker``) in-process cases do too. Measured against
-    each configuration run alone (``scripts/paired_vs_separate.py``), the worker agreed no
-    better and its intervals were wider."""
+    Where it runs: every case gets a partner built in this process (``local``), the process
+    the model's baseline case ran in: two processes running the very same step can differ by
+    several percent for their whole lives on a shared machine (heap state, page placement),
+    which no pairing of rounds removes. A case measured in this process (single device, dp,
+    model parallel) has its memory window before the partner is built, so its peaks stay its
+    own; a multi-process case (DDP, FSDP, pipeline) and a case in a process of its own
+    (``expandable_segments``) measure memory in their own processes, which the partner does not
+    share. With ``in_process`` False (``--partner worker``) every case pairs with one baseline
+    worker process instead, started on first use and kept while consecutive cases share it,
+    whose own speed against this process's is measured when it starts (``measure_offset``).
+    Measured against each configuration run alone (``scripts/paired_vs_separate.py``), the
+    worker agreed no better and its intervals were wider."""
 
     def __init__(self, cfg: RunConfig, timeout_s: float, warmup_rounds: int = 2,
                  spare=None, in_process: bool = True):
         """``spare``: the worker of a previous ``PairedBaseline`` (``handoff``), which builds
-        this baseline in place of starting a process of its own. ``in_process`` False: an
-        in-process case pairs with the worker too (``--partner worker``)."""
+        this baseline in place of starting a process of its own. ``in_process`` False: every
+        case pairs with the worker (``--partner worker``)."""
         self.cfg = cfg.baseline
         self.in_process = in_process
         self.timeout_s, self.warmup_rounds = timeout_s, max(1, warmup_rounds)
@@ -940,9 +943,9 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     most rounds, never below the minimum (``rounds`` grows for fast steps and shrinks for
     slow ones without a target, ``budget_rounds``, from the last warm-up round's time).
     With ``baseline`` (a ``PairedBaseline``), the rounds run in blocks of each side in ABBA
-    order, each block's first step untimed (``run_rounds``): in this process for an
-    in-process case, whose peaks then come from its warm-up rounds, measured before the
-    partner is built; in the baseline worker for multi-process cases. The paired times are
+    order, each block's first step untimed (``run_rounds``), the baseline's in this process
+    (in its worker with ``--partner worker``); an in-process case's peaks then come from its
+    warm-up rounds, measured before the partner is built. The paired times are
     recorded as ``paired_baseline_rounds_s``, round i paired with the case's round i; the
     record says why the rounds stopped (``rounds_stop``: "width", "time" or "rounds") and the
     width the rule saw (``rounds_width``). ``phases`` (a
@@ -960,8 +963,13 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     phases.lap("check")
     counts = group.call("count")
     phases.lap("count")
-    local = baseline is not None and isinstance(group, InProcess) and baseline.in_process
-    if local:
+    # A partner in this process (``PairedBaseline.local``) for every case with
+    # ``in_process``; an in-process case then measures its memory in a window of its own
+    # before the partner is built (``own_window``), a multi-process case in its ranks, which
+    # the partner does not share.
+    local = baseline is not None and baseline.in_process
+    own_window = local and isinstance(group, InProcess)
+    if own_window:
         # The case's memory window: its warm-up rounds, the case alone in this process.
         group.call("reset_peak")
     # Warm-up rounds until the step is steady (``warm_up``; the check's steps ran on other
@@ -970,13 +978,13 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
     warm_step_s = warm[-1]
     rule = StoppingRule.for_case(rounds, warm_step_s, max_time_s, min_time_s, target_width)
     partner, memory = baseline, None
-    if local:
+    if own_window:
         memory = group.call("read_peak")
     phases.lap("warmup")
     if local:
         partner = _local_partner(baseline)  # built beside the case only now
         phases.lap("partner")
-    if isinstance(partner, LocalBaseline):
+    if own_window and isinstance(partner, LocalBaseline):
         # Memory was measured in the case's own window: the timed one only restarts the
         # times, and with no memory handed back there is nothing for a warm-up round to
         # re-fault (each block's first step, untimed, is the switch's own warm-up).
