@@ -529,16 +529,16 @@ def with_baseline_ratios(df: pd.DataFrame) -> pd.DataFrame:
     separate = (df["samples_per_s"] / df["base_samples_per_s"]).astype(float)
     paired = (df["speedup_paired"].astype(float) if "speedup_paired" in df
               else pd.Series(float("nan"), index=df.index))
-    # A case paired with the baseline's worker process (``--partner worker``; in older
-    # records, multi-process cases and those with an allocator of their own too) gets that process's baseline steps, which run at their own
-    # speed: a fresh process differs from the in-process baseline case it stands for by
-    # several percent for its whole life. The pairing cancels the drift between the rounds;
-    # the offset between the two processes turns the ratio into the one against the baseline
-    # in this process, interval and all: measured paired when the worker started
-    # (``paired_worker_offset``, this process's step over the worker's), so the machine's
-    # speed cancels in it too; in older records, the baseline case's median step over the
-    # worker's median step during the case's rounds, which carries whatever the machine's
-    # speed did between the two.
+    # A case paired with the baseline's worker process (``--partner worker``; in older records,
+    # multi-process cases and those with an allocator of their own too) gets that process's
+    # baseline steps, which run at their own speed: a fresh process differs from the in-process
+    # baseline case it stands for by several percent for its whole life. The pairing cancels the
+    # drift between the rounds; the offset between the two processes turns the ratio into the one
+    # against the baseline in this process, interval and all: measured paired when the worker
+    # started (``paired_worker_offset``, this process's step over the worker's), so the machine's
+    # speed cancels in it too; in older records, the baseline case's median step over the worker's
+    # median step during the case's rounds, which carries whatever the machine's speed did between
+    # the two.
     worker = (df["paired_partner"].eq("worker process").fillna(False).astype(bool)
               if "paired_partner" in df else pd.Series(False, index=df.index))
     own_base = (df["baseline_step_time_s"].astype(float) if "baseline_step_time_s" in df
