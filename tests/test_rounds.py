@@ -122,6 +122,13 @@ def test_warm_up_stops_once_two_steps_agree_and_at_its_most():
     never = itertools.cycle([0.1, 0.5])
     assert len(warm_up(lambda: next(never), most=5)) == 5
     assert len(warm_up(lambda: 0.1, most=0)) == 1  # at least one
+    # After a peak reset the first step is slow; the next, at the check's last step's speed,
+    # shows the case is back (without the check's step it takes a third).
+    after_reset = [0.3, 0.2, 0.2, 0.2]
+    assert warm_up(iter(after_reset).__next__, most=10) == [0.3, 0.2, 0.2]
+    assert warm_up(iter(after_reset).__next__, most=10, settled=0.21) == [0.3, 0.2]
+    assert warm_up(iter([0.2, 0.5]).__next__, most=10, settled=0.205) == [0.2]
+    assert warm_up(iter([0.5, 0.3, 0.31]).__next__, most=10, settled=0.2) == [0.5, 0.3, 0.31]
     assert BLOCK_STEPS >= 3  # at least two timed steps per block
 
 

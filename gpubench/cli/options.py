@@ -112,7 +112,8 @@ SESSION_OPTIONS = (
     SessionOption("rounds", "timed rounds per case (default, or 0: per profile)",
                   type=non_negative_int, default=0),
     SessionOption("warmup", "most untimed warm-up rounds per case: warm-up stops once two "
-                  "steps in a row agree within 10%% (default: per profile)",
+                  "steps in a row agree within 10%%, or one agrees with the training check's "
+                  "last (default: per profile)",
                   type=non_negative_int),
     SessionOption("target_width", "stop a case's timed rounds once the 95%% interval of its "
                   "paired speedup (unpaired: of its median step time) is this tight, as a "
