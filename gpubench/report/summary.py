@@ -164,8 +164,8 @@ PHASES = {
     "warmup": "warm-up rounds (the in-process case's memory window)",
     "partner": "building the paired baseline beside the case",
     "untimed_rounds": ("in the timed window, untimed (the first step after each switch of "
-                       "side, the stopping rule's intervals, the window's warm-up step, a "
-                       "baseline worker's start and its offset)"),
+                       "side, the stopping rule's intervals, a multi-process case's window "
+                       "warm-up step; with --partner worker, the worker's start and offset)"),
     "finish": "all-reduce probe, records",
     "close": "closing cases",
     "trace": "profiling (--trace)",
