@@ -52,6 +52,28 @@ def test_run_writes_json_with_every_field(smoke_run):
         "telemetry-bert"}
 
 
+def test_every_case_of_a_run_pairs_with_a_baseline_in_the_benchmark_process(smoke_run):
+    """Multi-process cases too (DDP, pipeline): their baseline is built and stepped in the
+    benchmark process, where the baseline case ran, as an in-process case's is: no baseline
+    worker, no worker offset; the ranks' memory stays their own (one replica's parameters)."""
+    out, _ = smoke_run
+    data = json.loads((out / "benchmark.json").read_text())
+    steps = {b["extra_info"]["case_id"]: b["extra_info"] for b in data["benchmarks"]
+             if b["extra_info"].get("kind") == "step"}
+    paired = [i for i in steps.values() if not i["is_baseline"]]
+    multi = [i for i in paired if i["parallel"] in ("ddp", "pipeline")]
+    assert {i["case_id"] for i in multi} >= {"resnet18-fp32-ddp2", "bert-fp32-ddp2",
+                                             "resnet18-fp32-pipeline2-chunks4"}
+    for info in paired:
+        assert info["paired_partner"] == "this process", info["case_id"]
+        assert info["paired_worker_offset"] is None, info["case_id"]
+        assert len(info["paired_baseline_rounds_s"]) == 3, info["case_id"]
+        assert info["paired_baseline_steady_s"] > 0, info["case_id"]
+    for model in ("resnet18", "bert"):
+        ddp = steps[f"{model}-fp32-ddp2"]
+        assert ddp["param_bytes"] == steps[f"{model}-fp32"]["param_bytes"]
+
+
 def test_run_prints_and_writes_summary(smoke_run):
     out, stdout = smoke_run
     summary = (out / "summary.md").read_text()

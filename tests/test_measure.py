@@ -43,45 +43,6 @@ def test_an_in_process_case_pairs_in_its_own_process_and_keeps_its_own_peak():
 
 @pytest.mark.slow
 @pytest.mark.slow
-def test_a_multi_process_case_pairs_with_a_partner_in_this_process_and_starts_no_worker():
-    """A DDP case's ranks are processes of their own; its paired baseline is built here, in
-    the process the baseline case ran in, as an in-process case's is: no baseline worker is
-    started, there is no worker offset, and the ranks' memory figures are their own."""
-    from gpubench.launchers.workers import WorkerGroup
-    from gpubench.measure.runner import launcher
-
-    cfg = RunConfig(model="resnet18", profile="smoke", parallel="ddp", world_size=2)
-    started = []
-    real_init = WorkerGroup.__init__
-
-    def counting_init(self, *args, **kwargs):
-        started.append(args[0] if args else kwargs.get("world_size"))
-        real_init(self, *args, **kwargs)
-
-    baseline = PairedBaseline(cfg, timeout_s=60)
-    try:
-        with launcher(cfg, timeout_s=60) as ranks:
-            WorkerGroup.__init__ = counting_init
-            try:
-                paired = measure(StandaloneBenchmark(cfg.id), cfg, ranks, rounds=6,
-                                 warmup_rounds=1, baseline=baseline)
-            finally:
-                WorkerGroup.__init__ = real_init
-        assert baseline.group is None and started == []  # no worker process was started
-    finally:
-        baseline.close()
-    assert paired["paired_partner"] == "this process"
-    assert paired["paired_baseline_case_id"] == "resnet18-fp32"
-    assert paired["paired_worker_offset"] is None
-    assert isinstance(paired["paired_baseline_steady_s"], float)
-    assert len(paired["paired_baseline_rounds_s"]) >= 6
-    # the ranks' own memory: one replica's parameters each, not the partner's too
-    with InProcess(cfg.baseline) as one:
-        one.call("reset_peak")
-        assert paired["param_bytes"] == one.call("read_peak")[0]["param_bytes"]
-
-
-@pytest.mark.slow
 def test_partner_worker_pairs_an_in_process_case_with_a_baseline_process_of_its_own():
     cfg = RunConfig(model="bert", profile="smoke", precision="tf32")
     baseline = PairedBaseline(cfg, timeout_s=60, in_process=False)
