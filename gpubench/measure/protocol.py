@@ -896,7 +896,7 @@ def warm_up(step, most: int, tolerance: float = STEADY_TOLERANCE,
     at that speed, steady too. A peak reset between the two (the memory window's start, which
     hands freed memory back) slows the first step after it, so without ``settled`` the
     warm-up takes three steps where two show the case is back: the slow one and one at the
-    check's speed (about 5 s of the cpu profile's 115 cases)."""
+    check's speed (about 6 s of the cpu profile's 115 cases)."""
     times: list[float] = []
     while len(times) < max(1, most):
         times.append(step())
