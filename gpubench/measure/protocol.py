@@ -782,6 +782,13 @@ class LocalBaseline:
             partner.close()
 
 
+def check_step_times(checks: list[dict]) -> list[float]:
+    """Each training-check step's seconds, the slowest rank's (``checks``: every process's
+    ``check`` answer)."""
+    return [max(ts) for ts in zip(*(c.get("step_times_s") or [] for c in checks),
+                                  strict=False)]
+
+
 def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
             memories: list[dict]) -> dict:
     """One record from all processes. Time is measured by the launcher (a step ends when the
@@ -824,8 +831,7 @@ def combine(prepared: list[dict], checks: list[dict], counts: list[dict],
         "check_skipped_steps": check["skipped_steps"],
         "first_step_s": max((c.get("first_step_s") or 0.0) for c in checks) or None,
         # each check step's seconds, the slowest rank's (compile_time_s reads them)
-        "check_step_times_s": [max(ts) for ts in zip(*(c.get("step_times_s") or []
-                                                         for c in checks), strict=False)],
+        "check_step_times_s": check_step_times(checks),
         "last_loss": last_losses[-1] if last_losses else None,
     }
     for name in ("compile_cache_hits", "compile_cache_misses"):
@@ -981,8 +987,7 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
         group.call("reset_peak")
     # Warm-up rounds until the step is steady (``warm_up``): two agree, or one agrees with the
     # check's last step (the slowest rank's); the last of them sizes the timed rounds.
-    check_steps = [max(ts) for ts in zip(*(c.get("step_times_s") or [] for c in checks),
-                                         strict=False)]
+    check_steps = check_step_times(checks)
     warm = warm_up(lambda: _timed_call(group), warmup_rounds,
                    settled=check_steps[-1] if check_steps else None)
     warm_step_s = warm[-1]
