@@ -53,13 +53,18 @@ def handwritten_loop(cfg):
     it = itertools.cycle(resident_batches(
         workload, cfg.resolved_micro_batch, cfg.accum_steps, cfg.seed,
         Placement(dev, non_blocking=False, channels_last=False)))
+    return plain_step(net, workload.loss_fn, opt, it, dev)
+
+
+def plain_step(net, loss_fn, opt, batches, dev):
+    """The hand-written step: the next batch, forward, loss, backward, optimizer step."""
 
     def step():
-        x, y = next(it)
-        if workload.loss_fn is None:
+        x, y = next(batches)
+        if loss_fn is None:
             loss = call_model(net, x, y)
         else:
-            loss = workload.loss_fn(call_model(net, x), y)
+            loss = loss_fn(call_model(net, x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

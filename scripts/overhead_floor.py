@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from test_overhead import handwritten_loop  # noqa: E402
+from test_overhead import handwritten_loop, plain_step  # noqa: E402
 
 from gpubench.measure.memory import steady_malloc  # noqa: E402
 from gpubench.suite.cases import baseline  # noqa: E402
@@ -60,26 +60,12 @@ def main() -> None:
 
 
 def same_objects_loop(case):
-    """The hand-written loop over ``case``'s own model, optimizer and batch tensors (a single
+    """The hand-written step over ``case``'s own model, optimizer and batch tensors (a single
     device case): it trains the case's model on, one plain step at a time."""
     import itertools
 
-    from gpubench.workloads.api import call_model
-
-    net, optimizer, loss_fn = case.model.net, case.optimizer, case.workload.loss_fn
-    batches = itertools.cycle(case.fixed_batches())
-
-    def step():
-        inputs, targets = next(batches)
-        loss = (call_model(net, inputs, targets) if loss_fn is None
-                else loss_fn(call_model(net, inputs), targets))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    return step
-
+    return plain_step(case.model.net, case.workload.loss_fn, case.optimizer,
+                      itertools.cycle(case.fixed_batches()), case.device)
 
 if __name__ == "__main__":
     main()
