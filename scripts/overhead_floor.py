@@ -67,5 +67,6 @@ def same_objects_loop(case):
     return plain_step(case.model.net, case.workload.loss_fn, case.optimizer,
                       itertools.cycle(case.fixed_batches()), case.device)
 
+
 if __name__ == "__main__":
     main()
