@@ -987,8 +987,11 @@ def measure(benchmark, cfg: RunConfig, group, rounds: int, warmup_rounds: int,
         group.call("reset_peak")
     # Warm-up rounds until the step is steady (``warm_up``): two agree, or one agrees with the
     # check's last step (the slowest rank's); the last of them sizes the timed rounds.
+    # Both readings are the slowest rank's step seconds, which every rank of a torchrun job
+    # receives alike (``LocalRanks`` gathers them): each rank must stop after as many
+    # collective steps as the others, which rank-local clocks cannot promise.
     check_steps = check_step_times(checks)
-    warm = warm_up(lambda: _timed_call(group), warmup_rounds,
+    warm = warm_up(lambda: max(group.call("step")), warmup_rounds,
                    settled=check_steps[-1] if check_steps else None)
     warm_step_s = warm[-1]
     rule = StoppingRule.for_case(rounds, warm_step_s, max_time_s, min_time_s, target_width)
