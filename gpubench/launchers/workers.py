@@ -246,13 +246,22 @@ def commanded() -> bool:
     return _COMMANDED
 
 
+def _collective_timeout_setter() -> Callable[[datetime.timedelta], None] | None:
+    """torch's setter of the default process group's timeout for the collectives to come
+    (``torch.distributed.set_timeout``; ``_set_pg_timeout`` before it was public), or None
+    where this torch has neither."""
+    return (getattr(dist, "set_timeout", None)
+            or getattr(dist.distributed_c10d, "_set_pg_timeout", None))
+
+
 def _rank_main(conn, payload: bytes) -> None:
     """A rank, once ``guarded_call`` has armed its parent-death watch: join the process group,
     build ``factory(rank, world_size, *args)``, then run commands until "stop"."""
     global _COMMANDED
     _COMMANDED = True
     try:
-        rank, world_size, port, backend, factory, args, timeout_s, forked = pickle.loads(payload)
+        (rank, world_size, port, backend, factory, args, timeout_s, start_timeout_s,
+         forked) = pickle.loads(payload)
         if forked:  # from the fork server, whose torch was imported without THREAD_VARS
             threads = os.environ.get("MKL_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
             if threads and threads.strip().isdigit() and int(threads) > 0:
@@ -261,13 +270,22 @@ def _rank_main(conn, payload: bytes) -> None:
                 torch.set_num_threads(int(threads))
         pin_to_loopback()
         conn.send(("stage", "joining"))
+        # Joining and building (DDP's first broadcast, FSDP's sharding) wait for the slowest
+        # rank's start, which the host bounds by ``start_timeout_s``: a spawned rank that
+        # imports torch seconds after the others must not fail the group at a short
+        # ``timeout_s``, which bounds the commands' collectives from then on.
+        shorten = _collective_timeout_setter()
+        join_s = max(timeout_s, start_timeout_s) if shorten else timeout_s
         store = dist.TCPStore(LOOPBACK, port, is_master=False,
-                              timeout=datetime.timedelta(seconds=timeout_s))
+                              timeout=datetime.timedelta(seconds=join_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s),
+                                timeout=datetime.timedelta(seconds=join_s),
                                 **rank_device(backend, rank))
         conn.send(("stage", "building"))
         handler = factory(rank, world_size, *args)
+        if join_s != timeout_s:
+            shorten(datetime.timedelta(seconds=timeout_s))
+            store.set_timeout(datetime.timedelta(seconds=timeout_s))
         conn.send(("ok", None))
         while True:
             command, payload = conn.recv()
@@ -340,7 +358,7 @@ class WorkerGroup:
             for rank in range(world_size):
                 parent, child = ctx.Pipe()
                 payload = pickle.dumps((rank, world_size, self.store.port, backend, factory,
-                                        args, timeout_s, forked))
+                                        args, timeout_s, start_timeout_s, forked))
                 proc = ctx.Process(
                     target=guarded_call,
                     args=(server if forked else os.getpid(), main_thread,
