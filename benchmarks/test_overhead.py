@@ -83,10 +83,19 @@ def overhead_builds(cfg) -> tuple[list, list]:
     for _ in range(OVERHEAD_BUILDS):
         case = hand = None
         try:
-            case = build(cfg)
-            hand = handwritten_loop(cfg)
-            case.synced_step()  # its first step allocates gradients and optimizer state
-            hand()
+            # Which side is built (and allocates its gradients and optimizer state) first
+            # alternates over the builds: the first takes the heap's holes, the second fresh
+            # pages, and neither side should always get the same.
+            if len(cases) % 2:
+                hand = handwritten_loop(cfg)
+                case = build(cfg)
+                hand()
+                case.synced_step()
+            else:
+                case = build(cfg)
+                hand = handwritten_loop(cfg)
+                case.synced_step()  # its first step allocates gradients and optimizer state
+                hand()
         except torch.OutOfMemoryError:
             if not cases:
                 raise
