@@ -99,11 +99,15 @@ def test_dataset_generation_killed_midway_is_cleaned_by_the_next_generation(tmp_
             "e(Path(sys.argv[1]), 'images-png', 100000, 64, 10)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"go"
-    deadline = time.monotonic() + 60
-    while not any(p.name.startswith(".images-png") for p in tmp_path.iterdir()):
-        assert time.monotonic() < deadline, "generation never started"
+    deadline = time.monotonic() + 600
+
+    def partial_with_files():  # generation under way: its hidden folder holds something
+        return any(p.name.startswith(".images-png") and any(p.rglob("*"))
+                   for p in tmp_path.iterdir())
+
+    while not partial_with_files():
+        assert time.monotonic() < deadline and proc.poll() is None, "generation never started"
         time.sleep(0.05)
-    time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     partial = [p for p in tmp_path.iterdir() if p.name.startswith(".")]

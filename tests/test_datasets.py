@@ -143,11 +143,12 @@ class _Slow(torch.utils.data.Dataset):
 def test_stall_is_near_zero_for_resident_data_and_large_for_a_slow_dataset():
     slow = WaitTimer(endless(build_loader(_Slow(), LoaderConfig(dataset="synthetic"), 4, 0)),
                      lambda b: b)
-    start = time.perf_counter()
     for _ in range(5):
         next(slow)
         time.sleep(0.005)  # the "compute" of a step
-    assert sum(slow.waits) / (time.perf_counter() - start) > 0.8
+    # Each batch's wait holds its four samples' 10 ms sleeps, however the machine schedules
+    # the rest (a share of the elapsed time would depend on it).
+    assert len(slow.waits) == 5 and min(slow.waits) >= 4 * 0.01, slow.waits
 
     # Resident data: the typical wait is a small part of the typical step (medians: one
     # preemption of this process during a wait, on a loaded machine, is not the loader's).

@@ -47,6 +47,14 @@ def _env(tmp_path: Path, run: str, **env) -> dict:
     }
 
 
+def _hold(step: str) -> dict:
+    """The environment that holds ``step``'s cases until a signal stops them
+    (tests/data/hold_step.py): the step outlasts anything, however fast the machine."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "data"),
+                                                        os.environ.get("PYTHONPATH")])),
+            "PYTEST_PLUGINS": "hold_step", "HOLD_STEP": step}
+
+
 def _rehearse(tmp_path: Path, timeout: float, **env) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "out"
     run = uuid.uuid4().hex
@@ -146,7 +154,7 @@ def test_a_rehearsal_killed_mid_step_keeps_the_previous_steps_in_the_tarball(tmp
     work = tmp_path / "work"
     proc = subprocess.Popen(["bash", str(SCRIPT), "--rehearse", str(out)],
                             env=_env(tmp_path, run, GPU_CHECK_STEPS="setup,peaks,headline",
-                                     GPU_CHECK_REPUBLISH_S="2"),
+                                     GPU_CHECK_REPUBLISH_S="2", **_hold("02-headline")),
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 3000  # however slow the machine: no speed is tested
@@ -157,12 +165,13 @@ def test_a_rehearsal_killed_mid_step_keeps_the_previous_steps_in_the_tarball(tmp
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the rehearsal ended before its headline step ran"
-        # Inside the step: gpubench run and its pytest child running, the status republished.
+        # Inside the step (its case held until the kill): gpubench run and its pytest child
+        # running, the status republished.
         while time.monotonic() < deadline and proc.poll() is None \
                 and len(tool.marked_pids(run, "GPU_CHECK_RUN")) < 3:
             time.sleep(0.5)
         time.sleep(3)  # a republish (every 2 s) after the child started
-        assert len(tool.marked_pids(run, "GPU_CHECK_RUN")) >= 3
+        assert proc.poll() is None and len(tool.marked_pids(run, "GPU_CHECK_RUN")) >= 3
     finally:
         _kill_marked(run)  # SIGKILL to the script and everything it started, at once
         proc.wait(timeout=30)
@@ -185,11 +194,9 @@ def test_a_rehearsal_killed_mid_step_keeps_the_previous_steps_in_the_tarball(tmp
 def test_a_step_over_its_box_is_stopped_with_its_processes_and_the_next_step_runs(tmp_path):
     # The headline step's case waits until a signal stops it (tests/data/hold_step.py): the
     # step outlasts its 12 s box on any machine, however fast.
-    hold = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "data"),
-                                                        os.environ.get("PYTHONPATH")])),
-            "PYTEST_PLUGINS": "hold_step", "HOLD_STEP": "02-headline"}
     proc, out = _rehearse(tmp_path, timeout=3000, GPU_CHECK_STEPS="setup,headline,transfer",
-                          GPU_CHECK_BUDGET_headline="12", GPU_CHECK_BANK="0", **hold)
+                          GPU_CHECK_BUDGET_headline="12", GPU_CHECK_BANK="0",
+                          **_hold("02-headline"))
     # The timed-out headline produced no case: nothing to bring back, hence exit 1.
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "no step produced a case" in proc.stderr

@@ -131,7 +131,10 @@ def test_a_cases_cpu_training_peak_is_what_a_hand_written_loop_holds(tmp_path):
 
     Either side's peak now and then reads 10-15% high (heap pages a process happens to keep:
     ResNet-18, eight runs each, gpubench 172-200 MiB, the loop 167-194 MiB), never low: each
-    side is measured twice, alternating, and the lower reading of each is compared."""
+    side is measured twice, alternating, the lower reading of each is compared, and either
+    may still read up to 15% above the other (both of one side's readings high). One
+    ResNet-18 of suite state in the figure (its weights or the check's reference gradients,
+    45 MiB) would read about 25% high."""
     import json
     import os
     import subprocess
@@ -156,7 +159,7 @@ def test_a_cases_cpu_training_peak_is_what_a_hand_written_loop_holds(tmp_path):
                                         timeout=300).stdout))
     info = min(infos, key=lambda i: i["peak_above_base_bytes"])
     loop = min(loops)
-    assert info["peak_above_base_bytes"] == pytest.approx(loop, rel=0.10), (
+    assert loop / 1.15 <= info["peak_above_base_bytes"] <= 1.15 * loop, (
         [i["peak_above_base_bytes"] for i in infos], loops, info["resident_base_bytes"])
     assert info["peak_memory_bytes"] - info["resident_base_bytes"] == info["peak_above_base_bytes"]
 

@@ -33,6 +33,7 @@ from gpubench.launchers.slurm import (
 from gpubench.report.summary import nodes_markdown, summary_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
+FAULTS = ROOT / "tests" / "data" / "fault_workloads.py"
 CASE = ["--model", "bert", "--profile", "smoke", "--device", "cpu", "--warmup", "0"]
 
 
@@ -374,8 +375,11 @@ def test_a_task_killed_mid_job_ends_submit_in_one_line(slurm, tmp_path, monkeypa
         monkeypatch.setenv(k, v)
     out, jobs = tmp_path / "killed.json", tmp_path / "jobs"
     result: dict = {}
-    argv = ["submit", *CASE, "--parallel", "ddp", "fsdp", "--rounds", "60", "--tasks-per-node",
-            "2", "--time", "10", "--deadline", "240", "--folder", str(jobs), "--out", str(out)]
+    # Each step of this workload sleeps 0.2 s: the FSDP case's rounds (at least 6 a side)
+    # outlast the 0.2 s poll below however fast the machine is.
+    argv = ["submit", "--model", f"{FAULTS}:slow_step", *CASE[2:], "--parallel", "ddp",
+            "fsdp", "--rounds", "10", "--tasks-per-node", "2", "--time", "10", "--deadline",
+            "240", "--folder", str(jobs), "--out", str(out)]
     thread = threading.Thread(target=lambda: result.update(code=main(argv)))
     start = time.monotonic()
     thread.start()
@@ -408,8 +412,11 @@ def test_a_job_past_its_deadline_is_cancelled(slurm, tmp_path, monkeypatch, caps
         monkeypatch.setenv(k, v)
     out = tmp_path / "late.json"
     start = time.monotonic()
-    code = main(["submit", *CASE, "--tasks-per-node", "2", "--time", "10", "--deadline", "3",
-                 "--folder", str(tmp_path / "jobs"), "--out", str(out)])
+    # A workload whose data never comes: the job outlasts its deadline however fast the
+    # machine is.
+    code = main(["submit", "--model", f"{FAULTS}:blocking", *CASE[2:], "--tasks-per-node", "2",
+                 "--time", "10", "--deadline", "3", "--folder", str(tmp_path / "jobs"),
+                 "--out", str(out)])
     assert code == 1 and time.monotonic() - start < 60
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "not finished within --deadline 3 s (cancelled); log: " in err

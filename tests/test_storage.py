@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -77,12 +76,6 @@ class Files(Dataset):
         return torch.frombuffer(block[:8], dtype=torch.uint8)
 
 
-def _first_batch_s(batches) -> float:
-    start = time.perf_counter()
-    next(batches)
-    return time.perf_counter() - start
-
-
 def test_eviction_empties_the_cache_and_a_read_fills_it(tmp_path):
     paths = _write(tmp_path / "data")
     _evictable(paths)
@@ -92,23 +85,33 @@ def test_eviction_empties_the_cache_and_a_read_fills_it(tmp_path):
     assert storage.resident_fraction(paths) > 0.95
 
 
-def test_cold_cache_eviction_slows_the_first_batch_after_it(tmp_path):
-    """The first batch of an epoch that starts with an eviction reads 64 MB from the disk; the
-    same batch warm reads them from the page cache. Best of 3 of each."""
+def test_each_epoch_of_a_cold_loader_starts_from_the_disk(tmp_path):
+    """An epoch that starts with an eviction reads its first batch from the disk: the files'
+    pages are out of the page cache when the epoch's iterator starts and back in it after the
+    first batch, each of three epochs. (Whether the disk is slower than the cache is the
+    machine's: a fast NVMe drive, or a VM disk the host caches, reads near memory speed; the
+    storage probe measures it, ``test_probe_*``.)"""
     paths = _write(tmp_path / "data")
     _evictable(paths)
     dataset = Files(paths)
     assert storage.dataset_files(dataset, tmp_path) == paths
     evictor = storage.Evictor(storage.dataset_files(dataset, tmp_path))
+    resident_at_start = []
+
+    def evict_and_look():
+        evictor()
+        resident_at_start.append(storage.resident_fraction(paths))
+
     loader = DataLoader(dataset, batch_size=FILES)
-    warm, cold = [], []
+    after = []
     for _ in range(3):
         next(endless(loader))  # the files are in the cache now
-        warm.append(_first_batch_s(endless(loader)))
-        # The eviction itself (8 fadvise calls, fdatasync the first time) is not the read.
-        cold.append(_first_batch_s(endless(loader, evictor)) - evictor.evict_s[-1])
+        assert storage.resident_fraction(paths) > 0.95
+        next(endless(loader, evict_and_look))
+        after.append(storage.resident_fraction(paths))
     assert evictor.evictions == 3 and len(evictor.evict_s) == 3
-    assert min(cold) > 1.5 * min(warm), (cold, warm)
+    assert max(resident_at_start) < 0.05, resident_at_start
+    assert min(after) > 0.95, after
 
 
 def test_measure_loader_evicts_before_each_iterator(tmp_path):
