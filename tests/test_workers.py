@@ -271,6 +271,7 @@ def test_collective_timeout_names_the_rank_that_hung_not_the_one_that_waited():
     assert "rank 0 gave up waiting" in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_a_rank_that_builds_later_than_the_collective_timeout_still_joins():
     """Joining and building wait for the slowest rank as long as the start may take: a 1 s
     ``timeout_s`` bounds the commands' collectives only (a rank that hangs in one is named
