@@ -39,6 +39,16 @@ fi
 for tool in munged slurmctld slurmd sinfo; do
     command -v "$tool" >/dev/null || { echo "$0: $tool not found (apt-get install slurm-wlm munge)" >&2; exit 1; }
 done
+# Another Slurm on this machine holds the daemons' ports (6817, 6818): this one's node would never
+# come up. Say so now rather than after a minute of waiting.
+for daemon in slurmctld slurmd; do
+    # (live ones: a daemonizing slurmctld can leave a defunct parent behind)
+    running=$(ps -C "$daemon" -o pid=,stat= | awk '$2 !~ /^Z/ {print $1; exit}' || true)
+    if [[ -n $running ]]; then
+        echo "$0: a $daemon is already running here (pid $running: $(ps -o args= -p "$running" 2>/dev/null || true)); stop it first ($0 stop ITS_DIR, or systemctl stop slurmctld slurmd)" >&2
+        exit 1
+    fi
+done
 mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
 chmod 700 "$dir/munge"
 host=$(hostname -s)

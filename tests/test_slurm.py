@@ -262,6 +262,22 @@ def slurm():
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
+def test_a_second_local_slurm_is_refused_in_one_line(slurm, tmp_path):
+    """``scripts/slurm_local.sh start`` beside a Slurm already running on this machine (whose
+    daemons hold the ports) stops at once, naming the running daemon, and leaves it alone;
+    it used to wait a minute for a node that never came up."""
+    if not subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).stdout:
+        pytest.skip("the running Slurm's controller is not on this machine")
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_local.sh"), "start",
+                           str(tmp_path / "second")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    line = done.stderr.strip()
+    assert "\n" not in line and "a slurmctld is already running here (pid " in line, line
+    assert not (tmp_path / "second" / "slurm.conf").exists()
+    assert _slurm_reason() is None  # the running one still answers
+
+
 def test_without_slurm_the_tests_skip_and_in_ci_fail(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.delenv("GPUBENCH_REQUIRE_SLURM", raising=False)
