@@ -90,7 +90,7 @@ def test_each_epoch_of_a_cold_loader_starts_from_the_disk(tmp_path):
     pages are out of the page cache when the epoch's iterator starts and back in it after the
     first batch, each of three epochs. (Whether the disk is slower than the cache is the
     machine's: a fast NVMe drive, or a VM disk the host caches, reads near memory speed; the
-    storage probe measures it, ``test_probe_*``.)"""
+    storage probe measures it: ``test_storage_probe_measures_and_cleans_up``.)"""
     paths = _write(tmp_path / "data")
     _evictable(paths)
     dataset = Files(paths)
