@@ -42,7 +42,6 @@ def test_an_in_process_case_pairs_in_its_own_process_and_keeps_its_own_peak():
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_partner_worker_pairs_an_in_process_case_with_a_baseline_process_of_its_own():
     cfg = RunConfig(model="bert", profile="smoke", precision="tf32")
     baseline = PairedBaseline(cfg, timeout_s=60, in_process=False)
