@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ EXTRA_FIELDS = (
 LOADER_FIELDS = ("loader_stall_fraction", "loader_wait_s", "loader_samples_per_s",
                  "time_to_first_batch_s", "epoch_restart_s")
 RANK_FIELDS = ("rank_step_time_s", "rank_peak_memory_bytes", "single_case_id")
+TINY = f"{Path(__file__).resolve().parent / 'data' / 'tiny_workload.py'}:workload"
 
 
 def test_run_writes_json_with_every_field(smoke_run):
@@ -145,7 +147,7 @@ def test_torchrun_ddp_writes_a_loadable_record(tmp_path):
     # a session of their own) is killed and the failure says what it wrote.
     job = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", "-m", "gpubench", "dist", "--model", "bert", "--profile", "smoke",
+         "2", "-m", "gpubench", "dist", "--model", TINY, "--profile", "smoke",
          "--rounds", "3", "--timeout", "60", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )

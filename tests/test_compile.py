@@ -20,6 +20,9 @@ from gpubench.suite.claims import CLAIMS
 from gpubench.train.build import unsupported_reason
 from gpubench.train.config import RunConfig
 
+TINY = f"{Path(__file__).resolve().parent / 'data' / 'tiny_workload.py'}:workload"
+"""A two-layer MLP: the smallest model Inductor compiles forward and backward for."""
+
 
 def test_compile_modes_are_cases_with_their_requirements():
     ids = {c.id: c for c in profile_cases("cpu", "cpu", ("resnet18",), ("compile",))}
@@ -92,20 +95,6 @@ def test_compile_time_counts_the_steps_until_the_step_is_steady():
     assert out["break_even_steps"] == pytest.approx(66.0)
 
 
-def tiny(profile: str = "smoke"):
-    """A two-layer MLP: the smallest model Inductor compiles forward and backward for."""
-    import torch
-    from torch import nn
-
-    from gpubench import Workload
-
-    return Workload(name="tinymlp", build_model=lambda: nn.Sequential(
-        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)),
-        make_batch=lambda n, g: (torch.randn(n, 8, generator=g),
-                                 torch.randint(0, 2, (n,), generator=g)),
-        micro_batch=4, loss_fn=nn.functional.cross_entropy)
-
-
 def tinyconv(profile: str = "smoke"):
     """A convolution, batch norm in training mode and a linear head: what a CNN's compiled step
     holds (the norm's running statistics updated in the graph) in a few kernels."""
@@ -134,7 +123,7 @@ def test_each_compiled_case_compiles_into_a_fresh_cache_of_its_own():
 
     from gpubench.train.checks import CHECK_STEPS
 
-    cfg = RunConfig(model=f"{Path(__file__).resolve()}:tiny", profile="smoke", compile=True)
+    cfg = RunConfig(model=TINY, profile="smoke", compile=True)
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")
     seen = []
     for _ in range(2):

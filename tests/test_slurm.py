@@ -35,6 +35,10 @@ from gpubench.report.summary import nodes_markdown, summary_markdown
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ROOT / "tests" / "data" / "fault_workloads.py"
 CASE = ["--model", "bert", "--profile", "smoke", "--device", "cpu", "--warmup", "0"]
+TINY = f"{ROOT / 'tests' / 'data' / 'tiny_workload.py'}:workload"
+RUN = ["--model", TINY, *CASE[2:]]
+"""What the jobs on a real Slurm run: a launcher's question needs no real model (a BERT rank
+would import transformers, about 2 s of a core each)."""
 
 
 # The node-list parser and the environment mapping
@@ -322,13 +326,13 @@ def same_fields(a: dict, b: dict) -> None:
 @pytest.mark.slow
 def test_srun_dist_writes_the_records_of_torchrun(slurm, tmp_path):
     srun = subprocess.run(
-        ["nice", "-n", "19", "srun", "-n", "2", sys.executable, "-m", "gpubench", "dist", *CASE,
+        ["nice", "-n", "19", "srun", "-n", "2", sys.executable, "-m", "gpubench", "dist", *RUN,
          "--rounds", "2", "--out", str(tmp_path / "srun.json")],
         env=slurm, capture_output=True, text=True, timeout=600)
     assert srun.returncode == 0, srun.stderr[-3000:]
     torchrun = subprocess.run(
         ["nice", "-n", "19", sys.executable, "-m", "torch.distributed.run", "--standalone",
-         "--nproc-per-node", "2", "-m", "gpubench", "dist", *CASE, "--rounds", "2",
+         "--nproc-per-node", "2", "-m", "gpubench", "dist", *RUN, "--rounds", "2",
          "--out", str(tmp_path / "torchrun.json")],
         env=slurm, capture_output=True, text=True, timeout=600)
     assert torchrun.returncode == 0, torchrun.stderr[-3000:]
@@ -345,7 +349,7 @@ def test_srun_dist_writes_the_records_of_torchrun(slurm, tmp_path):
 def test_emitted_sbatch_script_runs_to_completion(slurm, tmp_path):
     out = tmp_path / "sbatch.json"
     script = tmp_path / "job.sh"
-    script.write_text(emit_sbatch(submit_args(*CASE, "--tasks-per-node", "2", "--rounds", "2",
+    script.write_text(emit_sbatch(submit_args(*RUN, "--tasks-per-node", "2", "--rounds", "2",
                                               "--time", "10", "--out", str(out))))
     done = subprocess.run(["sbatch", "--wait", "--nice=19", f"--chdir={tmp_path}", str(script)],
                           env=slurm, capture_output=True, text=True, timeout=600)
@@ -361,7 +365,7 @@ def test_submit_brings_the_results_back(slurm, tmp_path, monkeypatch, capsys, ex
     for k, v in slurm.items():
         monkeypatch.setenv(k, v)
     out = tmp_path / "results" / f"{executor}.json"
-    code = main(["submit", "--executor", executor, *CASE, "--tasks-per-node", "2",
+    code = main(["submit", "--executor", executor, *RUN, "--tasks-per-node", "2",
                  "--rounds", "2", "--time", "10", "--deadline", "500", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     (info,) = records(out)
