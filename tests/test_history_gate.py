@@ -173,14 +173,15 @@ def test_the_base_code_is_remeasured_alternating_with_the_new_code(tmp_path, mon
     (repo / "sub").mkdir()
     monkeypatch.chdir(repo / "sub")
     real_run = subprocess.run
-    seen = []
+    seen, labels = [], []
 
     def fake_run(cmd, **kwargs):
         if cmd[1:3] != ["-m", "gpubench"]:  # git, and what get_commit_info asks
             return real_run(cmd, **kwargs)
         cwd = Path(kwargs["cwd"])
         seen.append((cmd[cmd.index("--models") + 1], (cwd.parent / "code").read_text(), cwd))
-        out = Path(cmd[cmd.index("--out") + 1])
+        out = cwd / cmd[cmd.index("--out") + 1]  # as gpubench run reads --out: from its cwd
+        labels.append(out.name)
         out.mkdir(parents=True)
         _run(out / "benchmark.json", 1.0, len(seen))
         return subprocess.CompletedProcess(cmd, 0)
@@ -195,6 +196,16 @@ def test_the_base_code_is_remeasured_alternating_with_the_new_code(tmp_path, mon
     assert seen[1][2] == repo / "sub" and seen[0][2].name == "sub"  # the same folder below
     assert not seen[0][2].exists()  # the worktree is removed
     assert len(done.new) == len(done.base) == 2 and done.base_note is None
+    assert labels == ["base1-smoke-cpu", "new1-smoke-cpu", "new2-smoke-cpu", "base2-smoke-cpu"]
+    # NEW named relative to this folder (CI's `.ci-results/benchmark.json`): the base code's
+    # runs, started in its checkout, still write where the gate reads them.
+    seen.clear()
+    (repo / "sub" / "ci").mkdir()
+    relative = Path("ci") / "new.json"
+    relative.write_text(new.read_text())
+    done = remeasure_cases(_args(str(base), str(relative), "--confirm"))(relative, rows, base)
+    assert len(done.new) == len(done.base) == 2 and done.base_note is None
+    assert all(Path(f).is_absolute() and Path(f).is_file() for f in done.new + done.base)
     # The base at this checkout's own commit runs here; --confirm-against run: the new code only.
     seen.clear()
     same = _with_commit(tmp_path / "same.json", {"id": second, "dirty": False})

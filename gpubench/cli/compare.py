@@ -140,7 +140,9 @@ def remeasure_cases(args: argparse.Namespace):
         from gpubench.analysis.compare import Remeasurement
 
         extra = shlex.split(args.confirm_args or "")
-        out = Path(tempfile.mkdtemp(prefix="confirm-", dir=Path(new_file).parent))
+        # Absolute: the base code's runs start in its checkout, and a relative --out would
+        # land there (removed with it), not here.
+        out = Path(tempfile.mkdtemp(prefix="confirm-", dir=Path(new_file).resolve().parent))
         data = json.loads(Path(new_file).read_text())
         threads = ((data.get("machine_info") or {}).get("gpubench") or {}).get("torch_threads")
         if isinstance(threads, int) and threads > 0 and not any(
@@ -159,10 +161,12 @@ def remeasure_cases(args: argparse.Namespace):
         order = (["new"] * runs if "base" not in sides else
                  [("base", "new", "new", "base")[i % 4] for i in range(2 * runs)])
         results: dict[str, list] = {"new": [], "base": []}
+        started = {"new": 0, "base": 0}
         try:
             for side in order:
                 cwd, names = sides[side]
-                run = len(results[side]) + 1
+                started[side] += 1
+                run = started[side]
                 label = f"{side}{run}" if (runs > 1 or "base" in sides) else ""
                 files = []
                 for (profile, device), group in rows.groupby(["profile", "device"]):
