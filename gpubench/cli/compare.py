@@ -161,12 +161,10 @@ def remeasure_cases(args: argparse.Namespace):
         order = (["new"] * runs if "base" not in sides else
                  [("base", "new", "new", "base")[i % 4] for i in range(2 * runs)])
         results: dict[str, list] = {"new": [], "base": []}
-        started = {"new": 0, "base": 0}
         try:
-            for side in order:
+            for i, side in enumerate(order):
                 cwd, names = sides[side]
-                started[side] += 1
-                run = started[side]
+                run = order[:i + 1].count(side)  # numbered by attempt, measured or not
                 label = f"{side}{run}" if (runs > 1 or "base" in sides) else ""
                 files = []
                 for (profile, device), group in rows.groupby(["profile", "device"]):
