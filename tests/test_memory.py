@@ -222,7 +222,9 @@ def test_the_users_malloc_settings_win():
 def test_the_hand_written_loop_steps_the_cases_weights_and_samples(monkeypatch):
     """Like with like: the harness-overhead benchmark's hand-written loop trains the same
     initial weights on the very samples the case steps on, so both sides' first losses agree
-    (other samples of the same shape would not)."""
+    (other samples of the same shape would not). Each side's step returns its loss detached,
+    so each frees its own autograd graph inside its own timed step: a loss returned with its
+    graph is freed when the next step's result replaces it, in the other side's time."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -235,7 +237,9 @@ def test_the_hand_written_loop_steps_the_cases_weights_and_samples(monkeypatch):
     case = build(cfg)
     try:
         hand = test_overhead.handwritten_loop(cfg)
-        assert hand().item() == pytest.approx(case.synced_step().item(), rel=1e-5)
+        hand_loss, case_loss = hand(), case.synced_step()
+        assert hand_loss.item() == pytest.approx(case_loss.item(), rel=1e-5)
+        assert hand_loss.grad_fn is None and case_loss.grad_fn is None
     finally:
         case.close()
 
