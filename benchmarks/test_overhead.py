@@ -24,6 +24,7 @@ from gpubench.measure.memory import release_free_memory
 from gpubench.suite.cases import baseline
 from gpubench.train.build import build
 from gpubench.train.data import Placement, resident_batches
+from gpubench.util.stats import paired_ratio_ci
 from gpubench.workloads.api import call_model
 
 OVERHEAD_PAIRS_S = 4.0
@@ -161,6 +162,9 @@ def test_harness_overhead(benchmark, overhead_model, options):
     # than a pair leaves alone.
     ratios = [a / b for a, b in zip(times["gpubench"][warm:], times["handwritten"][warm:],
                                     strict=True)]
+    # How far the figure can move from run to run: one pair's ratio spreads several per cent
+    # on a shared CPU, and a reader comparing the figure with 1% needs to see that.
+    low, high = paired_ratio_ci(times["gpubench"][warm:], times["handwritten"][warm:])
     benchmark.extra_info.update(
         kind="overhead",
         case_id=f"overhead-{cfg.name}",
@@ -171,6 +175,8 @@ def test_harness_overhead(benchmark, overhead_model, options):
         gpubench_step_time_s=med["gpubench"],
         handwritten_step_time_s=med["handwritten"],
         harness_overhead=statistics.median(ratios) - 1,
+        harness_overhead_low=low - 1,
+        harness_overhead_high=high - 1,
         overhead_pairs=len(ratios),
         overhead_builds=builds,
         note="benchmark time is one gpubench step plus one hand-written step; "

@@ -52,6 +52,10 @@ def test_run_writes_json_with_every_field(smoke_run):
     assert {b["extra_info"]["case_id"] for b in overhead} == {
         "overhead-resnet18", "overhead-bert", "overhead-workers2", "telemetry-resnet18",
         "telemetry-bert"}
+    for bench in overhead:  # each harness-overhead figure with its interval around it
+        e = bench["extra_info"]
+        if e["case_id"].startswith("overhead-") and e["case_id"] != "overhead-workers2":
+            assert e["harness_overhead_low"] <= e["harness_overhead"] <= e["harness_overhead_high"]
 
 
 def test_every_case_of_a_run_pairs_with_a_baseline_in_the_benchmark_process(smoke_run):

@@ -245,3 +245,24 @@ def test_run_cost_splits_the_cases_time_into_timed_rounds_and_each_untimed_part(
     old = tmp_path / "old.json"  # results from before harness_s: no section
     old.write_text(json.dumps(_doc(_record())))
     assert run_cost_markdown(load_results([old])) == ""
+
+
+def test_the_overhead_table_shows_each_figures_interval_and_a_dash_before_it_was_recorded(
+        tmp_path):
+    from gpubench.report.summary import summary_markdown
+
+    def overhead_rows(doc) -> dict[str, str]:
+        path = tmp_path / "run.json"
+        path.write_text(json.dumps(doc))
+        text = summary_markdown(load_results([path])).split("### Harness overhead")[1]
+        return {line.split("|")[1].strip(): line for line in text.splitlines()[4:6]}
+
+    doc = json.loads(COMMITTED.read_text())  # written before the interval was recorded
+    rows = overhead_rows(doc)
+    assert "95% interval" in summary_markdown(load_results([COMMITTED]))
+    assert rows["overhead-bert"].rstrip(" |").endswith("-")
+    bert = next(b for b in doc["benchmarks"] if b["extra_info"].get("case_id") == "overhead-bert")
+    bert["extra_info"].update(harness_overhead_low=-0.031, harness_overhead_high=0.0042)
+    rows = overhead_rows(doc)
+    assert "-3.10% to +0.42%" in rows["overhead-bert"]
+    assert rows["overhead-resnet18"].rstrip(" |").endswith("-")

@@ -326,6 +326,9 @@ METRICS: tuple[Metric, ...] = (
            "gpubench's step against a minimal hand-written loop of the same model, batch, "
            "data and optimizer in alternating rounds; the median per-pair ratio minus one",
            kind="overhead"),
+    Metric(("harness_overhead_low", "harness_overhead_high"), "float", "ratio",
+           "the 95% bootstrap interval of that median per-pair ratio, minus one: how far the "
+           "overhead figure can move from run to run", kind="overhead"),
     Metric(("overhead_pairs", "overhead_builds"), "int>=1", "pairs, builds",
            "the alternating pairs the overhead figure is the median of, and the builds of each "
            "side they take turns on (fewer than asked where the device ran out of memory)",

@@ -106,6 +106,16 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
+def _overhead_interval(row: pd.Series) -> str:
+    """The harness overhead's 95% interval, as the overhead column writes its figure ("-"
+    for a record written before it was recorded)."""
+    low, high = _number(row.get("harness_overhead_low")), _number(row.get("harness_overhead_high"))
+    if low is None or high is None:
+        return "-"
+    return (f"{tables.format_figure(low, 'harness_overhead')} to "
+            f"{tables.format_figure(high, 'harness_overhead')}")
+
+
 def storage_markdown(df: pd.DataFrame) -> str:
     """Per run: the storage probe of the data folder (``machine_info.gpubench.storage``) and
     each cold loader case (``LoaderConfig.cold``) beside its warm twin (the same configuration
@@ -321,9 +331,11 @@ def summary_markdown(df: pd.DataFrame) -> str:
     over = df.dropna(subset=["harness_overhead"]) if "harness_overhead" in df else df.iloc[:0]
     if not over.empty:
         cols = {"case_id": "case", "gpubench_ms": "gpubench step (ms)",
-                "handwritten_ms": "hand-written step (ms)", "harness_overhead": "overhead"}
+                "handwritten_ms": "hand-written step (ms)", "harness_overhead": "overhead",
+                "interval": "95% interval"}
         over = over.assign(gpubench_ms=over["gpubench_step_time_s"] * 1e3,
-                           handwritten_ms=over["handwritten_step_time_s"] * 1e3)
+                           handwritten_ms=over["handwritten_step_time_s"] * 1e3,
+                           interval=[_overhead_interval(row) for _, row in over.iterrows()])
         parts.append("### Harness overhead (interleaved rounds)\n\n"
                      + figures_table(over, cols) + "\n")
     if "telemetry_overhead" in df:
