@@ -247,22 +247,27 @@ def test_run_cost_splits_the_cases_time_into_timed_rounds_and_each_untimed_part(
     assert run_cost_markdown(load_results([old])) == ""
 
 
-def test_the_overhead_table_shows_each_figures_interval_and_a_dash_before_it_was_recorded(
+def test_the_overhead_tables_show_each_figures_interval_and_a_dash_before_it_was_recorded(
         tmp_path):
     from gpubench.report.summary import summary_markdown
 
-    def overhead_rows(doc) -> dict[str, str]:
+    def rows(doc) -> dict[str, str]:  # the two overhead tables' lines, by their first cell
         path = tmp_path / "run.json"
         path.write_text(json.dumps(doc))
         text = summary_markdown(load_results([path])).split("### Harness overhead")[1]
-        return {line.split("|")[1].strip(): line for line in text.splitlines()[4:6]}
+        return {line.split("|")[1].strip(): line for line in text.splitlines()
+                if line.startswith("| ")}
 
-    doc = json.loads(COMMITTED.read_text())  # written before the interval was recorded
-    rows = overhead_rows(doc)
-    assert "95% interval" in summary_markdown(load_results([COMMITTED]))
-    assert rows["overhead-bert"].rstrip(" |").endswith("-")
-    bert = next(b for b in doc["benchmarks"] if b["extra_info"].get("case_id") == "overhead-bert")
-    bert["extra_info"].update(harness_overhead_low=-0.031, harness_overhead_high=0.0042)
-    rows = overhead_rows(doc)
-    assert "-3.10% to +0.42%" in rows["overhead-bert"]
-    assert rows["overhead-resnet18"].rstrip(" |").endswith("-")
+    def interval(line: str) -> str:
+        return line.split("|")[5].strip()
+
+    doc = json.loads(COMMITTED.read_text())  # written before the intervals were recorded
+    before = rows(doc)
+    assert interval(before["overhead-bert"]) == interval(before["telemetry-bert"]) == "-"
+    records = {b["extra_info"].get("case_id"): b["extra_info"] for b in doc["benchmarks"]}
+    records["overhead-bert"].update(harness_overhead_low=-0.031, harness_overhead_high=0.0042)
+    records["telemetry-bert"].update(telemetry_overhead_low=-0.02, telemetry_overhead_high=0.05)
+    after = rows(doc)
+    assert interval(after["overhead-bert"]) == "-3.10% to +0.42%"
+    assert interval(after["telemetry-bert"]) == "-2.00% to +5.00%"
+    assert interval(after["overhead-resnet18"]) == interval(after["telemetry-resnet18"]) == "-"

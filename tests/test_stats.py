@@ -126,3 +126,19 @@ def test_robust_spread_is_the_unchanged_cases_spread():
     changes[:40] = 0.5
     assert robust_spread(changes) < 0.08 < 2 * 0.05 < np.std(np.log1p(changes))
     assert math.isnan(robust_spread([0.1]))
+
+
+def test_a_paired_interval_of_the_totals_sees_a_cost_that_lands_in_few_rounds():
+    """A cost in one round of five (a sampler's tick): the median per-round ratio does not see
+    it, the ratio of the totals does, and its paired interval brackets it."""
+    rng = np.random.default_rng(9)
+    off = 0.02 * np.exp(rng.normal(0, 0.002, 40))
+    on = off * np.exp(rng.normal(0, 0.002, 40))
+    on[::5] += 0.002  # 10% of a step, every fifth round
+    low, high = paired_ratio_ci(on, off, of="total")
+    total = on.sum() / off.sum()
+    assert 1.0 < low <= total <= high
+    _, median_high = paired_ratio_ci(on, off)
+    assert median_high < 1.005 < low
+    with pytest.raises(ValueError, match="of must be one of median, total; got 'mean'"):
+        paired_ratio_ci(on, off, of="mean")

@@ -234,6 +234,9 @@ def test_nvml_process_ids_of_another_pid_namespace_are_not_called_foreign(monkey
 def test_sampling_costs_well_under_one_percent_of_a_step():
     cost = sampling_cost(lambda: time.sleep(0.02), rounds=15)
     assert len(cost["rounds_on_s"]) == len(cost["rounds_off_s"]) == 15
+    # the figure with its paired interval over the rounds around it
+    assert cost["telemetry_overhead_low"] <= cost["telemetry_overhead"] \
+        <= cost["telemetry_overhead_high"]
     # The sampling thread's own CPU time per period: the share of one core it takes.
     assert 0 < cost["telemetry_cpu_share"] < 0.01, cost
 

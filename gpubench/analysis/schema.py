@@ -339,6 +339,9 @@ METRICS: tuple[Metric, ...] = (
            "steps with the telemetry sampling and paused, alternating: their mean step times, "
            "total time on / off minus one (and the same of the medians), the CPU time of one "
            "sample and its share of the sampling period", kind="overhead"),
+    Metric(("telemetry_overhead_low", "telemetry_overhead_high"), "float", "ratio",
+           "the 95% bootstrap interval of that total time on / off, minus one, over the pairs "
+           "of rounds", kind="overhead"),
     Metric(("rounds_on_s", "rounds_off_s"), "floats>0", "s",
            "the rounds with the telemetry sampling and paused", kind="overhead"),
     Metric(("process_overhead_s",), "float>=0", "s",

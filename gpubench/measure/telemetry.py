@@ -677,10 +677,13 @@ def sampling_cost(step: Callable[[], object], rounds: int = 40, device: str = "c
 
     A sample lands in only some of the steps shorter than ``PERIOD_S``, so the cost is the
     ratio of the *total* times, ``telemetry_overhead`` = time on / time off - 1 (the medians'
-    ratio is returned too). ``telemetry_sample_cpu_s`` is the sampling thread's own CPU time
-    per sample and ``telemetry_cpu_share`` that over the period: the share of one core it
-    takes, noise-free."""
+    ratio is returned too), with its 95% bootstrap interval over the pairs of rounds
+    (``telemetry_overhead_low``, ``telemetry_overhead_high``). ``telemetry_sample_cpu_s`` is
+    the sampling thread's own CPU time per sample and ``telemetry_cpu_share`` that over the
+    period: the share of one core it takes, noise-free."""
     import statistics
+
+    from gpubench.util.stats import paired_ratio_ci
 
     times: dict[str, list[float]] = {"on": [], "off": []}
     with Sampler(device, gpus=gpus) as sampler:
@@ -695,8 +698,10 @@ def sampling_cost(step: Callable[[], object], rounds: int = 40, device: str = "c
     ticks = max(1, len(sampler.samples) - 1)  # the first sample is taken on entry
     per_sample = sampler.summary()["telemetry_sampler_cpu_s"] / ticks
     on, off = sum(times["on"]), sum(times["off"])
+    low, high = paired_ratio_ci(times["on"], times["off"], of="total")
     return {"telemetry_on_step_time_s": on / rounds, "telemetry_off_step_time_s": off / rounds,
             "telemetry_overhead": on / off - 1,
+            "telemetry_overhead_low": low - 1, "telemetry_overhead_high": high - 1,
             "telemetry_overhead_median": (statistics.median(times["on"])
                                           / statistics.median(times["off"]) - 1),
             "telemetry_sample_cpu_s": per_sample,

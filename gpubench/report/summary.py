@@ -106,10 +106,11 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def _overhead_interval(row: pd.Series) -> str:
-    """The harness overhead's 95% interval, as the overhead column writes its figure ("-"
-    for a record written before it was recorded)."""
-    low, high = _number(row.get("harness_overhead_low")), _number(row.get("harness_overhead_high"))
+def _overhead_interval(row: pd.Series, figure: str = "harness_overhead") -> str:
+    """The 95% interval of an overhead figure (``harness_overhead``, ``telemetry_overhead``),
+    as the overhead column writes the figure ("-" for a record written before it was
+    recorded)."""
+    low, high = _number(row.get(f"{figure}_low")), _number(row.get(f"{figure}_high"))
     if low is None or high is None:
         return "-"
     return (f"{tables.format_figure(low, 'harness_overhead')} to "
@@ -344,10 +345,12 @@ def summary_markdown(df: pd.DataFrame) -> str:
             tele = tele.assign(on_ms=tele["telemetry_on_step_time_s"] * 1e3,
                                off_ms=tele["telemetry_off_step_time_s"] * 1e3,
                                sample_us=tele["telemetry_sample_cpu_s"] * 1e6,
-                               harness_overhead=tele["telemetry_overhead"])
+                               harness_overhead=tele["telemetry_overhead"],
+                               interval=[_overhead_interval(row, "telemetry_overhead")
+                                         for _, row in tele.iterrows()])
             cols = {"case_id": "case", "on_ms": "step, sampling (ms)",
                     "off_ms": "step, not sampling (ms)", "harness_overhead": "overhead",
-                    "sample_us": "CPU per sample (us)"}
+                    "interval": "95% interval", "sample_us": "CPU per sample (us)"}
             parts.append("### Telemetry sampling cost (alternating rounds)\n\n"
                          + figures_table(tele, cols) + "\n")
     procs = (df.dropna(subset=["process_overhead_s"]) if "process_overhead_s" in df

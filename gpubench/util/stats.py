@@ -120,17 +120,29 @@ def per_round_ratios(a: ArrayLike, b: ArrayLike) -> np.ndarray:
     return a / b
 
 
-def paired_ratio_ci(a: ArrayLike, b: ArrayLike, *, confidence: float = CONFIDENCE,
-                    n_resamples: int = N_RESAMPLES, seed: int = 0) -> tuple[float, float]:
-    """Bootstrap interval of the median per-round ratio a[i] / b[i] (``scipy.stats.bootstrap``
-    with ``paired=True``: rounds resampled as pairs). Fewer than two rounds: the point itself
-    (NaNs when there is none)."""
+def _total_ratio(a, b, axis=-1):
+    return np.sum(a, axis=axis) / np.sum(b, axis=axis)
+
+
+PAIRED_STATISTICS = {"median": _median_ratio, "total": _total_ratio}
+"""What ``paired_ratio_ci`` bounds: the median per-round ratio, or the ratio of the totals
+(for a cost that lands in only some rounds, such as a sampler's tick, which a median misses)."""
+
+
+def paired_ratio_ci(a: ArrayLike, b: ArrayLike, *, of: str = "median",
+                    confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
+                    seed: int = 0) -> tuple[float, float]:
+    """Bootstrap interval of the median per-round ratio a[i] / b[i] (``of="total"``: of
+    sum(a) / sum(b)), ``scipy.stats.bootstrap`` with ``paired=True``: rounds resampled as
+    pairs. Fewer than two rounds: the point itself (NaNs when there is none)."""
+    if of not in PAIRED_STATISTICS:
+        raise ValueError(f"of must be one of {', '.join(PAIRED_STATISTICS)}; got {of!r}")
     ratios = per_round_ratios(a, b)
     if not ratios.size:
         return math.nan, math.nan
     if ratios.size == 1:
         return float(ratios[0]), float(ratios[0])
-    return _interval((_array(a), _array(b)), _median_ratio, paired=True,
+    return _interval((_array(a), _array(b)), PAIRED_STATISTICS[of], paired=True,
                      confidence=confidence, n_resamples=n_resamples, seed=seed)
 
 
