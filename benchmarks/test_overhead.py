@@ -24,7 +24,7 @@ from gpubench.measure.memory import release_free_memory
 from gpubench.suite.cases import baseline
 from gpubench.train.build import build
 from gpubench.train.data import Placement, resident_batches
-from gpubench.util.stats import paired_ratio_ci
+from gpubench.util.stats import compare_paired
 from gpubench.workloads.api import call_model
 
 OVERHEAD_PAIRS_S = 4.0
@@ -73,8 +73,8 @@ def plain_step(net, loss_fn, opt, batches, dev):
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         # Detached, as gpubench's step returns its loss: the graph is freed here, inside this
-        # step's time. Returned with its graph, it was freed when the next step's result
-        # replaced it: in seven pairs of eight inside gpubench's timed step (bert: about
+        # step's time. Returned with its graph, it was freed when the next result replaced it:
+        # in the pairs where this step went first, inside gpubench's timed step (bert: about
         # 0.06 ms of 20).
         return loss.detach()
 
@@ -160,12 +160,9 @@ def test_harness_overhead(benchmark, overhead_model, options):
     assert torch.isfinite(last).item()
     med = {k: statistics.median(v[warm:]) for k, v in times.items()}
     # Paired, as the speedups are: the median of each pair's ratio, which machine drift slower
-    # than a pair leaves alone.
-    ratios = [a / b for a, b in zip(times["gpubench"][warm:], times["handwritten"][warm:],
-                                    strict=True)]
-    # How far the figure can move from run to run: one pair's ratio spreads several per cent
-    # on a shared CPU, and a reader comparing the figure with 1% needs to see that.
-    low, high = paired_ratio_ci(times["gpubench"][warm:], times["handwritten"][warm:])
+    # than a pair leaves alone, with its interval over this run's pairs (one pair's ratio
+    # spreads several per cent on a shared CPU; builds and processes add about 1% more).
+    overhead = compare_paired(times["gpubench"][warm:], times["handwritten"][warm:])
     benchmark.extra_info.update(
         kind="overhead",
         case_id=f"overhead-{cfg.name}",
@@ -175,10 +172,10 @@ def test_harness_overhead(benchmark, overhead_model, options):
         device=options.device,
         gpubench_step_time_s=med["gpubench"],
         handwritten_step_time_s=med["handwritten"],
-        harness_overhead=statistics.median(ratios) - 1,
-        harness_overhead_low=low - 1,
-        harness_overhead_high=high - 1,
-        overhead_pairs=len(ratios),
+        harness_overhead=overhead.ratio - 1,
+        harness_overhead_low=overhead.low - 1,
+        harness_overhead_high=overhead.high - 1,
+        overhead_pairs=len(times["gpubench"]) - warm,
         overhead_builds=builds,
         note="benchmark time is one gpubench step plus one hand-written step; "
         "harness_overhead = median over the pairs of gpubench step / hand-written step - 1",

@@ -327,8 +327,8 @@ METRICS: tuple[Metric, ...] = (
            "data and optimizer in alternating rounds; the median per-pair ratio minus one",
            kind="overhead"),
     Metric(("harness_overhead_low", "harness_overhead_high"), "float", "ratio",
-           "the 95% bootstrap interval of that median per-pair ratio, minus one: how far the "
-           "overhead figure can move from run to run", kind="overhead"),
+           "the 95% bootstrap interval of that median per-pair ratio, minus one: the spread of "
+           "this run's pairs (builds and processes add about 1% more)", kind="overhead"),
     Metric(("overhead_pairs", "overhead_builds"), "int>=1", "pairs, builds",
            "the alternating pairs the overhead figure is the median of, and the builds of each "
            "side they take turns on (fewer than asked where the device ran out of memory)",

@@ -106,15 +106,19 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def _overhead_interval(row: pd.Series, figure: str = "harness_overhead") -> str:
-    """The 95% interval of an overhead figure (``harness_overhead``, ``telemetry_overhead``),
-    as the overhead column writes the figure ("-" for a record written before it was
-    recorded)."""
-    low, high = _number(row.get(f"{figure}_low")), _number(row.get(f"{figure}_high"))
-    if low is None or high is None:
-        return "-"
-    return (f"{tables.format_figure(low, 'harness_overhead')} to "
-            f"{tables.format_figure(high, 'harness_overhead')}")
+def _overhead_intervals(frame: pd.DataFrame, figure: str) -> list[str]:
+    """Each row's 95% interval of an overhead figure (``harness_overhead``,
+    ``telemetry_overhead``), as the overhead column writes the figure ("-" for a record written
+    before it was recorded)."""
+
+    def shown(row: pd.Series) -> str:
+        low, high = _number(row.get(f"{figure}_low")), _number(row.get(f"{figure}_high"))
+        if low is None or high is None:
+            return "-"
+        return (f"{tables.format_figure(low, 'harness_overhead')} to "
+                f"{tables.format_figure(high, 'harness_overhead')}")
+
+    return [shown(row) for _, row in frame.iterrows()]
 
 
 def storage_markdown(df: pd.DataFrame) -> str:
@@ -336,7 +340,7 @@ def summary_markdown(df: pd.DataFrame) -> str:
                 "interval": "95% interval"}
         over = over.assign(gpubench_ms=over["gpubench_step_time_s"] * 1e3,
                            handwritten_ms=over["handwritten_step_time_s"] * 1e3,
-                           interval=[_overhead_interval(row) for _, row in over.iterrows()])
+                           interval=_overhead_intervals(over, "harness_overhead"))
         parts.append("### Harness overhead (interleaved rounds)\n\n"
                      + figures_table(over, cols) + "\n")
     if "telemetry_overhead" in df:
@@ -346,8 +350,7 @@ def summary_markdown(df: pd.DataFrame) -> str:
                                off_ms=tele["telemetry_off_step_time_s"] * 1e3,
                                sample_us=tele["telemetry_sample_cpu_s"] * 1e6,
                                harness_overhead=tele["telemetry_overhead"],
-                               interval=[_overhead_interval(row, "telemetry_overhead")
-                                         for _, row in tele.iterrows()])
+                               interval=_overhead_intervals(tele, "telemetry_overhead"))
             cols = {"case_id": "case", "on_ms": "step, sampling (ms)",
                     "off_ms": "step, not sampling (ms)", "harness_overhead": "overhead",
                     "interval": "95% interval", "sample_us": "CPU per sample (us)"}

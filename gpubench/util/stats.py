@@ -9,9 +9,11 @@ means ``b`` is faster). Two designs:
   (``scipy.stats.bootstrap``), and a two-sided Mann-Whitney U test (``scipy.stats.mannwhitneyu``);
 - *paired* rounds (the two sides measured in alternation, round ``i`` of ``a`` next to round
   ``i`` of ``b``): the median of the per-round ratios ``a[i] / b[i]``, a percentile bootstrap
-  interval over the rounds (pairs resampled together), and a Wilcoxon signed-rank test of the
-  log ratios (``scipy.stats.wilcoxon``). Machine drift slower than one round moves both sides of
-  a pair alike and cancels in its ratio, which is why paired rounds are the drift-robust design.
+  interval over the rounds (pairs resampled together; ``paired_ratio_ci``'s ``of="total"``
+  bounds the ratio of the totals instead, for a cost that lands in a few rounds), and a
+  Wilcoxon signed-rank test of the log ratios (``scipy.stats.wilcoxon``). Machine drift slower
+  than one round moves both sides of a pair alike and cancels in its ratio, which is why paired
+  rounds are the drift-robust design.
 
 Paired rounds cancel drift, not a difference between the two *processes* the sides run in (on
 a shared VM, two processes running the same step can differ by several percent for their whole
