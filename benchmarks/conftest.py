@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from gpubench.cli.options import add_session_arguments, resolve_target
-from gpubench.launchers.workers import DEFAULT_TIMEOUT_S
+from gpubench.launchers.workers import DEFAULT_TIMEOUT_S, preload_workload_imports
 from gpubench.measure.machine import machine_info as describe_machine
+from gpubench.measure.runner import forked_imports
 from gpubench.measure.version import SCHEMA_VERSION
 from gpubench.suite.cases import GROUPS, PROFILE_MODELS, profile_cases
 from gpubench.train.config import GENERATED_DATASETS
@@ -214,6 +215,11 @@ def pytest_collection_finish(session):
         opts.selected = [cases[item.callspec.params["case_id"]] for item in session.items
                          if "case_id" in getattr(getattr(item, "callspec", None), "params", {})
                          and item.callspec.params["case_id"] in cases]
+        # The models of the cases that will run in forked rank processes: their libraries
+        # imported once, by the fork server, not by each rank.
+        preload_workload_imports(forked_imports(
+            case.cfg for case in opts.selected
+            if case.cfg.in_workers and case.skip_reason() is None))
 
 
 def pytest_runtest_teardown(item, nextitem):

@@ -149,10 +149,13 @@ def test_harness_overhead(benchmark, overhead_model, options):
     warm = max(options.warmup, 2) * builds
     for _ in range(warm):
         pair()
-    # At least 20 pairs, more for a fast step until the pairs take about OVERHEAD_PAIRS_S (at
-    # most 100): the figure is a ratio of steps a few per cent noisy, read to 1%.
+    # At least 20 pairs; where the run asks for an interval's width (not a fixed count of
+    # rounds: --rounds, the smoke profile), more for a fast step until the pairs take about
+    # OVERHEAD_PAIRS_S (at most 100): the figure is a ratio of steps a few per cent noisy,
+    # read to 1%.
     pair_s = sum(v[-1] for v in times.values())
-    rounds = max(options.rounds, 20, min(100, math.ceil(OVERHEAD_PAIRS_S / max(pair_s, 1e-9))))
+    seconds = OVERHEAD_PAIRS_S if options.target_width else 0.0
+    rounds = max(options.rounds, 20, min(100, math.ceil(seconds / max(pair_s, 1e-9))))
     rounds = math.ceil(rounds / builds) * builds  # as many pairs per build
     last = benchmark.pedantic(pair, rounds=rounds)
     for case in cases:

@@ -135,3 +135,18 @@ def test_a_failing_case_stops_the_pooled_ranks(monkeypatch):
         assert pool.started == 2
     finally:
         pool.close()
+
+
+def test_the_fork_server_imports_the_models_of_the_cases_that_fork_their_ranks():
+    """A run's CPU DDP, FSDP and pipeline cases fork their ranks from one server, which imports
+    their models' libraries once (``forked_imports``); in-process cases and cases spawned for
+    an environment of their own add nothing to it."""
+    from gpubench.measure.runner import forked_imports
+    from gpubench.suite.cases import profile_cases
+
+    configs = [c.cfg for c in profile_cases("smoke", "cpu", ("resnet18", "bert"))]
+    assert forked_imports(configs) == {"torchvision.models",
+                                       "transformers.models.bert.modeling_bert"}
+    assert forked_imports(c for c in configs if not c.multiprocess) == set()
+    assert forked_imports(c for c in configs if c.model == "bert" and c.multiprocess) == {
+        "transformers.models.bert.modeling_bert"}

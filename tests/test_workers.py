@@ -385,17 +385,20 @@ SERVER_HOST = textwrap.dedent("""
 
             import gpubench
             os.write(2, b"a rank's stderr\\n")
-            return {"threads": torch.get_num_threads(), "gpubench": gpubench.__file__}
+            return {"threads": torch.get_num_threads(), "gpubench": gpubench.__file__,
+                    "preloaded": "tabnanny" in sys.modules}
 
     if __name__ == "__main__":  # not in a rank, which imports this module again
         os.environ["OMP_NUM_THREADS"] = "1"  # as torch is imported, and the fork server starts
         from multiprocessing import forkserver
 
         import gpubench
-        from gpubench.launchers.workers import WorkerGroup
+        from gpubench.launchers.workers import WorkerGroup, preload_workload_imports
 
+        preload_workload_imports(["tabnanny"])  # a module nothing here imports
         with WorkerGroup(1, Probe, start_method="forkserver") as group:
             first = group.call("read")[0]
+        assert "tabnanny" not in sys.modules
         server = forkserver._forkserver._forkserver_pid
         with open(f"/proc/{server}/status") as status:
             ignored = int(next(l for l in status if l.startswith("SigIgn")).split()[1], 16)
@@ -416,7 +419,9 @@ def test_the_fork_server_gives_its_ranks_this_processs_threads_stderr_and_packag
     with the variable gone, a rank forked from the same server has torch's own count, as a
     spawned one has (the server was started without it); a rank forked after this process
     moved its stderr writes to the new one; the server and so every rank ignore SIGINT from
-    their start; the ranks run this process's gpubench."""
+    their start; the ranks run this process's gpubench; the modules a run's workloads declare
+    (``preload_workload_imports``) are imported by the server, not by this process, and are
+    there in each rank forked from it."""
     host = tmp_path / "host.py"
     host.write_text(SERVER_HOST)
     err = tmp_path / "stderr.txt"
@@ -429,6 +434,9 @@ def test_the_fork_server_gives_its_ranks_this_processs_threads_stderr_and_packag
     assert err.read_text().count("a rank's stderr") == 2  # the forked rank's and the spawned's
     assert got["server_ignores_sigint"]
     assert got["forked"]["gpubench"] == got["spawned"]["gpubench"] == got["gpubench"]
+    # A workload's declared imports: made once in the server, there in each forked rank.
+    assert got["first"]["preloaded"] and got["forked"]["preloaded"]
+    assert not got["spawned"]["preloaded"]
 
 
 def test_a_group_after_the_fork_server_died_starts_another():

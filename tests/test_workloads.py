@@ -146,6 +146,8 @@ def test_dict_inputs_and_loss_in_model_run_a_case():
 def test_family_specs_build_and_train(spec):
     info = run(RunConfig(model=spec, profile="smoke"))
     assert info["samples_per_s"] > 0 and info["workload"] == spec
+    imports = resolve(spec, "smoke").imports  # what the fork server imports for its ranks
+    assert imports and all(m in sys.modules for m in imports), imports
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -231,8 +233,11 @@ def test_initial_weights_are_built_once_and_copied_with_the_rng_where_a_build_le
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "bert", "gpt2", "llama"])
 def test_every_builtin_workload_passes_validation(name):
     """The commands skip validating built-in names (a model build each, before any case):
-    this is where they are validated."""
-    validate(resolve(name, "smoke"))
+    this is where they are validated; the modules each declares for the fork server to import
+    are modules its build has imported."""
+    workload = resolve(name, "smoke")
+    validate(workload)
+    assert workload.imports and all(m in sys.modules for m in workload.imports), workload.imports
 
 
 def test_the_builtin_llama_is_fp8s_workload_every_linear_a_multiple_of_16():

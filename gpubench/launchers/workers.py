@@ -89,10 +89,26 @@ def start_method(device: str, env: dict[str, str] | None = None) -> str:
     return "spawn"
 
 
+_WORKLOAD_IMPORTS: set[str] = set()
+"""Modules the fork server imports besides ``_preload``'s, whether this process has imported
+them or not (``preload_workload_imports``)."""
+
+
+def preload_workload_imports(modules) -> None:
+    """Have the fork server, when it starts, import ``modules`` too (a run's workloads'
+    ``Workload.imports`` for the cases it will run in forked ranks): each rank then starts
+    with its model's library imported, where this process had not imported it yet when the
+    server started (BERT's DDP cases after ResNet's started it). A server running already
+    keeps its modules."""
+    _WORKLOAD_IMPORTS.update(modules)
+
+
 def _preload() -> list[str]:
     models = sorted(m for m in sys.modules
                     if m.startswith("transformers.models.") and ".modeling_" in m)
-    return [SERVER_PRELOAD[0], *(m for m in SERVER_PRELOAD[1:] if m in sys.modules), *models]
+    extra = sorted(_WORKLOAD_IMPORTS - set(models))
+    return [SERVER_PRELOAD[0], *(m for m in SERVER_PRELOAD[1:] if m in sys.modules), *models,
+            *extra]
 
 
 def _server_ready() -> None:

@@ -94,6 +94,15 @@ def _no_program(rank: int, world_size: int) -> None:
     return None
 
 
+def forked_imports(configs) -> set[str]:
+    """The modules (``Workload.imports``) of the configurations among ``configs`` whose
+    processes fork from the fork server (``start_method``): what the server imports once
+    (``gpubench.launchers.workers.preload_workload_imports``) instead of each rank."""
+    return {m for cfg in configs
+            if cfg.in_workers and start_method(cfg.device, cfg.worker_env()) == "forkserver"
+            for m in cfg.workload.imports}
+
+
 def launcher(cfg: RunConfig, timeout_s: float = DEFAULT_TIMEOUT_S,
              ranks: RankPool | None = None, program: type = CaseProgram,
              args: tuple | None = None):

@@ -153,6 +153,12 @@ class Workload:
     the suite's defaults (fp32 1e-4, tf32 5e-3, fp16 1e-2, bf16 4e-2)."""
     channels_last: bool | None = None
     """Whether the channels_last layout applies; None: when the inputs are one 4-D tensor."""
+    imports: tuple[str, ...] = ()
+    """Modules ``build_model`` imports (``"transformers.models.bert.modeling_bert"``): the fork
+    server of a run's CPU rank processes imports them once, before it forks the first rank,
+    instead of every rank importing them as it builds (transformers' BERT: 2-3 s of a 2-core
+    CPU per rank). A module that cannot be imported is left out; the ranks then import what
+    they need themselves."""
     spec: str = ""
     """How the workload was named (set by ``resolve``; rebuilds it in worker processes)."""
     profile: str = ""

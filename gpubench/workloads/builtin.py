@@ -307,6 +307,7 @@ def resnet(name: str, profile: str) -> Workload:
         },
         stages=resnet_stages,
         checkpointing=_resnet_checkpointing,
+        imports=("torchvision.models",),
     )
 
 
@@ -340,6 +341,7 @@ def bert(profile: str) -> Workload:
         dataset_name="tokens-mmap",
         stages=bert_stages,
         checkpointing=_hf_checkpointing,
+        imports=("transformers.models.bert.modeling_bert",),
     )
 
 
@@ -373,6 +375,7 @@ def gpt2(profile: str) -> Workload:
         dataset_name="tokens-mmap",
         stages=gpt2_stages,
         checkpointing=_hf_checkpointing,
+        imports=("transformers.models.gpt2.modeling_gpt2",),
     )
 
 
@@ -460,6 +463,7 @@ def torchvision_workload(spec: str, profile: str) -> Workload:
         make_batch=image_batch(side, classes),
         micro_batch=micro_batch,
         loss_fn=classification_loss,
+        imports=("torchvision.models",),
     )
 
 
@@ -614,6 +618,9 @@ def transformers_workload(spec: str, profile: str) -> Workload:
         cls = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
         return Logits(cls.from_config(config))
 
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    module = model_type_to_module_name(config.model_type)
     return Workload(
         name=config.model_type,
         build_model=build_model,
@@ -621,4 +628,5 @@ def transformers_workload(spec: str, profile: str) -> Workload:
         micro_batch=micro_batch,
         loss_fn=causal_lm_loss if causal else classification_loss,
         checkpointing=_hf_checkpointing,
+        imports=(f"transformers.models.{module}.modeling_{module}",),
     )
