@@ -215,11 +215,11 @@ def pytest_collection_finish(session):
         opts.selected = [cases[item.callspec.params["case_id"]] for item in session.items
                          if "case_id" in getattr(getattr(item, "callspec", None), "params", {})
                          and item.callspec.params["case_id"] in cases]
-        # The models of the cases that will run in forked rank processes: their libraries
-        # imported once, by the fork server, not by each rank.
+        # The models of the cases that may run in forked rank processes: their libraries
+        # imported once, by the fork server, not by each rank (a case that then skips costs
+        # the server an import; asking each case here would build models at collection).
         preload_workload_imports(forked_imports(
-            case.cfg for case in opts.selected
-            if case.cfg.in_workers and case.skip_reason() is None))
+            case.cfg for case in opts.selected if opts.slow or not case.slow))
 
 
 def pytest_runtest_teardown(item, nextitem):

@@ -395,9 +395,10 @@ SERVER_HOST = textwrap.dedent("""
         import gpubench
         from gpubench.launchers.workers import WorkerGroup, preload_workload_imports
 
-        preload_workload_imports(["tabnanny"])  # a module nothing here imports
+        # A module nothing here imports, and one whose import fails (not an ImportError).
+        preload_workload_imports(["tabnanny", "broken_library"])
         with WorkerGroup(1, Probe, start_method="forkserver") as group:
-            first = group.call("read")[0]
+            first = {**group.call("read")[0], "start_method": group.start_method}
         assert "tabnanny" not in sys.modules
         server = forkserver._forkserver._forkserver_pid
         with open(f"/proc/{server}/status") as status:
@@ -421,9 +422,10 @@ def test_the_fork_server_gives_its_ranks_this_processs_threads_stderr_and_packag
     moved its stderr writes to the new one; the server and so every rank ignore SIGINT from
     their start; the ranks run this process's gpubench; the modules a run's workloads declare
     (``preload_workload_imports``) are imported by the server, not by this process, and are
-    there in each rank forked from it."""
+    there in each rank forked from it; one whose import raises is skipped."""
     host = tmp_path / "host.py"
     host.write_text(SERVER_HOST)
+    (tmp_path / "broken_library.py").write_text('raise RuntimeError("built for another torch")\n')
     err = tmp_path / "stderr.txt"
     done = subprocess.run([sys.executable, str(host), str(err)], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
@@ -434,7 +436,9 @@ def test_the_fork_server_gives_its_ranks_this_processs_threads_stderr_and_packag
     assert err.read_text().count("a rank's stderr") == 2  # the forked rank's and the spawned's
     assert got["server_ignores_sigint"]
     assert got["forked"]["gpubench"] == got["spawned"]["gpubench"] == got["gpubench"]
-    # A workload's declared imports: made once in the server, there in each forked rank.
+    # A workload's declared imports: made once in the server, there in each forked rank; one
+    # that fails to import is skipped, and the server still serves.
+    assert got["first"]["start_method"] == "forkserver"
     assert got["first"]["preloaded"] and got["forked"]["preloaded"]
     assert not got["spawned"]["preloaded"]
 

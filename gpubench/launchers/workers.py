@@ -91,7 +91,13 @@ def start_method(device: str, env: dict[str, str] | None = None) -> str:
 
 _WORKLOAD_IMPORTS: set[str] = set()
 """Modules the fork server imports besides ``_preload``'s, whether this process has imported
-them or not (``preload_workload_imports``)."""
+them or not (``preload_workload_imports``): named to it in ``SERVER_IMPORTS_ENV``, imported by
+its first module (``gpubench.launchers.server``), where one that fails, however, is skipped
+(the preload's own imports stop the server at any error but ImportError)."""
+
+SERVER_IMPORTS_ENV = "GPUBENCH_SERVER_IMPORTS"
+"""The variable that names ``_WORKLOAD_IMPORTS`` to a fork server as it starts (comma-separated;
+not passed on to the processes it forks)."""
 
 
 def preload_workload_imports(modules) -> None:
@@ -106,9 +112,7 @@ def preload_workload_imports(modules) -> None:
 def _preload() -> list[str]:
     models = sorted(m for m in sys.modules
                     if m.startswith("transformers.models.") and ".modeling_" in m)
-    extra = sorted(_WORKLOAD_IMPORTS - set(models))
-    return [SERVER_PRELOAD[0], *(m for m in SERVER_PRELOAD[1:] if m in sys.modules), *models,
-            *extra]
+    return [SERVER_PRELOAD[0], *(m for m in SERVER_PRELOAD[1:] if m in sys.modules), *models]
 
 
 def _server_ready() -> None:
@@ -132,10 +136,12 @@ def _ensure_server(ctx, timeout_s: float) -> int | None:
         # The server imports the preload from this process's path (Python 3.11's server does
         # not take it), so that it has this process's gpubench, not another one installed.
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        os.environ[SERVER_IMPORTS_ENV] = ",".join(sorted(_WORKLOAD_IMPORTS))
         try:
             server.ensure_running()
         finally:
             os.environ.pop("PYTHONPATH")
+            os.environ.pop(SERVER_IMPORTS_ENV)
             os.environ.update(saved)
         pid = server._forkserver_pid
         first = ctx.Process(target=_server_ready, name="gpubench-fork-server-ready")

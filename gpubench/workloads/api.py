@@ -157,8 +157,8 @@ class Workload:
     """Modules ``build_model`` imports (``"transformers.models.bert.modeling_bert"``): the fork
     server of a run's CPU rank processes imports them once, before it forks the first rank,
     instead of every rank importing them as it builds (transformers' BERT: 2-3 s of a 2-core
-    CPU per rank). A module that cannot be imported is left out; the ranks then import what
-    they need themselves."""
+    CPU per rank). A module whose import fails (in any way) is skipped; the ranks then import
+    what they need themselves."""
     spec: str = ""
     """How the workload was named (set by ``resolve``; rebuilds it in worker processes)."""
     profile: str = ""

@@ -618,6 +618,10 @@ def transformers_workload(spec: str, profile: str) -> Workload:
         cls = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
         return Logits(cls.from_config(config))
 
+    # The model type's modeling module as transformers names most (bert, llama, gpt2); the few
+    # whose classes live elsewhere (data2vec-text) name a module that does not import, which
+    # the fork server skips: their ranks import their model themselves. Asking the auto
+    # mapping for the class would import the model here, at every resolve.
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
     module = model_type_to_module_name(config.model_type)
