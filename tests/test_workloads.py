@@ -257,3 +257,15 @@ def test_the_builtin_llama_is_fp8s_workload_every_linear_a_multiple_of_16():
     assert all(o % 16 == 0 and i % 16 == 0 for _, o, i in linears), linears
     ids = {c.id for c in profile_cases("cpu", "cuda", ("llama",), ("compile",))}
     assert {"llama-bf16-compile", "llama-fp8-compile", "llama-fp8-rowwise-compile"} <= ids, ids
+
+
+@pytest.mark.parametrize("imports", ["transformers.models.bert.modeling_bert", (1,)])
+def test_imports_that_are_not_module_names_are_one_line(imports):
+    """A bare string (iterated, it would name one-letter modules) or a non-string is refused
+    where the workload is made, naming the value."""
+    from gpubench.workloads.api import Workload
+
+    with pytest.raises(WorkloadError, match=r"imports must be a tuple of module names .*got "):
+        Workload(name="mlp", build_model=lambda: torch.nn.Linear(2, 2),
+                 make_batch=lambda n, g: (torch.zeros(n, 2), torch.zeros(n, 2)), micro_batch=2,
+                 imports=imports)

@@ -174,6 +174,10 @@ class Workload:
         for attr in ("build_model", "make_batch"):
             if not callable(getattr(self, attr)):
                 raise WorkloadError(f"Workload {self.name}: {attr} must be callable")
+        if isinstance(self.imports, str) or not all(isinstance(m, str) for m in self.imports):
+            raise WorkloadError(f"Workload {self.name}: imports must be a tuple of module names "
+                                f"such as ('transformers.models.bert.modeling_bert',); got "
+                                f"{self.imports!r}")
         reserved = {"synthetic", "device-resident"}
         names = [self.dataset_name, *self.extra_datasets]
         if reserved & set(names):
