@@ -19,15 +19,24 @@ fi
 dir=$(realpath -m "$dir")
 
 stop() {
-    local name pid
-    for name in slurmd slurmctld munged; do
-        [[ -f $dir/$name.pid ]] || continue
-        pid=$(cat "$dir/$name.pid")
-        if kill "$pid" 2>/dev/null; then
-            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-            kill -9 "$pid" 2>/dev/null || true
-        fi
-        rm -f "$dir/$name.pid"
+    # SIGTERM to both Slurm daemons at once, then to munged, whose socket their shutdown may
+    # still use; each is given 5 s, then SIGKILL (one after another: about 6 s; together: 4 s).
+    local names
+    for names in "slurmd slurmctld" "munged"; do
+        local name pid pids=()
+        for name in $names; do
+            [[ -f $dir/$name.pid ]] || continue
+            pid=$(cat "$dir/$name.pid")
+            kill "$pid" 2>/dev/null && pids+=("$pid")
+            rm -f "$dir/$name.pid"
+        done
+        for _ in $(seq 50); do
+            local alive=0
+            for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+            ((alive)) || break
+            sleep 0.1
+        done
+        for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     done
 }
 
