@@ -345,16 +345,34 @@ def test_srun_dist_writes_the_records_of_torchrun(slurm, tmp_path):
     assert data["commit_info"].get("id") or data["commit_info"].get("error")
 
 
+def _final_state(job_id: str, env: dict, timeout_s: float = 600) -> tuple[str, str]:
+    """(JobState, ExitCode) of the job once it has ended, read from ``scontrol`` every 0.2 s.
+    ``sbatch --wait`` would return the job's exit code too, but it looks at the job 2 s after
+    submitting it and then 8 s later: a job of 4 s held the test for 10."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env,
+                               capture_output=True, text=True, timeout=30).stdout
+        fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+        if fields.get("JobState") not in (None, "PENDING", "CONFIGURING", "RUNNING",
+                                          "COMPLETING", "SUSPENDED"):
+            return fields["JobState"], fields.get("ExitCode", "")
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not end within {timeout_s:g} s")
+
+
 @pytest.mark.slow
 def test_emitted_sbatch_script_runs_to_completion(slurm, tmp_path):
     out = tmp_path / "sbatch.json"
     script = tmp_path / "job.sh"
     script.write_text(emit_sbatch(submit_args(*RUN, "--tasks-per-node", "2", "--rounds", "2",
                                               "--time", "10", "--out", str(out))))
-    done = subprocess.run(["sbatch", "--wait", "--nice=19", f"--chdir={tmp_path}", str(script)],
-                          env=slurm, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(["sbatch", "--parsable", "--nice=19", f"--chdir={tmp_path}",
+                           str(script)], env=slurm, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = _final_state(done.stdout.strip().split(";")[0], slurm)
     logs = "\n".join(p.read_text()[-2000:] for p in tmp_path.glob("gpubench-dist-*.log"))
-    assert done.returncode == 0, done.stdout + done.stderr + logs
+    assert state == ("COMPLETED", "0:0"), f"{state}\n{logs}"
     (info,) = records(out)
     assert info["launcher"] == "slurm" and info["world_size"] == 2
 
