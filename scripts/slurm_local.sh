@@ -21,9 +21,9 @@ dir=$(realpath -m "$dir")
 stop() {
     # SIGTERM to both Slurm daemons at once, then to munged, whose socket their shutdown may
     # still use; each is given 5 s, then SIGKILL (one after another: about 6 s; together: 4 s).
-    local names
+    local names name pid alive pids
     for names in "slurmd slurmctld" "munged"; do
-        local name pid pids=()
+        pids=()
         for name in $names; do
             [[ -f $dir/$name.pid ]] || continue
             pid=$(cat "$dir/$name.pid")
@@ -31,7 +31,7 @@ stop() {
             rm -f "$dir/$name.pid"
         done
         for _ in $(seq 50); do
-            local alive=0
+            alive=0
             for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
             ((alive)) || break
             sleep 0.1
