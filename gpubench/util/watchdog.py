@@ -232,6 +232,8 @@ def exit_after(seconds: float, message, *, code: int = EXIT_HUNG):
             text = message()
         except Exception as err:  # noqa: BLE001 - the process ends either way
             text = f"gpubench: stopped after {seconds:g} s ({type(err).__name__}: {err})"
+        if done.is_set():  # the block ended while the message was being made: it reports
+            return
         _write(text.rstrip("\n") + "\n")
         os._exit(code)
 
