@@ -132,6 +132,27 @@ def test_a_call_blocked_holding_the_gil_ends_the_process():
     assert time.monotonic() - start < 15
 
 
+def test_exit_after_reports_once_when_the_block_fails_as_its_watch_wakes():
+    """The watch is writing its line when the block ends with its own report: the block's end
+    waits for the process to end, so one line is written, not two."""
+    proc = _in_child(
+        "import threading\n"
+        "writing = threading.Event()\n"
+        "write = watchdog._write\n"
+        "def slow_write(text):\n"
+        "    writing.set()\n"
+        "    time.sleep(0.5)\n"
+        "    write(text)\n"
+        "watchdog._write = slow_write\n"
+        "try:\n"
+        "    with watchdog.exit_after(0.1, lambda: 'the watch', code=3):\n"
+        "        writing.wait(30)\n"
+        "        raise RuntimeError\n"
+        "except RuntimeError:\n"
+        "    sys.stderr.write('the block\\n')\n")
+    assert (proc.returncode, proc.stderr) == (3, "the watch\n")
+
+
 def _net():
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 

@@ -223,6 +223,10 @@ def exit_after(seconds: float, message, *, code: int = EXIT_HUNG):
     after writing ``message()`` (one line, computed then) to stderr: for a call blocked in C
     code that no exception can reach (a socket read inside a library), in any thread."""
     done = threading.Event()
+    # Held by the watch from its last look at ``done`` to the end of the process, and taken
+    # by the block's end to set ``done``: one of the two reports, never both (a block that
+    # fails just as the watch wakes waits here for the process to end with the watch's line).
+    reporting = threading.Lock()
     keep_stderr()
 
     def watch() -> None:
@@ -232,7 +236,8 @@ def exit_after(seconds: float, message, *, code: int = EXIT_HUNG):
             text = message()
         except Exception as err:  # noqa: BLE001 - the process ends either way
             text = f"gpubench: stopped after {seconds:g} s ({type(err).__name__}: {err})"
-        if done.is_set():  # the block ended while the message was being made: it reports
+        reporting.acquire()  # never released: the process ends here, or the block reports
+        if done.is_set():
             return
         _write(text.rstrip("\n") + "\n")
         os._exit(code)
@@ -241,4 +246,5 @@ def exit_after(seconds: float, message, *, code: int = EXIT_HUNG):
     try:
         yield
     finally:
-        done.set()
+        with reporting:
+            done.set()
