@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from gpubench.launchers.workers import WorkerGroup
+from gpubench.launchers.workers import WorkerGroup, start_method
 from gpubench.measure.memory import SavedActivations, state_breakdown
 from gpubench.measure.protocol import CaseProgram
 from gpubench.measure.runner import run_case
@@ -19,6 +19,8 @@ from gpubench.train.checks import GRAD_TOL, TrainingCheckError, check_case
 from gpubench.train.config import RunConfig
 from gpubench.train.parallel import shard_units
 from gpubench.workloads.api import build_train_module
+
+FORKED = start_method("cpu")  # how a CPU case starts its ranks: forked from a server here
 
 PARAM_ATOL = 1e-6
 """Parameters after one SGD step: the same sums in another order (float32)."""
@@ -84,7 +86,7 @@ class FSDPRank:
 
 @pytest.fixture(scope="module")
 def ranks():
-    group = WorkerGroup(2, FSDPRank, timeout_s=120)
+    group = WorkerGroup(2, FSDPRank, timeout_s=120, start_method=FORKED)
     yield group
     group.close(graceful=False)  # nothing to wait for: the ranks' work is done
 

@@ -9,11 +9,13 @@ import time
 import pytest
 import torch
 
-from gpubench.launchers.workers import WorkerError, WorkerGroup, WorkerTimeout
+from gpubench.launchers.workers import WorkerError, WorkerGroup, WorkerTimeout, start_method
 from gpubench.measure.protocol import combine
 from gpubench.train.build import build, check_world_size
 from gpubench.train.config import RunConfig
 from gpubench.train.data import seed_worker
+
+FORKED = start_method("cpu")  # how a CPU case starts its ranks: forked from a server here
 
 PARAM_ATOL = 1e-6
 """Parameters after one SGD step: the same sums in another order (float32)."""
@@ -47,7 +49,7 @@ class DDPOneStep:
 def test_ddp_step_equals_single_process_on_global_batch(no_sync):
     cfg = RunConfig(model="bert", profile="smoke", parallel="ddp", world_size=2, micro_batch=4,
                     accum_steps=2 if no_sync else 1, ddp_no_sync=no_sync)
-    with WorkerGroup(2, DDPOneStep, (cfg,)) as group:
+    with WorkerGroup(2, DDPOneStep, (cfg,), start_method=FORKED) as group:
         rank_params = group.call("run")
     single = build(RunConfig(model="bert", profile="smoke", micro_batch=8))
     single.step(iter([_global_batch(cfg, 8)]))
@@ -90,7 +92,7 @@ class PipelineOneStep:
 def pipeline_ranks():
     """Two ranks for every pipeline configuration of this module: each configuration is built
     afresh in them, as a run's consecutive cases are (the ranks' start-up paid once)."""
-    with WorkerGroup(2, PipelineOneStep, ()) as group:
+    with WorkerGroup(2, PipelineOneStep, (), start_method=FORKED) as group:
         yield group
 
 
@@ -143,7 +145,7 @@ def _alive(pids):
 
 
 def test_failing_rank_fails_fast_with_its_traceback_and_no_orphans():
-    group = WorkerGroup(2, Faulty)
+    group = WorkerGroup(2, Faulty, start_method=FORKED)
     pids = group.pids
     start = time.monotonic()
     with pytest.raises(WorkerError, match="rank 1 failed") as err:
@@ -156,7 +158,7 @@ def test_failing_rank_fails_fast_with_its_traceback_and_no_orphans():
 
 @pytest.mark.slow
 def test_hanging_rank_times_out_with_clear_message_and_no_orphans():
-    group = WorkerGroup(2, Faulty, timeout_s=2)
+    group = WorkerGroup(2, Faulty, timeout_s=2, start_method=FORKED)
     pids = group.pids
     with pytest.raises(WorkerTimeout, match=r"rank\(s\) 0 did not finish 'hang' within 2 s"):
         group.call("hang")
@@ -165,7 +167,8 @@ def test_hanging_rank_times_out_with_clear_message_and_no_orphans():
 
 @pytest.mark.slow
 def test_two_groups_at_once_do_not_collide():
-    with WorkerGroup(2, Faulty) as a, WorkerGroup(2, Faulty) as b:
+    with (WorkerGroup(2, Faulty, start_method=FORKED) as a,
+          WorkerGroup(2, Faulty, start_method=FORKED) as b):
         assert a.call("allreduce") == b.call("allreduce") == [[2.0] * 3] * 2
 
 

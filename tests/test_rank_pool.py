@@ -8,10 +8,12 @@ import sys
 
 import pytest
 
-from gpubench.launchers.workers import WorkerError, WorkerGroup
+from gpubench.launchers.workers import WorkerError, WorkerGroup, start_method
 from gpubench.measure.runner import RankPool, run_case
 from gpubench.measure.standalone import StandaloneBenchmark
 from gpubench.train.config import RunConfig
+
+FORKED = start_method("cpu")  # how a CPU case starts its ranks: forked from a server here
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks ranks")
 
@@ -26,7 +28,7 @@ class Counter:
 
 
 def test_rebuild_replaces_each_ranks_program_in_the_same_processes():
-    with WorkerGroup(2, Counter, (10,)) as group:
+    with WorkerGroup(2, Counter, (10,), start_method=FORKED) as group:
         pids = group.pids
         assert group.call("bump") == [11, 11]
         group.rebuild(Counter, (100,))

@@ -27,6 +27,8 @@ from gpubench.launchers.workers import (
 )
 from gpubench.util.signals import describe_exit
 
+FORKED = start_method("cpu")  # how a CPU case starts its ranks: forked from a server here
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
@@ -112,7 +114,7 @@ def _alive(pids):
 # -- sockets ----------------------------------------------------------------------------------
 
 def test_store_and_gloo_listen_on_loopback_only():
-    with WorkerGroup(2, Program) as group:
+    with WorkerGroup(2, Program, start_method=FORKED) as group:
         assert group.call("allreduce") == [[2.0] * 3] * 2
         sockets = listening_sockets([os.getpid(), *group.pids])
     assert any(port == group.store.port for _, port in sockets), sockets  # the store was seen
@@ -129,7 +131,7 @@ def test_describe_exit():
 
 
 def test_killed_rank_reports_its_signal_not_code_none():
-    group = WorkerGroup(2, Program)
+    group = WorkerGroup(2, Program, start_method=FORKED)
     pids = group.pids
     threading.Timer(0.5, os.kill, (pids[1], signal.SIGKILL)).start()
     with pytest.raises(WorkerError, match=r"rank 1 was killed by SIGKILL during 'hang'"):
@@ -138,7 +140,7 @@ def test_killed_rank_reports_its_signal_not_code_none():
 
 
 def test_rank_killed_while_starting_is_named_with_its_signal(monkeypatch):
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(FORKED)
     start = ctx.Process.start
 
     def start_and_kill_rank1(self):
@@ -149,7 +151,7 @@ def test_rank_killed_while_starting_is_named_with_its_signal(monkeypatch):
     monkeypatch.setattr(ctx.Process, "start", start_and_kill_rank1)
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match=r"rank 1 was killed by SIGKILL during 'start'"):
-        WorkerGroup(2, Program, timeout_s=30)
+        WorkerGroup(2, Program, timeout_s=30, start_method=FORKED)
     assert time.monotonic() - t0 < 30
 
 
@@ -158,7 +160,7 @@ def test_start_up_hang_names_the_rank_that_did_not_start(monkeypatch):
     """Rank 1 stopped before it joins: rank 0 gives up waiting in the process group (as long
     as the start may take, not the commands' shorter collective timeout), and the message
     blames rank 1, not the healthy rank 0."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(FORKED)
     start = ctx.Process.start
     stopped = []
 
@@ -170,7 +172,7 @@ def test_start_up_hang_names_the_rank_that_did_not_start(monkeypatch):
 
     monkeypatch.setattr(ctx.Process, "start", start_and_stop_rank1)
     with pytest.raises(WorkerTimeout) as err:
-        WorkerGroup(2, Program, timeout_s=1, start_timeout_s=6)
+        WorkerGroup(2, Program, timeout_s=1, start_timeout_s=6, start_method=FORKED)
     message = str(err.value)
     assert message.startswith("rank(s) 1 did not start"), message
     # rank 0's join and the host's start end together: whichever speaks first, rank 0 is
@@ -262,7 +264,8 @@ def test_collective_timeout_names_the_rank_that_hung_not_the_one_that_waited():
     """Rank 1 hangs while rank 0 waits for it in an all-reduce: rank 0's gloo timeout used to be
     reported as "rank 0 failed", blaming the healthy rank (fault campaign: a rank stopped with
     SIGSTOP in `gpubench case --parallel ddp`)."""
-    with WorkerGroup(2, Program, timeout_s=3, start_timeout_s=120) as group:
+    with WorkerGroup(2, Program, timeout_s=3, start_timeout_s=120,
+                     start_method=FORKED) as group:
         with pytest.raises(WorkerTimeout) as err:
             group.call("rank1_hangs_in_allreduce", timeout_s=60)
     message = str(err.value)
@@ -276,7 +279,8 @@ def test_a_rank_that_builds_later_than_the_collective_timeout_still_joins():
     """Joining and building wait for the slowest rank as long as the start may take: a 1 s
     ``timeout_s`` bounds the commands' collectives only (a rank that hangs in one is named
     within seconds, not after the start's 60)."""
-    with WorkerGroup(2, LateBuilder, timeout_s=1, start_timeout_s=60) as group:
+    with WorkerGroup(2, LateBuilder, timeout_s=1, start_timeout_s=60,
+                     start_method=FORKED) as group:
         assert group.call("allreduce") == [[2.0] * 3] * 2
         start = time.monotonic()
         with pytest.raises(WorkerTimeout) as err:
@@ -290,7 +294,8 @@ def test_rank_that_hangs_is_named_when_the_host_times_out_too():
     """The same hang with the host's own deadline equal to the process group's timeout: the
     host used to give up first and name every rank ("rank(s) 0, 1 did not finish"); it now
     waits a grace period for rank 0's report (fault campaign: SIGSTOP of a rank mid-step)."""
-    with WorkerGroup(2, Program, timeout_s=3, start_timeout_s=120) as group:
+    with WorkerGroup(2, Program, timeout_s=3, start_timeout_s=120,
+                     start_method=FORKED) as group:
         with pytest.raises(WorkerTimeout) as err:
             group.call("rank1_hangs_in_allreduce")
     assert str(err.value).startswith("rank(s) 1 did not finish"), str(err.value)
