@@ -154,14 +154,20 @@ def time_verdict(base: np.ndarray, new: np.ndarray, th: Thresholds,
     """(verdict, relative change of the median, p-value) for two samples of round times; a
     change counts beyond ``limit`` (default: the time threshold)."""
     base, new = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
-    limit = th.time if limit is None else limit
     change = float(np.median(new) / np.median(base) - 1)
     p = mann_whitney_p(base, new) if min(len(base), len(new)) >= 2 else float("nan")
-    if not can_reach_significance(len(base), len(new), th.alpha):
-        return Kind.TOO_FEW, change, p
+    sizes = (len(base), len(new))
+    return _time_kind(change, p, sizes, th, th.time if limit is None else limit), change, p
+
+
+def _time_kind(change: float, p: float, sizes: tuple[int, int], th: Thresholds,
+               limit: float) -> str:
+    """``time_verdict``'s verdict from its change, p-value and the two samples' sizes."""
+    if not can_reach_significance(*sizes, th.alpha):
+        return Kind.TOO_FEW
     if p >= th.alpha or abs(change) < limit:
-        return Kind.UNCHANGED, change, p
-    return (Kind.REGRESSION if change > 0 else Kind.IMPROVEMENT), change, p
+        return Kind.UNCHANGED
+    return Kind.REGRESSION if change > 0 else Kind.IMPROVEMENT
 
 
 def flag_time(base: np.ndarray, new: np.ndarray, th: Thresholds, limit: float,
@@ -170,7 +176,7 @@ def flag_time(base: np.ndarray, new: np.ndarray, th: Thresholds, limit: float,
     first stage of --confirm: a flag to re-measure) where that is given and lower."""
     verdict, change, p = time_verdict(base, new, th, limit)
     if screen is not None and screen < limit and verdict == Kind.UNCHANGED and change > 0:
-        verdict = time_verdict(base, new, th, screen)[0]
+        verdict = _time_kind(change, p, (len(base), len(new)), th, screen)
     return verdict, change, p
 
 
