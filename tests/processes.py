@@ -1,5 +1,6 @@
-"""Process helpers of the tests that start ``gpubench`` in a session of its own and check
-what it leaves behind (imported as ``processes``: the tests folder is on sys.path)."""
+"""Process helpers of the tests: how their rank groups start, and for those that start
+``gpubench`` in a session of its own, what it leaves behind (imported as ``processes``: the
+tests folder is on sys.path)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ import os
 import signal
 import time
 from pathlib import Path
+
+from gpubench.launchers.workers import start_method
+
+FORKED = start_method("cpu")
+"""How a test's rank group starts where how ranks start is not what it tests: as a CPU case's
+do, forked from the fork server that imported torch once (Linux), where a spawned rank imports
+torch and the test's module afresh (about 3.6 s of CPU each)."""
 
 
 def session_processes(sid: int) -> list[int]:

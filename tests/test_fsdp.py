@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 import torch
+from processes import FORKED  # the tests folder is on sys.path
 
-from gpubench.launchers.workers import WorkerGroup, start_method
+from gpubench.launchers.workers import WorkerGroup
 from gpubench.measure.memory import SavedActivations, state_breakdown
 from gpubench.measure.protocol import CaseProgram
 from gpubench.measure.runner import run_case
@@ -19,8 +20,6 @@ from gpubench.train.checks import GRAD_TOL, TrainingCheckError, check_case
 from gpubench.train.config import RunConfig
 from gpubench.train.parallel import shard_units
 from gpubench.workloads.api import build_train_module
-
-FORKED = start_method("cpu")  # how a CPU case starts its ranks: forked from a server here
 
 PARAM_ATOL = 1e-6
 """Parameters after one SGD step: the same sums in another order (float32)."""

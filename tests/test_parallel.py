@@ -8,14 +8,13 @@ import time
 
 import pytest
 import torch
+from processes import FORKED  # the tests folder is on sys.path
 
-from gpubench.launchers.workers import WorkerError, WorkerGroup, WorkerTimeout, start_method
+from gpubench.launchers.workers import WorkerError, WorkerGroup, WorkerTimeout
 from gpubench.measure.protocol import combine
 from gpubench.train.build import build, check_world_size
 from gpubench.train.config import RunConfig
 from gpubench.train.data import seed_worker
-
-FORKED = start_method("cpu")  # how a CPU case starts its ranks: forked from a server here
 
 PARAM_ATOL = 1e-6
 """Parameters after one SGD step: the same sums in another order (float32)."""

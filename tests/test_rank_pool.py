@@ -7,13 +7,12 @@ from __future__ import annotations
 import sys
 
 import pytest
+from processes import FORKED  # the tests folder is on sys.path
 
-from gpubench.launchers.workers import WorkerError, WorkerGroup, start_method
+from gpubench.launchers.workers import WorkerError, WorkerGroup
 from gpubench.measure.runner import RankPool, run_case
 from gpubench.measure.standalone import StandaloneBenchmark
 from gpubench.train.config import RunConfig
-
-FORKED = start_method("cpu")  # how a CPU case starts its ranks: forked from a server here
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks ranks")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from processes import session_processes, wait_gone  # the tests folder is on sys.path
+from processes import FORKED, session_processes, wait_gone  # the tests folder is on sys.path
 
 from gpubench.launchers.workers import (
     WorkerError,
@@ -26,8 +26,6 @@ from gpubench.launchers.workers import (
     start_method,
 )
 from gpubench.util.signals import describe_exit
-
-FORKED = start_method("cpu")  # how a CPU case starts its ranks: forked from a server here
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -139,8 +137,9 @@ def test_killed_rank_reports_its_signal_not_code_none():
     assert not _alive(pids)
 
 
-def test_rank_killed_while_starting_is_named_with_its_signal(monkeypatch):
-    ctx = mp.get_context(FORKED)
+@pytest.mark.parametrize("method", ["spawn", FORKED])
+def test_rank_killed_while_starting_is_named_with_its_signal(monkeypatch, method):
+    ctx = mp.get_context(method)
     start = ctx.Process.start
 
     def start_and_kill_rank1(self):
@@ -151,7 +150,7 @@ def test_rank_killed_while_starting_is_named_with_its_signal(monkeypatch):
     monkeypatch.setattr(ctx.Process, "start", start_and_kill_rank1)
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match=r"rank 1 was killed by SIGKILL during 'start'"):
-        WorkerGroup(2, Program, timeout_s=30, start_method=FORKED)
+        WorkerGroup(2, Program, timeout_s=30, start_method=method)
     assert time.monotonic() - t0 < 30
 
 
@@ -160,7 +159,7 @@ def test_start_up_hang_names_the_rank_that_did_not_start(monkeypatch):
     """Rank 1 stopped before it joins: rank 0 gives up waiting in the process group (as long
     as the start may take, not the commands' shorter collective timeout), and the message
     blames rank 1, not the healthy rank 0."""
-    ctx = mp.get_context(FORKED)
+    ctx = mp.get_context("spawn")
     start = ctx.Process.start
     stopped = []
 
@@ -172,7 +171,7 @@ def test_start_up_hang_names_the_rank_that_did_not_start(monkeypatch):
 
     monkeypatch.setattr(ctx.Process, "start", start_and_stop_rank1)
     with pytest.raises(WorkerTimeout) as err:
-        WorkerGroup(2, Program, timeout_s=1, start_timeout_s=6, start_method=FORKED)
+        WorkerGroup(2, Program, timeout_s=1, start_timeout_s=6)
     message = str(err.value)
     assert message.startswith("rank(s) 1 did not start"), message
     # rank 0's join and the host's start end together: whichever speaks first, rank 0 is
