@@ -18,6 +18,7 @@ from processes import kill_session, wait_gone  # the tests folder is on sys.path
 from records import step_record
 
 from gpubench.cli import main as cli
+from gpubench.measure.journal import lock_path
 from gpubench.util import atomic
 from gpubench.util import signals as gsignals
 
@@ -67,6 +68,9 @@ def fake_pytest(monkeypatch, tmp_path):
                          .split("=", 1)[1])
         if plan.get("json") is not None:
             json_path.write_text(plan["json"])
+        hygiene = [a.split("=", 1)[1] for a in cmd if a.startswith("--gpubench-hygiene=")]
+        if plan.get("hygiene") is not None and hygiene:  # the child's hand-over of no_grad/del
+            Path(hygiene[0]).write_text(json.dumps(plan["hygiene"]))
         plan["cmd"] = cmd
         return plan.get("code", 0), plan.get("signum")
 
@@ -77,8 +81,8 @@ def fake_pytest(monkeypatch, tmp_path):
     monkeypatch.setattr(gpubench.analysis.advice, "advice_markdown", lambda df, *a, **k: "advice")
     monkeypatch.setenv("GPUBENCH_DATA_DIR", str(tmp_path / "data"))
 
-    def configure(json_text=None, code=0, signum=None):
-        plan.update(json=json_text, code=code, signum=signum)
+    def configure(json_text=None, code=0, signum=None, hygiene=None):
+        plan.update(json=json_text, code=code, signum=signum, hygiene=hygiene)
         return plan
 
     return configure
@@ -236,6 +240,30 @@ def test_stale_temporaries_of_killed_runs_are_removed_on_start(fake_pytest, prev
     assert alive.exists()
 
 
+def test_interrupted_run_leaves_no_hygiene_hand_over(fake_pytest, previous, capsys):
+    """The pytest child writes its no_grad / del measurements for the run to take; a run
+    interrupted before it takes them left the file in the results folder."""
+    out, _ = previous
+    from gpubench.cli.memory import HYGIENE_FILE
+
+    hygiene = [{"model": "bert", "hygiene": {}}]
+    plan = fake_pytest(_results(_bench("new")), code=2, signum=signal.SIGTERM, hygiene=hygiene)
+    assert cli.main([*RUN, "--out", str(out)]) == 143
+    assert any(a.startswith("--gpubench-hygiene=") for a in plan["cmd"])
+    assert not (out / HYGIENE_FILE).exists()
+    assert "interrupted (SIGTERM)" in capsys.readouterr().err
+
+
+def test_a_killed_runs_hygiene_hand_over_is_removed_on_start(fake_pytest, previous):
+    out, _ = previous
+    from gpubench.cli.memory import HYGIENE_FILE
+
+    (out / HYGIENE_FILE).write_text(json.dumps([{"model": "bert", "hygiene": "stale"}]))
+    fake_pytest(None, code=4)  # pytest wrote nothing (a usage error)
+    assert cli.main([*RUN, "--out", str(out)]) == 2
+    assert not (out / HYGIENE_FILE).exists()
+
+
 # -- the real thing: signals to `gpubench run` and its pytest child ---------------------------
 
 def _run_and_signal(tmp_path, sig, trigger: str, after_s: float, extra=()):
@@ -326,6 +354,8 @@ def test_sigterm_leaves_exactly_one_line_on_stderr(tmp_path, trigger, after):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpubench: interrupted (SIGTERM)"), stderr
     assert not left and _earlier_kept(out, before)
+    lock = lock_path(out / "benchmark.json").name  # released, the file stays
+    assert [n for n in _no_hidden_left(out) if n != lock] == []
 
 
 def test_run_on_cuda_without_cuda_is_one_line_before_anything_runs(fake_pytest, previous,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -244,6 +245,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         return _run_cases(args, state)
     except Interrupted as sig:
+        if state["out"] is not None:  # the child's hand-over, not yet taken: not a result
+            _drop_hygiene_file(state["out"])
         print(_interrupted_message(sig, state), file=sys.stderr)
         return sig.exit_code
     finally:
@@ -334,6 +337,7 @@ def _prepare_out(args: argparse.Namespace, state: dict, out: Path, resume: bool)
     out.mkdir(parents=True, exist_ok=True)
     state["lock"] = RunLock(out / "benchmark.json").acquire()
     atomic.remove_stale_temporaries(out)  # what killed runs left: temporary files in out
+    _drop_hygiene_file(out)  # and a killed child's hygiene hand-over, never this run's
     remove_stale_partials(Path(args.data_dir) if args.data_dir else default_data_dir())
     if resume:
         return 0
@@ -347,6 +351,16 @@ def _prepare_out(args: argparse.Namespace, state: dict, out: Path, resume: bool)
         print(f"gpubench: the earlier results in {out}/ are now in {out / PREVIOUS_DIR}/",
               flush=True)
     return moved
+
+
+def _drop_hygiene_file(out: Path) -> None:
+    """Remove the no_grad / del measurements a pytest child leaves in ``out`` for the run to
+    take (``HYGIENE_FILE``): an interrupted run never takes them, and a later run must not
+    read another run's as its own."""
+    from gpubench.cli.memory import HYGIENE_FILE
+
+    with contextlib.suppress(OSError):
+        (out / HYGIENE_FILE).unlink(missing_ok=True)
 
 
 def child_environment() -> dict[str, str]:
