@@ -76,6 +76,8 @@ GPUBENCH = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "gpubench"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 ENV.pop("GPUBENCH_DEBUG", None)
 ENV.pop("COLUMNS", None)
+sys.path.insert(0, str(ROOT / "tests"))
+from processes import kill_session, session_processes, wait_gone  # noqa: E402
 
 # -- outcome records ----------------------------------------------------------------------------
 
@@ -101,35 +103,6 @@ class Proc:
     seconds: float = 0.0
 
 
-def session_processes(sid: int) -> list[int]:
-    """Live (not zombie) processes of session ``sid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
-
-
-def wait_session_gone(sid: int, within_s: float) -> list[int]:
-    deadline = time.monotonic() + within_s
-    while (left := session_processes(sid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
-def kill_session(sid: int) -> None:
-    for pid in session_processes(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def run_cmd(args: list[str], *, env: dict | None = None, timeout: float = 180,
             cwd: Path | None = None, prefix: list[str] | None = None) -> Proc:
     """Run ``gpubench ARGS`` (or ``prefix + ARGS``) in a session of its own; count what it
@@ -147,7 +120,7 @@ def run_cmd(args: list[str], *, env: dict | None = None, timeout: float = 180,
         return Proc(argv, -999, out.decode(errors="replace"),
                     err.decode(errors="replace") + f"\n[campaign: timed out after {timeout} s]",
                     [], time.monotonic() - start)
-    left = wait_session_gone(proc.pid, 10)
+    left = wait_gone(proc.pid, 10)
     kill_session(proc.pid)
     return Proc(argv, proc.returncode, out.decode(errors="replace"),
                 err.decode(errors="replace"), left, time.monotonic() - start)
@@ -382,7 +355,7 @@ class Started:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             problems = f"\n[campaign: did not exit within {timeout:.0f} s]"
-        left = wait_session_gone(self.pid, 10)
+        left = wait_gone(self.pid, 10)
         kill_session(self.pid)
         self.proc.kill()
         rc = self.proc.wait() if not problems else -999
@@ -1203,7 +1176,7 @@ class Campaign:
         except subprocess.TimeoutExpired:
             problems.append("did not exit within 90 s of the signal")
             out_text, err = "", ""
-        left = wait_session_gone(proc.pid, 10)
+        left = wait_gone(proc.pid, 10)
         kill_session(proc.pid)
         proc.kill()
         proc.wait()
@@ -2280,7 +2253,7 @@ def shm_images(profile="smoke"):
                 problems.append("gpubench case did not end within 90 s")
                 kill_session(proc.pid)
                 out, err = proc.communicate()
-            left = wait_session_gone(proc.pid, 10)
+            left = wait_gone(proc.pid, 10)
             kill_session(proc.pid)
             p = Proc(argv, proc.returncode, out.decode(errors="replace"),
                      err.decode(errors="replace"), left, time.monotonic() - start)
@@ -2340,7 +2313,7 @@ def shm_images(profile="smoke"):
         with contextlib.suppress(ProcessLookupError):  # the generator only: its pool follows
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        left = wait_session_gone(proc.pid, 10)
+        left = wait_gone(proc.pid, 10)
         kill_session(proc.pid)
         if left:
             problems.append(f"generation workers outlived the killed generator: {left}")
