@@ -169,6 +169,31 @@ def test_interrupt_while_writing_charts_keeps_the_finished_cases(
     assert not _no_hidden_left(out.parent)
 
 
+def test_interrupt_inside_a_librarys_broad_except_still_ends_the_run(
+        fake_pytest, previous, capsys, monkeypatch):
+    """matplotlib imports mpl_toolkits' Axes3D inside ``except Exception`` (a warning, "Unable
+    to import Axes3D"): a SIGTERM that landed there was swallowed, and the run went on to exit
+    0 with that warning as its only line."""
+    out, _ = previous
+    fake_pytest(_results(_bench("new")))
+    import warnings
+
+    import gpubench.report.page
+
+    def broad_except_mid_charts(files, folder, labels=None):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler raises here
+        except Exception:  # noqa: BLE001 - what the library does
+            warnings.warn("Unable to import Axes3D", stacklevel=1)
+
+    monkeypatch.setattr(gpubench.report.page, "write_report", broad_except_mid_charts)
+    args = [a for a in RUN if a != "--no-charts"]
+    assert cli.main([*args, "--out", str(out)]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpubench: interrupted (SIGTERM) while writing")
+
+
 def test_a_failure_after_the_cases_is_one_line_and_keeps_them(fake_pytest, previous, capsys,
                                                              monkeypatch):
     """A full disk while the summary is written: the cases stay, the line names the file."""

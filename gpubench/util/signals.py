@@ -33,8 +33,13 @@ PARENT_PID_ENV = "GPUBENCH_PARENT_PID"
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; ``exit_code`` is the shell convention 128 + signal number."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; ``exit_code`` is the shell convention 128 + signal number.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: raised by a signal handler wherever the
+    main thread happens to be, it must pass through code that handles ``Exception`` (matplotlib
+    imports its 3-D axes inside ``except Exception`` and turns any error there into a
+    warning)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
