@@ -169,29 +169,64 @@ def test_interrupt_while_writing_charts_keeps_the_finished_cases(
     assert not _no_hidden_left(out.parent)
 
 
-def test_interrupt_inside_a_librarys_broad_except_still_ends_the_run(
-        fake_pytest, previous, capsys, monkeypatch):
-    """matplotlib imports mpl_toolkits' Axes3D inside ``except Exception`` (a warning, "Unable
+class _SetsName:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler raises here
+
+
+def _in_broad_except():
+    """matplotlib imports mpl_toolkits' Axes3D inside ``except Exception`` and warns ("Unable
     to import Axes3D"): a SIGTERM that landed there was swallowed, and the run went on to exit
     0 with that warning as its only line."""
-    out, _ = previous
-    fake_pytest(_results(_bench("new")))
     import warnings
 
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler raises here
+    except Exception:  # noqa: BLE001 - what the library does
+        warnings.warn("Unable to import Axes3D", stacklevel=1)
+
+
+def _in_class_body():
+    """matplotlib makes classes as it imports; Python 3.11 wraps an exception raised by a
+    ``__set_name__`` in a RuntimeError ("Error calling __set_name__"): the run ended as
+    "failed", exit 1."""
+    type("Axes", (), {"get_xticklines": _SetsName()})
+
+
+@pytest.mark.parametrize("where", [_in_broad_except, _in_class_body],
+                         ids=["broad-except", "class-body"])
+def test_interrupt_inside_library_code_still_ends_the_run(fake_pytest, previous, capsys,
+                                                          monkeypatch, where):
+    out, _ = previous
+    fake_pytest(_results(_bench("new")))
     import gpubench.report.page
 
-    def broad_except_mid_charts(files, folder, labels=None):
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)  # the handler raises here
-        except Exception:  # noqa: BLE001 - what the library does
-            warnings.warn("Unable to import Axes3D", stacklevel=1)
-
-    monkeypatch.setattr(gpubench.report.page, "write_report", broad_except_mid_charts)
+    monkeypatch.setattr(gpubench.report.page, "write_report", lambda *a, **k: where())
     args = [a for a in RUN if a != "--no-charts"]
     assert cli.main([*args, "--out", str(out)]) == 143
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpubench: interrupted (SIGTERM) while writing")
+    assert "test_step[new]" in (out / "benchmark.json").read_text()
+
+
+def test_an_error_raised_from_an_interruption_is_the_interruption(capsys):
+    from gpubench.cli.failure import command_failed
+    from gpubench.util.signals import Interrupted, interruption
+
+    try:
+        try:
+            raise Interrupted(signal.SIGINT)
+        except Interrupted as sig:
+            raise RuntimeError("Error calling __set_name__") from sig
+    except RuntimeError as err:
+        wrapped = err
+    assert interruption(wrapped).signum == signal.SIGINT
+    assert interruption(RuntimeError("a real failure")) is None
+    assert command_failed("tune", "bert", wrapped) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "gpubench tune: bert: interrupted (SIGINT); nothing more was written"]
 
 
 def test_a_failure_after_the_cases_is_one_line_and_keeps_them(fake_pytest, previous, capsys,

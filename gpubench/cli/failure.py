@@ -82,13 +82,14 @@ def reason(err: BaseException) -> str:
 def command_failed(command: str, subject: str | None, err: BaseException) -> int:
     """Say on one line that ``command`` (about ``subject``, a case or a model) failed with
     ``err``, where its traceback is, and return the exit status."""
-    from gpubench.util.signals import Interrupted
+    from gpubench.util.signals import interruption
     from gpubench.util.watchdog import is_time_limit
 
     who = f"gpubench {command}: " + (f"{subject}: " if subject else "")
-    if isinstance(err, Interrupted):
-        print(f"{who}interrupted ({err.args[0]}); nothing more was written", file=sys.stderr)
-        return err.exit_code
+    sig = interruption(err)
+    if sig is not None:
+        print(f"{who}interrupted ({sig.args[0]}); nothing more was written", file=sys.stderr)
+        return sig.exit_code
     if is_time_limit(err) or isinstance(err, TimeoutError):
         print(f"{who}{' '.join(str(err).split())} (--timeout)", file=sys.stderr)
         return EXIT_FAILED

@@ -238,13 +238,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     cases kept (``--resume`` continues the run)."""
     import signal
 
-    from gpubench.util.signals import Interrupted
+    from gpubench.util.signals import interruption
 
     state = {"stage": "starting", "out": None, "kept": 0}
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _run_cases(args, state)
-    except Interrupted as sig:
+    except BaseException as err:
+        sig = interruption(err)
+        if sig is None:
+            raise
         if state["out"] is not None:  # the child's hand-over, not yet taken: not a result
             _drop_hygiene_file(state["out"])
         print(_interrupted_message(sig, state), file=sys.stderr)
