@@ -2368,16 +2368,21 @@ def _short(kwargs: dict) -> str:
 
 
 def rank_pids(sid: int) -> list[int]:
-    """Rank processes of a session: multiprocessing spawn children, not its resource tracker."""
-    pids = []
+    """Rank processes of a session: spawned ones (``spawn_main`` on their command line, not the
+    resource tracker) and the children of its fork server (a CPU case's ranks on Linux are
+    forked from it, and carry its command line)."""
+    cmdlines, parents = {}, {}
     for pid in session_processes(sid):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cmdlines[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
-        if "spawn_main" in cmdline and "resource_tracker" not in cmdline:
-            pids.append(pid)
-    return sorted(pids)
+        parents[pid] = int(stat[stat.rindex(")") + 2:].split()[1])
+    servers = {pid for pid, line in cmdlines.items() if "forkserver" in line}
+    return sorted(pid for pid, line in cmdlines.items()
+                  if ("spawn_main" in line and "resource_tracker" not in line)
+                  or parents.get(pid) in servers)
 
 
 def established(pid: int) -> int:
