@@ -227,6 +227,16 @@ def test_an_error_raised_from_an_interruption_is_the_interruption(capsys):
     assert command_failed("tune", "bert", wrapped) == 130
     assert capsys.readouterr().err.splitlines() == [
         "gpubench tune: bert: interrupted (SIGINT); nothing more was written"]
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("Error calling __set_name__")  # noqa: B904 - its context
+    except RuntimeError as err:
+        assert command_failed("memory", "bert", err) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "gpubench memory: bert: interrupted (SIGINT); results already written are kept, "
+        "nothing more was written"]
 
 
 def test_a_failure_after_the_cases_is_one_line_and_keeps_them(fake_pytest, previous, capsys,

@@ -82,7 +82,7 @@ def reason(err: BaseException) -> str:
 def command_failed(command: str, subject: str | None, err: BaseException) -> int:
     """Say on one line that ``command`` (about ``subject``, a case or a model) failed with
     ``err``, where its traceback is, and return the exit status."""
-    from gpubench.util.signals import interruption
+    from gpubench.util.signals import exception_chain, interruption
     from gpubench.util.watchdog import is_time_limit
 
     who = f"gpubench {command}: " + (f"{subject}: " if subject else "")
@@ -90,6 +90,8 @@ def command_failed(command: str, subject: str | None, err: BaseException) -> int
     if sig is not None:
         print(f"{who}interrupted ({sig.args[0]}); nothing more was written", file=sys.stderr)
         return sig.exit_code
+    if any(isinstance(e, KeyboardInterrupt) for e in exception_chain(err)):
+        return interrupted(command, subject)  # a Ctrl-C that another error wraps
     if is_time_limit(err) or isinstance(err, TimeoutError):
         print(f"{who}{' '.join(str(err).split())} (--timeout)", file=sys.stderr)
         return EXIT_FAILED

@@ -47,18 +47,22 @@ class Interrupted(BaseException):
         self.exit_code = 128 + signum
 
 
+def exception_chain(err: BaseException | None):
+    """``err``, then the exceptions it was raised from or while handling (``__cause__``, else
+    ``__context__``), each once."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        yield err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+
+
 def interruption(err: BaseException) -> Interrupted | None:
     """The ``Interrupted`` that ``err`` is, or that caused it: Python wraps an exception raised
     while a class is made in a ``RuntimeError`` ("Error calling __set_name__", 3.11), and a
     library may raise its own error from one, so a signal that landed there reaches the
     command as another exception with the interruption as its cause or context."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, Interrupted):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+    return next((e for e in exception_chain(err) if isinstance(e, Interrupted)), None)
 
 
 def signal_name(signum: int) -> str:
