@@ -59,6 +59,16 @@ class LateBuilder(Program):
         torch.distributed.barrier()
 
 
+class HangingBuilder(Program):
+    """Rank 1 hangs in its build while rank 0's build waits for it in a collective."""
+
+    def __init__(self, rank, world_size):
+        super().__init__(rank, world_size)
+        if rank == 1:
+            time.sleep(600)
+        torch.distributed.barrier()
+
+
 # -- helpers reading /proc ------------------------------------------------------------------
 
 def _socket_inodes(pid: int) -> set[str]:
@@ -286,6 +296,19 @@ def test_a_rank_that_builds_later_than_the_collective_timeout_still_joins():
             group.call("rank1_hangs_in_allreduce", timeout_s=60)
     assert str(err.value).startswith("rank(s) 1 did not finish"), str(err.value)
     assert time.monotonic() - start < 30  # rank 0's 1 s collective timeout, not the start's
+
+
+@pytest.mark.slow
+def test_a_rank_that_hangs_in_its_build_is_named_not_the_one_that_waited():
+    """Both ranks were building when the start's bound ran out, so both were named ("rank(s)
+    0, 1 did not start"; fault campaign: rank 1 of `gpubench case --parallel ddp` stopped
+    with SIGSTOP before its build finished). The host now waits a grace period for rank 0's
+    report of its collective's timeout."""
+    with pytest.raises(WorkerTimeout) as err:
+        WorkerGroup(2, HangingBuilder, timeout_s=1, start_timeout_s=6, start_method=FORKED)
+    message = str(err.value)
+    assert message.startswith("rank(s) 1 did not start (stuck building"), message
+    assert "rank 0 gave up waiting for it in a collective" in message, message
 
 
 @pytest.mark.slow

@@ -406,7 +406,9 @@ class WorkerGroup:
                     if mask is not None:
                         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 child.close()
-            self._collect("start", start_timeout_s)
+            # the grace: a rank whose build's collective timed out waiting for another says so
+            self._collect("start", start_timeout_s,
+                          grace_s=min(REPORT_GRACE_S, 0.5 * start_timeout_s))
         except BaseException:
             self.close(graceful=False)
             raise
@@ -506,6 +508,13 @@ class WorkerGroup:
             )
         last = tb.strip().splitlines()[-1] if tb.strip() else ""
         silent = [r for r in sorted(pending) if r != rank]
+        if command == "start" and silent and _is_timeout(last):
+            # This rank's build (DDP's first broadcast) gave up waiting for ranks that never
+            # finished theirs: they hung, not this one.
+            return WorkerTimeout(
+                f"rank(s) {', '.join(map(str, silent))} did not start (stuck "
+                f"{STAGES[self.stages[silent[0]]]}; hung?); rank {rank} gave up waiting for "
+                f"it in a collective: {last}")
         if silent and _is_timeout(last):
             # A collective timed out on this rank while others had not answered: they hung
             # (stopped, deadlocked), this rank only gave up waiting for them.
