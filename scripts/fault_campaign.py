@@ -2242,15 +2242,21 @@ def shm_images(profile="smoke"):
                 if len(ranks) == 2 and all(established(r) >= 2 for r in ranks):
                     break  # both joined the process group: store and peer connections
                 time.sleep(0.3)
-            time.sleep(4)  # the ranks are in their training check or rounds
+            time.sleep(4)  # the ranks are in their training check or rounds, or still building
             if len(ranks) == 2:
                 os.kill(max(ranks), sig)  # spawned in rank order: the higher pid is rank 1
             else:
                 problems.append(f"ranks not found: {ranks}")
+            # A rank stopped while it still builds (a loaded machine) is named when the start's
+            # own bound runs out (START_TIMEOUT_S; the build waits for the slowest rank's start
+            # that long), not --timeout's 8 s: "rank(s) 1 did not start ... hung?".
+            from gpubench.launchers.workers import START_TIMEOUT_S
+
+            within_s = START_TIMEOUT_S + 60
             try:
-                out, err = proc.communicate(timeout=90)
+                out, err = proc.communicate(timeout=within_s)
             except subprocess.TimeoutExpired:
-                problems.append("gpubench case did not end within 90 s")
+                problems.append(f"gpubench case did not end within {within_s:g} s")
                 kill_session(proc.pid)
                 out, err = proc.communicate()
             left = wait_gone(proc.pid, 10)
