@@ -498,28 +498,23 @@ class WorkerGroup:
     def _failure(self, command: str, rank: int, tb: str, pending: dict) -> WorkerError:
         culprits = self._start_culprits(pending) if command == "start" else []
         self.close(graceful=False)
+        last = tb.strip().splitlines()[-1] if tb.strip() else ""
         if command == "start" and self.stages[rank] == "joining" and rank not in culprits:
             # A healthy rank gave up waiting in the process group for one that never came.
             lagging = ", ".join(map(str, culprits))
-            last = tb.strip().splitlines()[-1] if tb.strip() else ""
             return WorkerTimeout(
                 f"rank(s) {lagging} did not start (stuck {STAGES[self.stages[culprits[0]]]}); "
                 f"rank {rank} gave up waiting for it to join the process group: {last}"
             )
-        last = tb.strip().splitlines()[-1] if tb.strip() else ""
         silent = [r for r in sorted(pending) if r != rank]
-        if command == "start" and silent and _is_timeout(last):
-            # This rank's build (DDP's first broadcast) gave up waiting for ranks that never
-            # finished theirs: they hung, not this one.
-            return WorkerTimeout(
-                f"rank(s) {', '.join(map(str, silent))} did not start (stuck "
-                f"{STAGES[self.stages[silent[0]]]}; hung?); rank {rank} gave up waiting for "
-                f"it in a collective: {last}")
         if silent and _is_timeout(last):
             # A collective timed out on this rank while others had not answered: they hung
-            # (stopped, deadlocked), this rank only gave up waiting for them.
+            # (stopped, deadlocked; in the start, in their build, which DDP's first broadcast
+            # waits for), this rank only gave up waiting for them.
+            what = (f"did not start (stuck {STAGES[self.stages[silent[0]]]}; hung?)"
+                    if command == "start" else f"did not finish {command!r} (hung?)")
             return WorkerTimeout(
-                f"rank(s) {', '.join(map(str, silent))} did not finish {command!r} (hung?); "
+                f"rank(s) {', '.join(map(str, silent))} {what}; "
                 f"rank {rank} gave up waiting for it in a collective: {last}")
         return WorkerError(f"rank {rank} failed during {command!r}:\n{tb}")
 
