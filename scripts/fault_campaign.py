@@ -2385,7 +2385,8 @@ def rank_pids(sid: int) -> list[int]:
         except OSError:
             continue
         parents[pid] = int(stat[stat.rindex(")") + 2:].split()[1])
-    servers = {pid for pid, line in cmdlines.items() if "forkserver" in line}
+    servers = {pid for pid, line in cmdlines.items()  # not its children, which share the line
+               if "forkserver" in line and "forkserver" not in cmdlines.get(parents.get(pid), "")}
     return sorted(pid for pid, line in cmdlines.items()
                   if ("spawn_main" in line and "resource_tracker" not in line)
                   or parents.get(pid) in servers)
